@@ -1,0 +1,177 @@
+//! Members: the drives a pool is made of. This module owns the `Member`
+//! trait (positioned block I/O plus flush and discard), its implementations
+//! (`FileMember` for files and block devices with O_DIRECT; `SimMember`, an
+//! in-memory drive with a volatile write cache that can be crashed, for
+//! tests), 4 KiB-aligned buffers, per-member counters and the I/O worker pool
+//! that writes a row's columns in parallel. It never interprets the bytes.
+
+mod aligned;
+mod file;
+mod sim;
+
+pub use aligned::AlignedBuf;
+pub use file::{is_mounted, probe_signature, FileMember, OpenMode};
+pub use sim::{CrashMode, SimMember, SimRng};
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// A drive. All offsets and lengths are multiples of 4096 and buffers are
+/// 4096-aligned (the engine guarantees it; implementations may rely on it).
+pub trait Member: Send + Sync {
+    /// A human name (the path).
+    fn describe(&self) -> String;
+    fn size_bytes(&self) -> u64;
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Tells the drive a range is no longer needed (hole punch, BLKDISCARD).
+    fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Counters kept for every member since the pool was created.
+#[derive(Default, Debug)]
+pub struct MemberCounters {
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub flushes: AtomicU64,
+    pub io_errors: AtomicU64,
+    pub checksum_errors: AtomicU64,
+    pub repaired_blocks: AtomicU64,
+}
+
+/// A plain copy of `MemberCounters`.
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct CounterValues {
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub flushes: u64,
+    pub io_errors: u64,
+    pub checksum_errors: u64,
+    pub repaired_blocks: u64,
+}
+
+impl MemberCounters {
+    pub fn values(&self) -> CounterValues {
+        CounterValues {
+            bytes_read: self.bytes_read.load(Ordering::Relaxed),
+            bytes_written: self.bytes_written.load(Ordering::Relaxed),
+            reads: self.reads.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            flushes: self.flushes.load(Ordering::Relaxed),
+            io_errors: self.io_errors.load(Ordering::Relaxed),
+            checksum_errors: self.checksum_errors.load(Ordering::Relaxed),
+            repaired_blocks: self.repaired_blocks.load(Ordering::Relaxed),
+        }
+    }
+    pub fn restore(&self, v: &CounterValues) {
+        self.bytes_read.store(v.bytes_read, Ordering::Relaxed);
+        self.bytes_written.store(v.bytes_written, Ordering::Relaxed);
+        self.reads.store(v.reads, Ordering::Relaxed);
+        self.writes.store(v.writes, Ordering::Relaxed);
+        self.flushes.store(v.flushes, Ordering::Relaxed);
+        self.io_errors.store(v.io_errors, Ordering::Relaxed);
+        self.checksum_errors.store(v.checksum_errors, Ordering::Relaxed);
+        self.repaired_blocks.store(v.repaired_blocks, Ordering::Relaxed);
+    }
+}
+
+/// A member in a pool: the drive and its counters.
+pub struct Device {
+    pub member: Arc<dyn Member>,
+    pub counters: MemberCounters,
+}
+
+impl Device {
+    pub fn new(member: Arc<dyn Member>) -> Device {
+        Device { member, counters: MemberCounters::default() }
+    }
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes_read.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.member.read_at(buf, offset).inspect_err(|_| {
+            self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+        })
+    }
+    pub fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters.bytes_written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.member.write_at(buf, offset).inspect_err(|_| {
+            self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+        })
+    }
+    pub fn flush(&self) -> io::Result<()> {
+        self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        self.member.flush().inspect_err(|_| {
+            self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+        })
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// A fixed pool of threads that run I/O jobs, so that the columns of a row
+/// (and several rows) are written to the members in parallel. Bounded: at
+/// most `threads` jobs run at once; submitters wait for their own jobs.
+pub struct IoPool {
+    sender: Option<crossbeam_channel::Sender<Job>>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl IoPool {
+    pub fn new(threads: usize) -> IoPool {
+        let (sender, receiver) = crossbeam_channel::bounded::<Job>(threads * 4);
+        let workers = (0..threads)
+            .map(|i| {
+                let rx = receiver.clone();
+                std::thread::Builder::new()
+                    .name(format!("lograid-io-{i}"))
+                    .spawn(move || {
+                        while let Ok(job) = rx.recv() {
+                            job();
+                        }
+                    })
+                    .expect("spawn I/O thread")
+            })
+            .collect();
+        IoPool { sender: Some(sender), workers }
+    }
+
+    /// Runs every job on the pool and waits for all; results in job order.
+    pub fn run_all<T: Send + 'static>(&self, jobs: Vec<Box<dyn FnOnce() -> T + Send + 'static>>) -> Vec<T> {
+        let n = jobs.len();
+        let (tx, rx) = crossbeam_channel::bounded::<(usize, T)>(n);
+        let sender = self.sender.as_ref().expect("pool running");
+        for (i, job) in jobs.into_iter().enumerate() {
+            let tx = tx.clone();
+            sender
+                .send(Box::new(move || {
+                    let _ = tx.send((i, job()));
+                }))
+                .expect("I/O pool alive");
+        }
+        drop(tx);
+        let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        for (i, v) in rx.iter() {
+            out[i] = Some(v);
+        }
+        out.into_iter().map(|v| v.expect("every job answers")).collect()
+    }
+}
+
+impl Drop for IoPool {
+    fn drop(&mut self) {
+        self.sender.take();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}

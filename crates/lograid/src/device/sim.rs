@@ -1,0 +1,173 @@
+//! An in-memory member with a volatile write cache, for tests and the
+//! deterministic simulator. Writes are visible at once but durable only after
+//! `flush`; `crash` returns the drive as a power cut would leave it: the
+//! durable image plus some of the unflushed writes, possibly reordered or torn.
+
+use super::Member;
+use parking_lot::Mutex;
+use std::io;
+
+/// What a crash keeps of the writes that were not flushed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrashMode {
+    /// None of them.
+    DropAll,
+    /// A random subset, applied in random order.
+    KeepRandomSubset,
+    /// A random subset, and one of the kept writes torn at a 512-byte sector.
+    TearOne,
+    /// All of them (as if the cache had been written back).
+    KeepAll,
+}
+
+struct SimState {
+    current: Vec<u8>,
+    durable: Vec<u8>,
+    pending: Vec<(u64, Vec<u8>)>,
+    /// Fail every I/O (a drive that vanished).
+    dead: bool,
+}
+
+pub struct SimMember {
+    name: String,
+    size_bytes: u64,
+    state: Mutex<SimState>,
+}
+
+/// A small deterministic PRNG (xorshift64*) so crashes replay from a seed.
+pub struct SimRng(pub u64);
+impl SimRng {
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0.max(1);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+}
+
+impl SimMember {
+    pub fn new(name: &str, size_bytes: u64) -> SimMember {
+        SimMember::from_image(name, vec![0u8; size_bytes as usize])
+    }
+
+    pub fn from_image(name: &str, image: Vec<u8>) -> SimMember {
+        SimMember {
+            name: name.to_string(),
+            size_bytes: image.len() as u64,
+            state: Mutex::new(SimState { current: image.clone(), durable: image, pending: Vec::new(), dead: false }),
+        }
+    }
+
+    /// The image a power cut would leave, per `mode`, drawn with `rng`.
+    pub fn crash_image(&self, mode: CrashMode, rng: &mut SimRng) -> Vec<u8> {
+        let s = self.state.lock();
+        let mut image = s.durable.clone();
+        let mut kept: Vec<&(u64, Vec<u8>)> = match mode {
+            CrashMode::DropAll => Vec::new(),
+            CrashMode::KeepAll => s.pending.iter().collect(),
+            CrashMode::KeepRandomSubset | CrashMode::TearOne => {
+                s.pending.iter().filter(|_| rng.below(2) == 0).collect()
+            }
+        };
+        if matches!(mode, CrashMode::KeepRandomSubset | CrashMode::TearOne) {
+            for i in (1..kept.len()).rev() {
+                let j = rng.below(i as u64 + 1) as usize;
+                kept.swap(i, j);
+            }
+        }
+        let torn = if mode == CrashMode::TearOne && !kept.is_empty() { Some(rng.below(kept.len() as u64) as usize) } else { None };
+        for (i, (off, bytes)) in kept.iter().enumerate() {
+            let mut len = bytes.len();
+            if Some(i) == torn {
+                len = (rng.below((bytes.len() / 512) as u64) as usize) * 512;
+            }
+            image[*off as usize..*off as usize + len].copy_from_slice(&bytes[..len]);
+        }
+        image
+    }
+
+    /// Writes still in the volatile cache.
+    pub fn pending_writes(&self) -> usize {
+        self.state.lock().pending.len()
+    }
+
+    /// Flips bits in the current and durable image (silent corruption).
+    pub fn corrupt(&self, offset: u64, len: usize) {
+        let mut s = self.state.lock();
+        for b in &mut s.current[offset as usize..offset as usize + len] {
+            *b ^= 0x5a;
+        }
+        for b in &mut s.durable[offset as usize..offset as usize + len] {
+            *b ^= 0x5a;
+        }
+    }
+
+    /// Makes every later I/O fail (a drive that vanished), or revives it.
+    pub fn set_dead(&self, dead: bool) {
+        self.state.lock().dead = dead;
+    }
+
+    /// A copy of what reads see now.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.state.lock().current.clone()
+    }
+}
+
+fn check_range(size: u64, offset: u64, len: usize) -> io::Result<()> {
+    if offset.checked_add(len as u64).is_none_or(|end| end > size) {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "I/O past the end of the drive"));
+    }
+    Ok(())
+}
+
+fn dead_error() -> io::Error {
+    io::Error::from_raw_os_error(libc::EIO)
+}
+
+impl Member for SimMember {
+    fn describe(&self) -> String {
+        self.name.clone()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        check_range(self.size_bytes, offset, buf.len())?;
+        let s = self.state.lock();
+        if s.dead {
+            return Err(dead_error());
+        }
+        buf.copy_from_slice(&s.current[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        check_range(self.size_bytes, offset, buf.len())?;
+        let mut s = self.state.lock();
+        if s.dead {
+            return Err(dead_error());
+        }
+        s.current[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
+        s.pending.push((offset, buf.to_vec()));
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        let mut s = self.state.lock();
+        if s.dead {
+            return Err(dead_error());
+        }
+        let pending = std::mem::take(&mut s.pending);
+        for (off, bytes) in pending {
+            s.durable[off as usize..off as usize + bytes.len()].copy_from_slice(&bytes);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,333 @@
+//! The checkpoint: a snapshot of the volume table and maps, the segment
+//! table (state, members, live count, row list) and the log heads, as of a
+//! sealed point in the log. It is stored as the payload of checkpoint rows;
+//! the superblock points at the newest one. Recovery loads it and rolls the
+//! log forward from the heads it records. Layout: docs/FORMAT.md,
+//! "Checkpoint".
+
+use super::{ByteReader, ByteWriter, FormatError, FORMAT_VERSION};
+use crate::device::CounterValues;
+use crate::layout::RowGeom;
+
+pub const CHECKPOINT_MAGIC: [u8; 8] = *b"LGRDCKPT";
+
+/// Limits that bound what a hostile checkpoint can make us allocate.
+const MAX_VOLUMES: u64 = 1 << 16;
+const MAX_SEGMENTS: u64 = 1 << 24;
+const MAX_ROWS_PER_SEGMENT: u64 = 1 << 20;
+const MAX_RUNS: u64 = 1 << 40;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentStateCode {
+    Free = 0,
+    /// Being written by a log head (user 1, cleaner 2).
+    OpenUser = 1,
+    OpenCleaner = 2,
+    Sealed = 3,
+    /// Reserved as the next segment of a head (user 4, cleaner 5).
+    ReservedUser = 4,
+    ReservedCleaner = 5,
+}
+
+impl SegmentStateCode {
+    fn from_code(c: u8) -> Result<Self, FormatError> {
+        Ok(match c {
+            0 => Self::Free,
+            1 => Self::OpenUser,
+            2 => Self::OpenCleaner,
+            3 => Self::Sealed,
+            4 => Self::ReservedUser,
+            5 => Self::ReservedCleaner,
+            _ => return Err(FormatError::Invalid(format!("segment state {c}"))),
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentRecord {
+    pub state: SegmentStateCode,
+    pub members_mask: u32,
+    pub parity: u8,
+    pub live_blocks: u32,
+    pub fill_blocks: u32,
+    pub sealed_seq: u64,
+    pub rows: Vec<RowGeom>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HeadRecord {
+    /// u32::MAX: no segment yet.
+    pub segment: u32,
+    pub offset: u32,
+    pub next_segment: u32,
+    pub last_crc: u32,
+    pub last_seq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeRecord {
+    pub id: u32,
+    pub name: String,
+    pub size_bytes: u64,
+    pub created_unix: u64,
+    /// (lba, encoded location, crc) in LBA order.
+    pub entries: Vec<(u64, u64, u32)>,
+}
+
+/// Pool-wide counters kept across restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct PoolCounters {
+    pub user_bytes_written: u64,
+    pub user_bytes_read: u64,
+    pub relocated_blocks: u64,
+    pub trimmed_blocks: u64,
+    pub checkpoints: u64,
+    pub rows_written: u64,
+    pub short_rows: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointImage {
+    pub checkpoint_id: u64,
+    pub next_seq: u64,
+    pub next_volume_id: u32,
+    pub counters: PoolCounters,
+    pub member_counters: Vec<CounterValues>,
+    pub volumes: Vec<VolumeRecord>,
+    pub segments: Vec<SegmentRecord>,
+    pub heads: Vec<HeadRecord>,
+}
+
+/// Streams a checkpoint out; the caller adds volumes, segments and heads in
+/// that order.
+pub struct CheckpointWriter {
+    w: ByteWriter,
+}
+
+impl CheckpointWriter {
+    pub fn new(
+        checkpoint_id: u64,
+        next_seq: u64,
+        next_volume_id: u32,
+        counters: &PoolCounters,
+        member_counters: &[CounterValues],
+        volume_count: usize,
+    ) -> Self {
+        let mut w = ByteWriter::with_capacity(1 << 16);
+        w.raw(&CHECKPOINT_MAGIC);
+        w.u32(FORMAT_VERSION);
+        w.u64(checkpoint_id);
+        w.u64(next_seq);
+        w.u32(next_volume_id);
+        for v in [
+            counters.user_bytes_written,
+            counters.user_bytes_read,
+            counters.relocated_blocks,
+            counters.trimmed_blocks,
+            counters.checkpoints,
+            counters.rows_written,
+            counters.short_rows,
+        ] {
+            w.u64(v);
+        }
+        w.u64(member_counters.len() as u64);
+        for c in member_counters {
+            for v in [
+                c.bytes_read,
+                c.bytes_written,
+                c.reads,
+                c.writes,
+                c.flushes,
+                c.io_errors,
+                c.checksum_errors,
+                c.repaired_blocks,
+            ] {
+                w.u64(v);
+            }
+        }
+        w.u64(volume_count as u64);
+        CheckpointWriter { w }
+    }
+
+    /// One volume; `entries` in LBA order.
+    pub fn volume(
+        &mut self,
+        id: u32,
+        name: &str,
+        size_bytes: u64,
+        created_unix: u64,
+        entries: impl Iterator<Item = (u64, u64, u32)>,
+    ) {
+        let w = &mut self.w;
+        w.u32(id);
+        w.str16(name);
+        w.u64(size_bytes);
+        w.u64(created_unix);
+        // Runs of consecutive LBAs: (start, length) then the entries.
+        let mut runs = ByteWriter::default();
+        let mut run_count = 0u64;
+        let mut run: Vec<(u64, u32)> = Vec::new();
+        let mut run_start = 0u64;
+        let flush = |runs: &mut ByteWriter, start: u64, run: &mut Vec<(u64, u32)>, count: &mut u64| {
+            if run.is_empty() {
+                return;
+            }
+            runs.u64(start);
+            runs.u32(run.len() as u32);
+            for (loc, crc) in run.drain(..) {
+                runs.u64(loc);
+                runs.u32(crc);
+            }
+            *count += 1;
+        };
+        for (lba, loc, crc) in entries {
+            if run.is_empty() || lba != run_start + run.len() as u64 || run.len() == u32::MAX as usize {
+                flush(&mut runs, run_start, &mut run, &mut run_count);
+                run_start = lba;
+            }
+            run.push((loc, crc));
+        }
+        flush(&mut runs, run_start, &mut run, &mut run_count);
+        w.u64(run_count);
+        w.raw(&runs.bytes);
+    }
+
+    pub fn segments(&mut self, segments: &[SegmentRecord]) {
+        let w = &mut self.w;
+        w.u64(segments.len() as u64);
+        for s in segments {
+            w.u8(s.state as u8);
+            w.u32(s.members_mask);
+            w.u8(s.parity);
+            w.u32(s.live_blocks);
+            w.u32(s.fill_blocks);
+            w.u64(s.sealed_seq);
+            w.u64(s.rows.len() as u64);
+            for r in &s.rows {
+                w.u32(r.offset);
+                w.u16(r.height);
+                w.u8(r.data_columns);
+                w.u16(r.header_blocks);
+                w.u32(r.slots);
+                w.u64(r.seq);
+            }
+        }
+    }
+
+    pub fn finish(mut self, heads: &[HeadRecord]) -> Vec<u8> {
+        let w = &mut self.w;
+        w.u64(heads.len() as u64);
+        for h in heads {
+            w.u32(h.segment);
+            w.u32(h.offset);
+            w.u32(h.next_segment);
+            w.u32(h.last_crc);
+            w.u64(h.last_seq);
+        }
+        self.w.bytes
+    }
+}
+
+impl CheckpointImage {
+    pub fn decode(bytes: &[u8]) -> Result<CheckpointImage, FormatError> {
+        let mut r = ByteReader::new(bytes);
+        if r.take(8)? != CHECKPOINT_MAGIC {
+            return Err(FormatError::BadMagic);
+        }
+        let version = r.u32()?;
+        if version != FORMAT_VERSION {
+            return Err(FormatError::BadVersion(version));
+        }
+        let checkpoint_id = r.u64()?;
+        let next_seq = r.u64()?;
+        let next_volume_id = r.u32()?;
+        let counters = PoolCounters {
+            user_bytes_written: r.u64()?,
+            user_bytes_read: r.u64()?,
+            relocated_blocks: r.u64()?,
+            trimmed_blocks: r.u64()?,
+            checkpoints: r.u64()?,
+            rows_written: r.u64()?,
+            short_rows: r.u64()?,
+        };
+        let n = r.count(super::MAX_MEMBERS as u64, "member counters")?;
+        let mut member_counters = Vec::with_capacity(n);
+        for _ in 0..n {
+            member_counters.push(CounterValues {
+                bytes_read: r.u64()?,
+                bytes_written: r.u64()?,
+                reads: r.u64()?,
+                writes: r.u64()?,
+                flushes: r.u64()?,
+                io_errors: r.u64()?,
+                checksum_errors: r.u64()?,
+                repaired_blocks: r.u64()?,
+            });
+        }
+        let nv = r.count(MAX_VOLUMES, "volume")?;
+        let mut volumes = Vec::with_capacity(nv);
+        for _ in 0..nv {
+            let id = r.u32()?;
+            let name = r.str16()?;
+            let size_bytes = r.u64()?;
+            let created_unix = r.u64()?;
+            let runs = r.count(MAX_RUNS, "map run")?;
+            let mut entries = Vec::new();
+            for _ in 0..runs {
+                let start = r.u64()?;
+                let len = r.u32()? as u64;
+                if len > (r.remaining() / 12) as u64 {
+                    return Err(FormatError::Truncated { needed: (len * 12) as usize, available: r.remaining() });
+                }
+                for i in 0..len {
+                    let lba = start.checked_add(i).ok_or_else(|| FormatError::Invalid("map run overflows".into()))?;
+                    let loc = r.u64()?;
+                    let crc = r.u32()?;
+                    entries.push((lba, loc, crc));
+                }
+            }
+            volumes.push(VolumeRecord { id, name, size_bytes, created_unix, entries });
+        }
+        let ns = r.count(MAX_SEGMENTS, "segment")?;
+        let mut segments = Vec::with_capacity(ns.min(r.remaining() / 26));
+        for s in 0..ns {
+            let state = SegmentStateCode::from_code(r.u8()?)?;
+            let members_mask = r.u32()?;
+            let parity = r.u8()?;
+            let live_blocks = r.u32()?;
+            let fill_blocks = r.u32()?;
+            let sealed_seq = r.u64()?;
+            let nr = r.count(MAX_ROWS_PER_SEGMENT, "row")?;
+            let mut rows = Vec::with_capacity(nr.min(r.remaining() / 21));
+            for _ in 0..nr {
+                rows.push(RowGeom {
+                    segment: s as u32,
+                    offset: r.u32()?,
+                    height: r.u16()?,
+                    data_columns: r.u8()?,
+                    header_blocks: r.u16()?,
+                    slots: r.u32()?,
+                    members_mask,
+                    parity,
+                    seq: r.u64()?,
+                });
+            }
+            segments.push(SegmentRecord { state, members_mask, parity, live_blocks, fill_blocks, sealed_seq, rows });
+        }
+        let nh = r.count(8, "head")?;
+        let mut heads = Vec::with_capacity(nh);
+        for _ in 0..nh {
+            heads.push(HeadRecord {
+                segment: r.u32()?,
+                offset: r.u32()?,
+                next_segment: r.u32()?,
+                last_crc: r.u32()?,
+                last_seq: r.u64()?,
+            });
+        }
+        if r.remaining() != 0 {
+            return Err(FormatError::Invalid(format!("{} trailing bytes", r.remaining())));
+        }
+        Ok(CheckpointImage { checkpoint_id, next_seq, next_volume_id, counters, member_counters, volumes, segments, heads })
+    }
+}

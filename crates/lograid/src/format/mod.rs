@@ -1,0 +1,62 @@
+//! The on-disk format: every structure lograid writes to a member, encoded and
+//! decoded here and nowhere else. docs/FORMAT.md is the written specification;
+//! this module is its implementation. All integers are little-endian, every
+//! structure carries a magic, a version and a CRC-32C, and every decoder is
+//! total: corrupt, truncated or hostile bytes give a `FormatError`, never a
+//! panic or an out-of-bounds read.
+
+pub mod checkpoint;
+pub mod codec;
+pub mod row;
+pub mod superblock;
+
+pub use codec::{ByteReader, ByteWriter};
+
+/// The unit of checksums, mapping and member I/O.
+pub const BLOCK_SIZE: usize = 4096;
+/// Same, as u64 for offset arithmetic.
+pub const BLOCK_BYTES: u64 = BLOCK_SIZE as u64;
+/// The on-disk format version this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// Members per pool, at most.
+pub const MAX_MEMBERS: usize = 24;
+/// Parity columns per row, at most.
+pub const MAX_PARITY: usize = 3;
+/// First block of a member's data area (1 MiB): blocks before it hold the
+/// superblock slots and stay clear of partition tables.
+pub const DATA_START_BLOCK: u64 = 256;
+/// Blocks reserved at the end of a member for the trailing superblock slots.
+pub const TAIL_BLOCKS: u64 = 2;
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum FormatError {
+    #[error("truncated structure: needed {needed} more bytes, {available} available")]
+    Truncated { needed: usize, available: usize },
+    #[error("bad magic (not a lograid structure)")]
+    BadMagic,
+    #[error("unsupported format version {0} (this build reads version {FORMAT_VERSION})")]
+    BadVersion(u32),
+    #[error("checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")]
+    BadChecksum { stored: u32, computed: u32 },
+    #[error("invalid field: {0}")]
+    Invalid(String),
+}
+
+/// CRC-32C (Castagnoli), the checksum of every block and structure.
+#[inline]
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
+
+/// CRC-32C of `bytes` computed as if the 4 bytes at `field_at` were zero.
+pub fn crc32c_skipping(bytes: &[u8], field_at: usize) -> u32 {
+    let c = crc32c::crc32c(&bytes[..field_at]);
+    let c = crc32c::crc32c_append(c, &[0u8; 4]);
+    crc32c::crc32c_append(c, &bytes[field_at + 4..])
+}
+
+/// The checksum of a block of zeroes, used for padding and zero-filled blocks.
+pub fn zero_block_crc() -> u32 {
+    static ZERO: [u8; BLOCK_SIZE] = [0u8; BLOCK_SIZE];
+    crc32c(&ZERO)
+}

@@ -1,0 +1,274 @@
+//! Writing checkpoints: seal the heads, snapshot the bookkeeping, write the
+//! snapshot as checkpoint rows into fresh segments, make everything durable,
+//! then point the superblocks at it. Until the superblocks are durable the
+//! previous checkpoint stays intact and is what recovery would use.
+
+use super::log::AppendError;
+use super::state::{Core, SegState, NO_SEGMENT};
+use super::{check_writable, PoolInner};
+use crate::error::{Error, Result};
+use crate::format::checkpoint::{CheckpointWriter, HeadRecord, SegmentRecord, SegmentStateCode};
+use crate::format::row::{Entry, EntryKind, HeadId, RowKind};
+use crate::format::superblock::{CheckpointPointer, MemberRecord, MemberState, Superblock};
+use crate::format::{crc32c, BLOCK_SIZE};
+use crate::device::AlignedBuf;
+
+impl PoolInner {
+    pub(crate) fn checkpoint(&self) -> Result<()> {
+        let _m = self.maintenance.lock();
+        self.checkpoint_locked()
+    }
+
+    /// Writes a checkpoint; the caller holds `maintenance`.
+    pub(crate) fn checkpoint_locked(&self) -> Result<()> {
+        let (sealed, target_seq, gen, blob, checkpoint_id) = {
+            let mut core = self.core.lock();
+            check_writable(&core)?;
+            core.flush_gen += 1;
+            let gen = core.flush_gen;
+            let sealed = self.seal_open_rows(&mut core);
+            let checkpoint_id = core.checkpoint.checkpoint_id + 1;
+            core.counters.checkpoints += 1;
+            let blob = self.snapshot(&core, checkpoint_id);
+            core.log_blocks_since_checkpoint = 0;
+            (sealed, core.next_seq, gen, blob, checkpoint_id)
+        };
+        self.write_rows(sealed)?;
+        {
+            let mut core = self.core.lock();
+            while core.inflight.iter().any(|r| r.geom.seq < target_seq) {
+                self.progress.wait(&mut core);
+            }
+        }
+        let (pointer, visited) = self.write_checkpoint_rows(checkpoint_id, &blob)?;
+        let mask = std::mem::take(&mut self.core.lock().dirty_members);
+        self.sync_members(mask)?;
+        self.write_superblocks(pointer)?;
+        {
+            let mut core = self.core.lock();
+            // The previous checkpoint's segments are no longer referenced.
+            for s in std::mem::replace(&mut core.checkpoint_segments, visited) {
+                let seg = &mut core.segments[s as usize];
+                seg.state = SegState::Free;
+                seg.rows.clear();
+                core.free.push_back(s);
+            }
+            core.checkpoint = pointer;
+        }
+        self.finish_flush(gen);
+        self.debug_check("checkpoint");
+        Ok(())
+    }
+
+    /// Serializes the bookkeeping as of now (open rows already sealed).
+    fn snapshot(&self, core: &Core, checkpoint_id: u64) -> Vec<u8> {
+        let member_counters: Vec<_> = self
+            .devices
+            .iter()
+            .map(|d| d.as_ref().map(|d| d.counters.values()).unwrap_or_default())
+            .collect();
+        let mut w = CheckpointWriter::new(
+            checkpoint_id,
+            core.next_seq,
+            core.next_volume_id,
+            &core.counters,
+            &member_counters,
+            core.volumes.len(),
+        );
+        for v in core.volumes.values() {
+            w.volume(v.id, &v.name, v.size_bytes, v.created_unix, v.map.iter_from(0).map(|(lba, loc, crc)| {
+                debug_assert!(!matches!(loc, crate::map::Loc::Open { .. }), "open slot in a checkpoint");
+                (lba, loc.encode(), crc)
+            }));
+        }
+        let records: Vec<SegmentRecord> = core
+            .segments
+            .iter()
+            .map(|s| {
+                let state = match s.state {
+                    SegState::Free | SegState::PendingFree { .. } | SegState::Checkpoint => SegmentStateCode::Free,
+                    SegState::Open(HeadId::User) => SegmentStateCode::OpenUser,
+                    SegState::Open(_) => SegmentStateCode::OpenCleaner,
+                    SegState::Reserved(HeadId::User) => SegmentStateCode::ReservedUser,
+                    SegState::Reserved(_) => SegmentStateCode::ReservedCleaner,
+                    SegState::Sealed => SegmentStateCode::Sealed,
+                };
+                let free = state == SegmentStateCode::Free;
+                SegmentRecord {
+                    state,
+                    members_mask: s.members_mask,
+                    parity: s.parity,
+                    live_blocks: if free { 0 } else { s.live_blocks },
+                    fill_blocks: if free { 0 } else { s.fill_blocks },
+                    sealed_seq: s.sealed_seq,
+                    rows: if free { Vec::new() } else { s.rows.clone() },
+                }
+            })
+            .collect();
+        w.segments(&records);
+        let heads: Vec<HeadRecord> = core
+            .heads
+            .iter()
+            .map(|h| HeadRecord {
+                segment: h.segment,
+                offset: h.offset,
+                next_segment: h.next_segment,
+                last_crc: h.last_crc,
+                last_seq: h.last_seq,
+            })
+            .collect();
+        w.finish(&heads)
+    }
+
+    /// Writes `blob` as checkpoint rows starting in a fresh segment; returns
+    /// the pointer to it and the segments it occupies. On failure the
+    /// segments it took are released.
+    fn write_checkpoint_rows(&self, checkpoint_id: u64, blob: &[u8]) -> Result<(CheckpointPointer, Vec<u32>)> {
+        let mut visited: Vec<u32> = Vec::new();
+        let result = self.write_checkpoint_chain(checkpoint_id, blob, &mut visited);
+        let mut core = self.core.lock();
+        let h = &mut core.heads[HeadId::Checkpoint.index()];
+        let (current, next) = (h.segment, h.next_segment);
+        h.segment = NO_SEGMENT;
+        h.next_segment = NO_SEGMENT;
+        h.open = None;
+        if current != NO_SEGMENT && !visited.contains(&current) {
+            visited.push(current);
+        }
+        for s in [next].into_iter().chain(if result.is_err() { visited.clone() } else { vec![] }) {
+            if s != NO_SEGMENT {
+                let seg = &mut core.segments[s as usize];
+                seg.state = SegState::Free;
+                seg.rows.clear();
+                core.free.push_front(s);
+            }
+        }
+        if result.is_ok() {
+            for &s in &visited {
+                core.segments[s as usize].state = SegState::Checkpoint;
+            }
+        }
+        result.map(|p| (p, visited))
+    }
+
+    fn write_checkpoint_chain(&self, checkpoint_id: u64, blob: &[u8], visited: &mut Vec<u32>) -> Result<CheckpointPointer> {
+        let mut first: Option<(u32, u32, u32)> = None;
+        let mut offset = 0usize;
+        let mut block = AlignedBuf::zeroed(BLOCK_SIZE);
+        {
+            let mut core = self.core.lock();
+            let h = &mut core.heads[HeadId::Checkpoint.index()];
+            h.segment = NO_SEGMENT;
+            h.next_segment = NO_SEGMENT;
+            h.last_crc = 0;
+        }
+        while offset < blob.len() || first.is_none() {
+            let mut sealed = Vec::new();
+            {
+                let mut core = self.core.lock();
+                while offset < blob.len() || first.is_none() {
+                    let row = core
+                        .open_row_mut(HeadId::Checkpoint, RowKind::Checkpoint, &self.shape)
+                        .map_err(|AppendError::NeedSegment| Error::NoSpace)?;
+                    if row.is_empty() {
+                        row.checkpoint_id = checkpoint_id;
+                        row.checkpoint_offset = offset as u64;
+                    }
+                    let n = (blob.len() - offset).min(BLOCK_SIZE);
+                    block.fill(0);
+                    block[..n].copy_from_slice(&blob[offset..offset + n]);
+                    let slot = row.slots();
+                    row.slot_bytes_mut(slot).copy_from_slice(&block);
+                    row.slot_entry.push(row.entries.len() as u32);
+                    row.entries.push(Entry {
+                        kind: EntryKind::Payload,
+                        volume: 0,
+                        lba: 0,
+                        crc: crc32c(&block),
+                        count: 1,
+                        source: 0,
+                    });
+                    row.payload_bytes += n as u32;
+                    offset += n;
+                    if row.is_full() || offset >= blob.len() {
+                        let r = core.seal(HeadId::Checkpoint, &self.shape).expect("non-empty row");
+                        let crc = core.heads[HeadId::Checkpoint.index()].last_crc;
+                        first.get_or_insert((r.geom.segment, r.geom.offset, crc));
+                        if !visited.contains(&r.geom.segment) {
+                            visited.push(r.geom.segment);
+                        }
+                        sealed.push(r);
+                        if sealed.len() >= 4 {
+                            break;
+                        }
+                    }
+                }
+            }
+            self.write_rows(sealed)?;
+        }
+        let (segment, offset_blocks, first_row_crc) = first.expect("checkpoint has a first row");
+        Ok(CheckpointPointer {
+            checkpoint_id,
+            segment,
+            offset_blocks,
+            first_row_crc,
+            blob_bytes: blob.len() as u64,
+            blob_crc: crc32c(blob),
+        })
+    }
+
+    /// Writes generation+1 of the superblock, pointing at `pointer`, to every member.
+    pub(crate) fn write_superblocks(&self, pointer: CheckpointPointer) -> Result<()> {
+        let (generation, members) = {
+            let mut core = self.core.lock();
+            core.superblock_generation += 1;
+            (core.superblock_generation, self.member_records(&core))
+        };
+        let mut jobs: Vec<Box<dyn FnOnce() -> (usize, std::io::Result<()>) + Send>> = Vec::new();
+        for (m, dev) in self.devices.iter().enumerate() {
+            let Some(dev) = dev.clone() else { continue };
+            let sb = Superblock {
+                pool_uuid: self.shape.pool_uuid,
+                pool_name: self.shape.pool_name.clone(),
+                created_unix: self.shape.created_unix,
+                member_index: m as u8,
+                generation,
+                parity: self.shape.parity,
+                chunk_blocks: self.shape.geometry.chunk_blocks,
+                segment_blocks: self.shape.geometry.segment_blocks,
+                data_start_block: self.shape.geometry.data_start_block,
+                members: members.clone(),
+                checkpoint: pointer,
+            };
+            let size_blocks = self.shape.geometry.member_blocks[m];
+            jobs.push(Box::new(move || {
+                let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+                buf.copy_from_slice(&sb.encode());
+                let r = Superblock::slot_blocks(size_blocks, generation)
+                    .iter()
+                    .try_for_each(|&b| dev.write_at(&buf, b * BLOCK_SIZE as u64))
+                    .and_then(|_| dev.flush());
+                (m, r)
+            }));
+        }
+        for (m, r) in self.io.run_all(jobs) {
+            if let Err(e) = r {
+                let msg = format!("superblock write to member {m} failed: {e}");
+                self.core.lock().read_only_reason.get_or_insert(msg.clone());
+                return Err(Error::io(msg, e));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn member_records(&self, core: &Core) -> Vec<MemberRecord> {
+        (0..self.shape.member_uuids.len())
+            .map(|m| MemberRecord {
+                uuid: self.shape.member_uuids[m],
+                size_blocks: self.shape.geometry.member_blocks[m],
+                state: if core.active_mask & (1 << m) != 0 { MemberState::Active } else { MemberState::Faulted },
+            })
+            .collect()
+    }
+}
+

@@ -1,0 +1,200 @@
+//! Creating a pool: check every drive (size, in use, foreign contents),
+//! choose the geometry, wipe old superblock slots, and write the first
+//! checkpoint and superblocks.
+
+use super::recovery::new_inner;
+use super::state::SegState;
+use super::{now_unix, random_u128, random_u64, Pool, PoolOptions, Shape};
+use crate::device::{is_mounted, probe_signature, AlignedBuf, Device, FileMember, Member, OpenMode};
+use crate::error::{Error, Result};
+use crate::format::row::HeadId;
+use crate::format::{BLOCK_BYTES, BLOCK_SIZE, DATA_START_BLOCK, MAX_MEMBERS, MAX_PARITY, TAIL_BLOCKS};
+use crate::layout::Geometry;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub const DEFAULT_CHUNK_BYTES: u32 = 128 * 1024;
+/// Segment size per member when the drives are large enough.
+const TARGET_SEGMENT_BYTES: u64 = 8 << 20;
+/// Segments the smallest member should hold at least.
+const MIN_SEGMENTS: u64 = 16;
+
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    pub name: String,
+    pub parity: u8,
+    pub chunk_bytes: u32,
+    /// Per member; None chooses from the drive sizes.
+    pub segment_bytes: Option<u64>,
+    /// Overwrite drives that hold a filesystem, partition table or pool.
+    pub force: bool,
+    /// A volume to create at once: (name, size in bytes).
+    pub initial_volume: Option<(String, u64)>,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        CreateOptions {
+            name: "lograid".into(),
+            parity: 1,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+            segment_bytes: None,
+            force: false,
+            initial_volume: None,
+        }
+    }
+}
+
+/// Prepares drives given by path: creates missing files sparse when
+/// `create_size` is given, refuses drives that are mounted, locked by
+/// another process, or hold recognizable contents (unless `force`).
+pub fn open_new_members(paths: &[PathBuf], create_size: Option<u64>, force: bool) -> Result<Vec<Arc<dyn Member>>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut members: Vec<Arc<dyn Member>> = Vec::new();
+    for path in paths {
+        let canonical = path.canonicalize().unwrap_or_else(|_| path.clone());
+        if !seen.insert(canonical) {
+            return Err(Error::InvalidArgument(format!("{} is given twice", path.display())));
+        }
+        if !path.exists() {
+            match create_size {
+                Some(size) => {
+                    FileMember::create_sparse(path, size).map_err(|e| Error::io(format!("creating {}", path.display()), e))?
+                }
+                None => {
+                    return Err(Error::NotFound(format!(
+                        "{} does not exist (give --size to create it as a sparse file)",
+                        path.display()
+                    )))
+                }
+            }
+        }
+        if is_mounted(path) {
+            return Err(Error::Refused(format!("{} is mounted; unmount it first", path.display())));
+        }
+        if !force {
+            if let Some(what) = probe_signature(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))? {
+                return Err(Error::Refused(format!(
+                    "{} holds {what}; refusing to overwrite it (use --force to destroy its contents)",
+                    path.display()
+                )));
+            }
+        }
+        let m = FileMember::open(path, OpenMode::ReadWrite).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+        members.push(Arc::new(m));
+    }
+    Ok(members)
+}
+
+fn describe(m: &dyn Member) -> String {
+    m.describe()
+}
+
+/// Creates a new pool on `members` (their contents are destroyed).
+pub fn create_pool(members: Vec<Arc<dyn Member>>, opts: &CreateOptions, options: PoolOptions) -> Result<Pool> {
+    let n = members.len();
+    if !(2..=MAX_MEMBERS).contains(&n) {
+        return Err(Error::InvalidArgument(format!("a pool needs 2 to {MAX_MEMBERS} drives, {n} given")));
+    }
+    if opts.parity as usize > MAX_PARITY || opts.parity as usize >= n {
+        return Err(Error::InvalidArgument(format!(
+            "parity {} needs more drives than that: at most {} parity for {n} drives (and never more than {MAX_PARITY})",
+            opts.parity,
+            (n - 1).min(MAX_PARITY)
+        )));
+    }
+    let chunk = opts.chunk_bytes as u64;
+    if !chunk.is_power_of_two() || !(4096..=1 << 20).contains(&chunk) {
+        return Err(Error::InvalidArgument(format!(
+            "chunk size {chunk}: must be a power of two from 4 KiB to 1 MiB"
+        )));
+    }
+    let chunk_blocks = (chunk / BLOCK_BYTES) as u32;
+    let member_blocks: Vec<u64> = members.iter().map(|m| m.size_bytes() / BLOCK_BYTES).collect();
+    let smallest = *member_blocks.iter().min().expect("members");
+    let smallest_data = smallest.saturating_sub(DATA_START_BLOCK + TAIL_BLOCKS);
+    let segment_blocks = match opts.segment_bytes {
+        Some(b) => {
+            if b % chunk != 0 || b == 0 {
+                return Err(Error::InvalidArgument(format!("segment size {b}: must be a multiple of the chunk size {chunk}")));
+            }
+            b / BLOCK_BYTES
+        }
+        None => {
+            let target = (TARGET_SEGMENT_BYTES / BLOCK_BYTES).min(smallest_data / (MIN_SEGMENTS * 8));
+            (target / chunk_blocks as u64).max(4) * chunk_blocks as u64
+        }
+    };
+    if segment_blocks > u16::MAX as u64 * 16 {
+        return Err(Error::InvalidArgument("segment size too large".into()));
+    }
+    let min_blocks = DATA_START_BLOCK + TAIL_BLOCKS + segment_blocks * MIN_SEGMENTS;
+    for (m, &blocks) in members.iter().zip(&member_blocks) {
+        if blocks < min_blocks {
+            return Err(Error::Refused(format!(
+                "{} is too small: {} bytes, at least {} needed with these settings",
+                describe(m.as_ref()),
+                blocks * BLOCK_BYTES,
+                min_blocks * BLOCK_BYTES
+            )));
+        }
+    }
+    let geometry = Geometry {
+        member_blocks: member_blocks.clone(),
+        data_start_block: DATA_START_BLOCK,
+        segment_blocks: segment_blocks as u32,
+        chunk_blocks,
+    };
+    let shape = Shape {
+        geometry,
+        parity: opts.parity,
+        pool_uuid: random_u128(),
+        pool_name: opts.name.clone(),
+        created_unix: now_unix(),
+        nonce: random_u64(),
+        member_uuids: (0..n).map(|_| random_u128()).collect(),
+    };
+    // Wipe every superblock slot so no older pool's generation can win.
+    let zero = AlignedBuf::zeroed(BLOCK_SIZE);
+    for (m, &blocks) in members.iter().zip(&member_blocks) {
+        for b in [0, 1, blocks - TAIL_BLOCKS, blocks - TAIL_BLOCKS + 1] {
+            m.write_at(&zero, b * BLOCK_BYTES).map_err(|e| Error::io(format!("wiping {}", m.describe()), e))?;
+        }
+    }
+    let all = (1u32 << n) - 1;
+    let devices = members.into_iter().map(|m| Some(Arc::new(Device::new(m)))).collect();
+    let inner = Arc::new(new_inner(shape, devices, options, all, 0));
+    if inner.usable_blocks == 0 {
+        return Err(Error::Refused("the drives are too small to hold any data after the reserve".into()));
+    }
+    {
+        let mut core = inner.core.lock();
+        let usable_width = inner.shape.parity as u32;
+        for s in 0..core.segments.len() {
+            if core.segments[s].members_mask.count_ones() > usable_width {
+                core.free.push_back(s as u32);
+            }
+        }
+        for head in [HeadId::User, HeadId::Cleaner] {
+            core.prime_head(head, &inner.shape).map_err(|_| Error::Refused("not enough segments".into()))?;
+        }
+        debug_assert!(core.segments.iter().all(|s| s.state != SegState::Checkpoint));
+    }
+    inner.checkpoint()?;
+    let pool = Pool::from_inner(inner);
+    if let Some((name, size)) = &opts.initial_volume {
+        pool.create_volume(name, *size)?;
+    }
+    Ok(pool)
+}
+
+/// Opens an existing pool from paths.
+pub fn open_paths(paths: &[PathBuf], options: PoolOptions, read_only: bool) -> Result<Pool> {
+    let mode = if read_only { OpenMode::ReadOnly } else { OpenMode::ReadWrite };
+    let mut members: Vec<Arc<dyn Member>> = Vec::new();
+    for p in paths {
+        let m = FileMember::open(Path::new(p), mode).map_err(|e| Error::io(format!("opening {}", p.display()), e))?;
+        members.push(Arc::new(m));
+    }
+    super::recovery::open_members(members, options, read_only)
+}

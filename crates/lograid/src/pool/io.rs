@@ -1,0 +1,513 @@
+//! The data path: user writes into the log, sealed rows out to the members
+//! (parity computed once per row, columns written in parallel), flush, and
+//! reads that verify every block's checksum and rebuild a bad or unreadable
+//! block from the rest of its row.
+
+use super::log::AppendError;
+use super::state::{Core, SealedRow, SegState};
+use super::{check_writable, Allocation, PoolInner};
+use crate::device::AlignedBuf;
+use crate::error::{Error, Result};
+use crate::format::row::{Entry, EntryKind, HeadId};
+use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
+use crate::layout::{Pba, RowGeom};
+use crate::map::Loc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Attempts of an optimistic sub-block write before giving up.
+const PARTIAL_WRITE_ATTEMPTS: usize = 1000;
+
+impl PoolInner {
+    /// Writes `data` at byte `offset` of volume `id` (512-byte aligned,
+    /// range already checked). Sub-block pieces merge into their block.
+    pub(crate) fn write(&self, id: u32, name: &str, offset: u64, data: &[u8]) -> Result<()> {
+        let mut pos = offset;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let within = (pos % BLOCK_BYTES) as usize;
+            if within != 0 || rest.len() < BLOCK_SIZE {
+                let n = (BLOCK_SIZE - within).min(rest.len());
+                self.write_partial(id, name, pos / BLOCK_BYTES, within, &rest[..n])?;
+                pos += n as u64;
+                rest = &rest[n..];
+                continue;
+            }
+            let n = rest.len() / BLOCK_SIZE * BLOCK_SIZE;
+            self.write_blocks(id, pos / BLOCK_BYTES, &rest[..n], None)?;
+            pos += n as u64;
+            rest = &rest[n..];
+        }
+        Ok(())
+    }
+
+    /// Read-merge-write of one block, committed only if the block did not
+    /// change in between (retried otherwise).
+    fn write_partial(&self, id: u32, name: &str, lba: u64, within: usize, bytes: &[u8]) -> Result<()> {
+        for _ in 0..PARTIAL_WRITE_ATTEMPTS {
+            let before = self.core.lock().volume(id).map(|v| v.map.get(lba)).ok_or_else(|| gone(name))?;
+            let mut block = vec![0u8; BLOCK_SIZE];
+            self.read_blocks(id, name, lba, &mut block)?;
+            block[within..within + bytes.len()].copy_from_slice(bytes);
+            if self.write_blocks(id, lba, &block, Some(before))? {
+                return Ok(());
+            }
+        }
+        Err(Error::Refused(format!("volume '{name}' block {lba}: sub-block write kept racing with other writes")))
+    }
+
+    /// Appends whole blocks to the user head. With `expect`, writes only if
+    /// the (single) block's map entry still equals it; returns whether it wrote.
+    fn write_blocks(&self, id: u32, lba: u64, data: &[u8], expect: Option<(Loc, u32)>) -> Result<bool> {
+        let n = data.len() / BLOCK_SIZE;
+        let crcs: Vec<u32> = data.chunks_exact(BLOCK_SIZE).map(crc32c).collect();
+        let mut i = 0;
+        while i < n {
+            let mut sealed = Vec::new();
+            let mut outcome: Result<()> = Ok(());
+            let mut need_segment = false;
+            {
+                let mut core = self.core.lock();
+                self.wait_for_inflight_room(&mut core);
+                check_writable(&core)?;
+                let vol = core.volume(id).ok_or_else(|| Error::NotFound(format!("volume {id} was deleted")))?;
+                if let Some(exp) = expect {
+                    if vol.map.get(lba) != exp {
+                        return Ok(false);
+                    }
+                }
+                while i < n {
+                    let b = lba + i as u64;
+                    let (old, _) = core.volume(id).expect("volume").map.get(b);
+                    if !old.is_stored() && core.stored_blocks >= self.usable_blocks {
+                        outcome = Err(Error::NoSpace);
+                        break;
+                    }
+                    let entry = Entry { kind: EntryKind::Data, volume: id, lba: b, crc: crcs[i], count: 1, source: 0 };
+                    match core.append_block(HeadId::User, entry, &data[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE], &self.shape) {
+                        Ok(Some(row)) => sealed.push(row),
+                        Ok(None) => {}
+                        Err(AppendError::NeedSegment) => {
+                            need_segment = true;
+                            break;
+                        }
+                    }
+                    core.counters.user_bytes_written += BLOCK_BYTES;
+                    i += 1;
+                }
+            }
+            self.write_rows(sealed)?;
+            outcome?;
+            if need_segment {
+                self.make_space()?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Blocks while too many rows are in flight (bounds memory).
+    fn wait_for_inflight_room(&self, core: &mut parking_lot::MutexGuard<'_, Core>) {
+        while core.inflight.len() >= self.options.max_inflight_rows {
+            self.progress.wait(core);
+        }
+    }
+
+    /// Trims (or zeroes) the whole blocks of a range; with `zero`, partial
+    /// blocks at the edges are overwritten with zeroes.
+    pub(crate) fn trim_or_zero(&self, id: u32, name: &str, offset: u64, length: u64, zero: bool) -> Result<()> {
+        let end = offset + length;
+        let first = offset.div_ceil(BLOCK_BYTES);
+        let last = end / BLOCK_BYTES;
+        if zero {
+            let zeros = vec![0u8; BLOCK_SIZE];
+            if first > last {
+                return self.write(id, name, offset, &zeros[..length as usize]);
+            }
+            if offset < first * BLOCK_BYTES {
+                self.write(id, name, offset, &zeros[..(first * BLOCK_BYTES - offset) as usize])?;
+            }
+            if end > last * BLOCK_BYTES {
+                self.write(id, name, last * BLOCK_BYTES, &zeros[..(end - last * BLOCK_BYTES) as usize])?;
+            }
+        }
+        let mut lba = first;
+        while lba < last {
+            let mut sealed = Vec::new();
+            let mut need_segment = false;
+            {
+                let mut core = self.core.lock();
+                self.wait_for_inflight_room(&mut core);
+                check_writable(&core)?;
+                let vol = core.volume(id).ok_or_else(|| gone(name))?;
+                // Only mapped blocks need a record; skip to the next one.
+                let Some((next, _, _)) = vol.map.iter_from(lba).next().filter(|e| e.0 < last) else {
+                    break;
+                };
+                // Cover the run of mapped blocks from `next`.
+                let mut run_end = next;
+                for (b, _, _) in vol.map.iter_from(next) {
+                    if b != run_end || b >= last || run_end - next >= u32::MAX as u64 {
+                        break;
+                    }
+                    run_end += 1;
+                }
+                match core.append_range_record(id, next, (run_end - next) as u32, EntryKind::Trim, &self.shape) {
+                    Ok(row) => sealed.extend(row),
+                    Err(AppendError::NeedSegment) => need_segment = true,
+                }
+                if !need_segment {
+                    lba = run_end;
+                }
+            }
+            self.write_rows(sealed)?;
+            if need_segment {
+                self.make_space()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs of (length in bytes, allocation) covering the range.
+    pub(crate) fn block_status(&self, id: u32, offset: u64, length: u64) -> Vec<(u64, Allocation)> {
+        let core = self.core.lock();
+        let Some(vol) = core.volume(id) else { return vec![(length, Allocation::Hole)] };
+        let mut out: Vec<(u64, Allocation)> = Vec::new();
+        let end = offset + length;
+        let mut pos = offset;
+        while pos < end {
+            let lba = pos / BLOCK_BYTES;
+            let next = ((lba + 1) * BLOCK_BYTES).min(end);
+            let state = match vol.map.get(lba).0 {
+                Loc::Unmapped => Allocation::Hole,
+                Loc::Zero => Allocation::Zero,
+                _ => Allocation::Data,
+            };
+            match out.last_mut() {
+                Some((len, s)) if *s == state => *len += next - pos,
+                _ => out.push((next - pos, state)),
+            }
+            pos = next;
+        }
+        out
+    }
+
+    /// Seals the user and cleaner heads' open rows (for a flush or checkpoint).
+    pub(crate) fn seal_open_rows(&self, core: &mut Core) -> Vec<Arc<SealedRow>> {
+        [HeadId::User, HeadId::Cleaner].iter().filter_map(|&h| core.seal(h, &self.shape)).collect()
+    }
+
+    /// Writes sealed rows (each row's columns in parallel).
+    pub(crate) fn write_rows(&self, rows: Vec<Arc<SealedRow>>) -> Result<()> {
+        let mut first_error = None;
+        for row in rows {
+            if let Err(e) = self.write_row(&row) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn write_row(&self, row: &Arc<SealedRow>) -> Result<()> {
+        let g = row.geom;
+        let column_bytes = g.height as usize * BLOCK_SIZE;
+        let mut parity = AlignedBuf::zeroed(g.parity as usize * column_bytes);
+        if g.parity > 0 {
+            let data: Vec<&[u8]> = (0..g.data_columns as usize).map(|c| row.column(c)).collect();
+            let mut out: Vec<&mut [u8]> = parity.chunks_mut(column_bytes).collect();
+            lograid_parity::encode(&data, &mut out);
+        }
+        let parity = Arc::new(parity);
+        let mut jobs: Vec<Box<dyn FnOnce() -> (u8, std::io::Result<()>) + Send>> = Vec::new();
+        let columns = (0..g.data_columns as usize).chain((0..g.parity as usize).map(|p| g.parity_column(p)));
+        for col in columns {
+            let pba = g.pba(&self.shape.geometry, col, 0);
+            let Some(dev) = self.devices[pba.member as usize].clone() else { continue };
+            let row = row.clone();
+            let parity = parity.clone();
+            let k = g.data_capacity_columns();
+            jobs.push(Box::new(move || {
+                let bytes = if col < k {
+                    row.column(col)
+                } else {
+                    let p = col - k;
+                    &parity[p * column_bytes..(p + 1) * column_bytes]
+                };
+                (pba.member, dev.write_at(bytes, pba.byte_offset()))
+            }));
+        }
+        let results = self.io.run_all(jobs);
+        let mut core = self.core.lock();
+        let mut error = None;
+        for (member, r) in results {
+            match r {
+                Ok(()) => core.dirty_members |= 1 << member,
+                Err(e) => {
+                    let msg = format!("write to member {member} failed: {e}");
+                    core.read_only_reason.get_or_insert(msg.clone());
+                    error.get_or_insert(Error::io(msg, e));
+                }
+            }
+        }
+        let i = core.inflight.iter().position(|r| Arc::ptr_eq(r, row)).expect("row in flight");
+        core.inflight.swap_remove(i);
+        self.progress.notify_all();
+        error.map_or(Ok(()), Err)
+    }
+
+    /// Makes every write acknowledged before the call durable on every member.
+    pub(crate) fn flush(&self) -> Result<()> {
+        let (sealed, target_seq, gen) = {
+            let mut core = self.core.lock();
+            core.flush_gen += 1;
+            let gen = core.flush_gen;
+            let sealed = self.seal_open_rows(&mut core);
+            (sealed, core.next_seq, gen)
+        };
+        self.write_rows(sealed)?;
+        let mask = {
+            let mut core = self.core.lock();
+            while core.inflight.iter().any(|r| r.geom.seq < target_seq) {
+                self.progress.wait(&mut core);
+            }
+            if let Some(r) = &core.read_only_reason {
+                return Err(Error::ReadOnly(r.clone()));
+            }
+            std::mem::take(&mut core.dirty_members)
+        };
+        self.sync_members(mask)?;
+        self.finish_flush(gen);
+        self.debug_check("flush");
+        if self.core.lock().log_blocks_since_checkpoint >= self.options.checkpoint_interval_blocks {
+            if let Some(_m) = self.maintenance.try_lock() {
+                self.checkpoint_locked()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// fdatasync of the members in `mask`, in parallel.
+    pub(crate) fn sync_members(&self, mask: u32) -> Result<()> {
+        let jobs: Vec<Box<dyn FnOnce() -> (usize, std::io::Result<()>) + Send>> = self
+            .devices
+            .iter()
+            .enumerate()
+            .filter(|(m, d)| mask & (1 << m) != 0 && d.is_some())
+            .map(|(m, d)| {
+                let d = d.clone().expect("device");
+                Box::new(move || (m, d.flush())) as Box<dyn FnOnce() -> _ + Send>
+            })
+            .collect();
+        for (m, r) in self.io.run_all(jobs) {
+            if let Err(e) = r {
+                let msg = format!("flush of member {m} failed: {e}");
+                self.core.lock().read_only_reason.get_or_insert(msg.clone());
+                return Err(Error::io(msg, e));
+            }
+        }
+        Ok(())
+    }
+
+    /// After flush `gen` completed: segments emptied before it started become free.
+    pub(crate) fn finish_flush(&self, gen: u64) {
+        let ready = {
+            let mut core = self.core.lock();
+            core.flushed_gen = core.flushed_gen.max(gen);
+            core.segments.iter().any(|s| matches!(s.state, SegState::PendingFree { flush_gen } if flush_gen < gen))
+        };
+        if !ready {
+            return;
+        }
+        // Wait for readers that may still read the old contents.
+        let _w = self.reuse.write();
+        let mut core = self.core.lock();
+        for s in 0..core.segments.len() {
+            if let SegState::PendingFree { flush_gen } = core.segments[s].state {
+                if flush_gen < gen {
+                    assert_eq!(core.segments[s].live_blocks, 0, "freeing segment {s} with live blocks");
+                    core.segments[s].state = SegState::Free;
+                    core.segments[s].rows.clear();
+                    core.free.push_back(s as u32);
+                }
+            }
+        }
+        self.progress.notify_all();
+        drop(core);
+        self.debug_check("finish_flush");
+    }
+
+    /// Reads whole blocks from `lba` into `out`, verifying every checksum.
+    pub(crate) fn read_blocks(&self, id: u32, name: &str, lba: u64, out: &mut [u8]) -> Result<()> {
+        let _guard = self.reuse.read();
+        let mut plan: Vec<(usize, Pba, u32)> = Vec::new();
+        {
+            let core = self.core.lock();
+            let vol = core.volume(id).ok_or_else(|| gone(name))?;
+            for (i, block) in out.chunks_exact_mut(BLOCK_SIZE).enumerate() {
+                let (loc, crc) = vol.map.get(lba + i as u64);
+                match loc {
+                    Loc::Unmapped | Loc::Zero => block.fill(0),
+                    Loc::Open { head, slot } => {
+                        let row = core.heads[head.index()].open.as_ref().expect("map points into an open row");
+                        block.copy_from_slice(row.slot_bytes(slot));
+                    }
+                    Loc::Disk(pba) => match core.inflight_block(&self.shape.geometry, pba) {
+                        Some(src) => block.copy_from_slice(src),
+                        None => plan.push((i, pba, crc)),
+                    },
+                }
+            }
+        }
+        self.core.lock().counters.user_bytes_read += out.len() as u64;
+        // Coalesce runs of consecutive blocks on one member into one read.
+        let mut start = 0;
+        while start < plan.len() {
+            let mut end = start + 1;
+            while end < plan.len()
+                && plan[end].1.member == plan[start].1.member
+                && plan[end].1.block == plan[start].1.block + (end - start) as u64
+                && plan[end].0 == plan[start].0 + (end - start)
+                && end - start < 256
+            {
+                end += 1;
+            }
+            let run = &plan[start..end];
+            let mut buf = AlignedBuf::zeroed(run.len() * BLOCK_SIZE);
+            let first = run[0].1;
+            let read_ok = match &self.devices[first.member as usize] {
+                Some(dev) => dev.read_at(&mut buf, first.byte_offset()).is_ok(),
+                None => false,
+            };
+            for (j, &(i, pba, crc)) in run.iter().enumerate() {
+                let got = &buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE];
+                let dest = &mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+                if read_ok && crc32c(got) == crc {
+                    dest.copy_from_slice(got);
+                    continue;
+                }
+                if read_ok {
+                    if let Some(dev) = &self.devices[pba.member as usize] {
+                        dev.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let fixed = self.rebuild_block(pba, crc).map_err(|detail| Error::Unrecoverable {
+                    volume: name.to_string(),
+                    offset: (lba + i as u64) * BLOCK_BYTES,
+                    detail,
+                })?;
+                dest.copy_from_slice(&fixed);
+                self.rewrite_block(pba, &fixed);
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Writes a repaired block back where it belongs (its row's parity is
+    /// unchanged, since the block is restored to what the parity covers).
+    fn rewrite_block(&self, pba: Pba, block: &[u8]) {
+        let Some(dev) = &self.devices[pba.member as usize] else { return };
+        if self.core.lock().read_only_reason.is_some() {
+            return;
+        }
+        let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+        buf.copy_from_slice(block);
+        if dev.write_at(&buf, pba.byte_offset()).is_ok() {
+            dev.counters.repaired_blocks.fetch_add(1, Ordering::Relaxed);
+            self.core.lock().dirty_members |= 1 << pba.member;
+        }
+    }
+
+    /// The row that holds `pba`.
+    pub(crate) fn row_of(&self, pba: Pba) -> Option<RowGeom> {
+        let (s, off) = self.shape.geometry.segment_of(pba.block)?;
+        let core = self.core.lock();
+        core.segments.get(s as usize)?.row_at(off).copied()
+    }
+
+    /// Rebuilds the block at `pba` (expected checksum `crc`) from the other
+    /// columns of its row. Tries the plain erasure first, then additionally
+    /// erases up to P-1 other columns (a second bad column) until the
+    /// result matches the checksum.
+    pub(crate) fn rebuild_block(&self, pba: Pba, crc: u32) -> Result<Vec<u8>, String> {
+        let geom = self.row_of(pba).ok_or("no row record for this block")?;
+        let (col, blk) = geom.locate(&self.shape.geometry, pba).ok_or("block outside its row")?;
+        let columns = self.read_row_stripe(&geom, blk);
+        rebuild_from_stripe(&geom, columns, col, |b| crc32c(b) == crc)
+    }
+
+    /// Block `blk` of every column of a row (None where unreadable); unused
+    /// data columns are zero.
+    pub(crate) fn read_row_stripe(&self, geom: &RowGeom, blk: usize) -> Vec<Option<Vec<u8>>> {
+        let k = geom.data_capacity_columns();
+        (0..geom.width())
+            .map(|c| {
+                if c < k && c >= geom.data_columns as usize {
+                    return Some(vec![0u8; BLOCK_SIZE]);
+                }
+                let pba = geom.pba(&self.shape.geometry, c, blk);
+                let dev = self.devices[pba.member as usize].as_ref()?;
+                let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+                dev.read_at(&mut buf, pba.byte_offset()).ok()?;
+                Some(buf.to_vec())
+            })
+            .collect()
+    }
+}
+
+/// Reconstructs column `target` of a stripe (one block per column, data
+/// columns first, then parity), accepting the first candidate that `check`
+/// approves. Unreadable columns are erased; if spare parity remains, other
+/// columns are erased too, one combination at a time, to get around a
+/// second corrupt column.
+pub(crate) fn rebuild_from_stripe(
+    geom: &RowGeom,
+    columns: Vec<Option<Vec<u8>>>,
+    target: usize,
+    check: impl Fn(&[u8]) -> bool,
+) -> Result<Vec<u8>, String> {
+    let k = geom.data_capacity_columns();
+    let p = geom.parity as usize;
+    let width = geom.width();
+    let mut missing: Vec<usize> = (0..width).filter(|&c| c == target || columns[c].is_none()).collect();
+    if missing.len() > p {
+        return Err(format!("{} of {} columns unreadable with {} parity", missing.len(), width, p));
+    }
+    missing.sort_unstable();
+    let candidates: Vec<usize> =
+        (0..width).filter(|c| !missing.contains(c) && (*c >= k || *c < geom.data_columns as usize)).collect();
+    let spare = p - missing.len();
+    let mut sets: Vec<Vec<usize>> = vec![vec![]];
+    for extra in 1..=spare {
+        sets.extend(combinations(&candidates, extra));
+    }
+    let base: Vec<Vec<u8>> = columns.into_iter().map(|c| c.unwrap_or_else(|| vec![0u8; BLOCK_SIZE])).collect();
+    for extra in sets {
+        let mut erase = missing.clone();
+        erase.extend(extra);
+        erase.sort_unstable();
+        let mut work = base.clone();
+        let mut refs: Vec<&mut [u8]> = work.iter_mut().map(|v| v.as_mut_slice()).collect();
+        if lograid_parity::reconstruct(k, &mut refs, &erase).is_ok() && check(&work[target]) {
+            return Ok(work.swap_remove(target));
+        }
+    }
+    Err(format!("no combination of {p} parity columns reproduces the checksum"))
+}
+
+fn combinations(items: &[usize], n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![vec![]];
+    }
+    let mut out = Vec::new();
+    for (i, &x) in items.iter().enumerate() {
+        for mut rest in combinations(&items[i + 1..], n - 1) {
+            rest.insert(0, x);
+            out.push(rest);
+        }
+    }
+    out
+}
+
+fn gone(name: &str) -> Error {
+    Error::NotFound(format!("volume '{name}' was deleted"))
+}

@@ -1,0 +1,324 @@
+//! The log heads: opening rows in a head's segment, appending blocks and
+//! trims to the open row, and sealing it into a row with a header and a
+//! final geometry (a short row when sealed before it is full). Rows of one
+//! head form a chain: each header names the previous header's CRC and the
+//! segment the head moves to next, so recovery can follow the chain from a
+//! checkpoint without scanning the pool. Runs under the core lock; no I/O.
+
+use super::state::{full_row_shape, Core, OpenRow, SealedRow, SegState, EXTRA_ENTRIES, NO_SEGMENT};
+use super::Shape;
+use crate::format::row::{header_blocks_for, Entry, EntryKind, HeadId, RowHeader, RowKind};
+use crate::format::BLOCK_SIZE;
+use crate::layout::RowGeom;
+use crate::map::Loc;
+use std::sync::Arc;
+
+/// Why an append could not proceed.
+#[derive(Debug)]
+pub enum AppendError {
+    /// No free segment for this head right now: clean, then retry.
+    NeedSegment,
+}
+
+impl Core {
+    /// Takes a free segment for `head`, keeping the floor that lets the
+    /// cleaner and the checkpoint always proceed.
+    pub fn take_free_segment(&mut self, head: HeadId, shape: &Shape) -> Option<u32> {
+        let floor = match head {
+            HeadId::User => shape.user_floor_segments(self),
+            HeadId::Cleaner => shape.cleaner_floor_segments(self),
+            HeadId::Checkpoint => 0,
+        };
+        if self.free.len() <= floor {
+            return None;
+        }
+        let s = self.free.pop_front()?;
+        let seg = &mut self.segments[s as usize];
+        assert_eq!(seg.state, SegState::Free, "free list holds a segment that is not free");
+        assert_eq!(seg.live_blocks, 0, "free segment {s} has live blocks");
+        seg.state = SegState::Reserved(head);
+        seg.members_mask = shape.geometry.segment_members(s, self.active_mask);
+        seg.parity = shape.parity;
+        seg.rows.clear();
+        seg.fill_blocks = 0;
+        Some(s)
+    }
+
+    /// Makes sure `head` has a segment with room for a full row and a
+    /// reserved next segment.
+    fn ensure_head_room(&mut self, head: HeadId, shape: &Shape) -> Result<(), AppendError> {
+        let chunk = shape.geometry.chunk_blocks;
+        let seg_blocks = shape.geometry.segment_blocks;
+        let h = &self.heads[head.index()];
+        if h.segment != NO_SEGMENT && h.offset + chunk <= seg_blocks {
+            return Ok(());
+        }
+        // Need to move: to the reserved next segment (or a fresh one), and
+        // reserve the one after it first so the chain never dangles.
+        let fresh = h.next_segment == NO_SEGMENT;
+        let current = if fresh {
+            self.take_free_segment(head, shape).ok_or(AppendError::NeedSegment)?
+        } else {
+            h.next_segment
+        };
+        let next = match self.take_free_segment(head, shape) {
+            Some(n) => n,
+            None => {
+                if fresh {
+                    self.release_reserved(current);
+                }
+                return Err(AppendError::NeedSegment);
+            }
+        };
+        let seq = self.next_seq;
+        let h = &mut self.heads[head.index()];
+        let old = h.segment;
+        h.segment = current;
+        h.offset = 0;
+        h.next_segment = next;
+        if old != NO_SEGMENT {
+            if head == HeadId::Checkpoint {
+                self.segments[old as usize].state = SegState::Checkpoint;
+            } else {
+                self.seal_segment(old, seq);
+            }
+        }
+        let seg = &mut self.segments[current as usize];
+        seg.state = SegState::Open(head);
+        Ok(())
+    }
+
+    /// Gives a head its first segment and the reserved next one (at creation).
+    pub fn prime_head(&mut self, head: HeadId, shape: &Shape) -> Result<(), AppendError> {
+        self.ensure_head_room(head, shape)
+    }
+
+    fn release_reserved(&mut self, s: u32) {
+        self.segments[s as usize].state = SegState::Free;
+        self.free.push_front(s);
+    }
+
+    /// A segment a head has left: sealed, or pending free if nothing in it is live.
+    pub fn seal_segment(&mut self, s: u32, seq: u64) {
+        let flush_gen = self.flush_gen;
+        let seg = &mut self.segments[s as usize];
+        seg.sealed_seq = seq;
+        seg.state = if seg.live_blocks == 0 {
+            SegState::PendingFree { flush_gen }
+        } else {
+            SegState::Sealed
+        };
+    }
+
+    /// Opens a row for `head` at its current position.
+    fn open_row(&mut self, head: HeadId, kind: RowKind, shape: &Shape) -> Result<(), AppendError> {
+        self.ensure_head_room(head, shape)?;
+        let h = &self.heads[head.index()];
+        let seg = &self.segments[h.segment as usize];
+        let width = seg.members_mask.count_ones() as usize;
+        let k = width - seg.parity as usize;
+        let chunk = shape.geometry.chunk_blocks as usize;
+        let (hb, slots) = full_row_shape(k, chunk);
+        let (segment, offset, members_mask, parity) = (h.segment, h.offset, seg.members_mask, seg.parity);
+        let buf = self.buffer(k * chunk * BLOCK_SIZE);
+        self.heads[head.index()].open = Some(OpenRow {
+            kind,
+            buf,
+            header_reserve: hb,
+            slot_capacity: slots,
+            entry_capacity: slots as usize + EXTRA_ENTRIES,
+            entries: Vec::with_capacity(slots as usize),
+            slot_entry: Vec::with_capacity(slots as usize),
+            segment,
+            offset,
+            members_mask,
+            parity,
+            checkpoint_id: 0,
+            checkpoint_offset: 0,
+            payload_bytes: 0,
+        });
+        Ok(())
+    }
+
+    /// The open row of `head`, opened if needed.
+    pub fn open_row_mut(&mut self, head: HeadId, kind: RowKind, shape: &Shape) -> Result<&mut OpenRow, AppendError> {
+        if self.heads[head.index()].open.is_none() {
+            self.open_row(head, kind, shape)?;
+        }
+        Ok(self.heads[head.index()].open.as_mut().expect("open row"))
+    }
+
+    /// Appends one block to `head`'s open row and points the map at it. For
+    /// a user write to a block already in this open row, overwrites it in
+    /// place. Returns a sealed row when the row filled up.
+    pub fn append_block(
+        &mut self,
+        head: HeadId,
+        entry: Entry,
+        block: &[u8],
+        shape: &Shape,
+    ) -> Result<Option<Arc<SealedRow>>, AppendError> {
+        debug_assert!(entry.kind.owns_slot());
+        debug_assert_eq!(block.len(), BLOCK_SIZE);
+        if head == HeadId::User {
+            let (loc, _) = self.volumes.get(&entry.volume).map(|v| v.map.get(entry.lba)).unwrap_or((Loc::Unmapped, 0));
+            if let Loc::Open { head: HeadId::User, slot } = loc {
+                let row = self.heads[head.index()].open.as_mut().expect("map points into the open row");
+                row.slot_bytes_mut(slot).copy_from_slice(block);
+                let e = row.slot_entry[slot as usize] as usize;
+                row.entries[e].crc = entry.crc;
+                self.volumes.get_mut(&entry.volume).expect("volume").map.set(entry.lba, loc, entry.crc);
+                return Ok(None);
+            }
+        }
+        let row = self.open_row_mut(head, RowKind::Data, shape)?;
+        let slot = row.slots();
+        row.slot_bytes_mut(slot).copy_from_slice(block);
+        row.slot_entry.push(row.entries.len() as u32);
+        row.entries.push(entry);
+        let full = row.is_full();
+        let old = self
+            .volumes
+            .get_mut(&entry.volume)
+            .expect("volume exists")
+            .map
+            .set(entry.lba, Loc::Open { head, slot }, entry.crc);
+        self.release_loc(old.0, shape);
+        if !old.0.is_stored() {
+            self.stored_blocks += 1;
+        }
+        Ok(if full { self.seal(head, shape) } else { None })
+    }
+
+    /// Appends a trim or zero record covering [lba, lba+count) to the user
+    /// head and updates the map. Returns a sealed row if the entry filled it.
+    pub fn append_range_record(
+        &mut self,
+        volume: u32,
+        lba: u64,
+        count: u32,
+        kind: EntryKind,
+        shape: &Shape,
+    ) -> Result<Option<Arc<SealedRow>>, AppendError> {
+        debug_assert!(matches!(kind, EntryKind::Trim | EntryKind::Zero));
+        let row = self.open_row_mut(HeadId::User, RowKind::Data, shape)?;
+        row.entries.push(Entry { kind, volume, lba, crc: 0, count, source: 0 });
+        let full = row.is_full();
+        let new = if kind == EntryKind::Zero { Loc::Zero } else { Loc::Unmapped };
+        for b in lba..lba + count as u64 {
+            let old = self.volumes.get_mut(&volume).expect("volume").map.set(b, new, 0);
+            self.release_loc(old.0, shape);
+            if old.0.is_stored() {
+                self.stored_blocks -= 1;
+                self.counters.trimmed_blocks += 1;
+            }
+        }
+        Ok(if full { self.seal(HeadId::User, shape) } else { None })
+    }
+
+    /// Accounts for a location that no longer holds a volume's current block.
+    pub fn release_loc(&mut self, loc: Loc, shape: &Shape) {
+        if let Loc::Disk(pba) = loc {
+            let (s, _) = shape.geometry.segment_of(pba.block).expect("mapped block in data area");
+            let flush_gen = self.flush_gen;
+            let seg = &mut self.segments[s as usize];
+            assert!(seg.live_blocks > 0, "segment {s} live count underflow");
+            seg.live_blocks -= 1;
+            if seg.live_blocks == 0 && seg.state == SegState::Sealed {
+                seg.state = SegState::PendingFree { flush_gen };
+            }
+        }
+    }
+
+    /// Seals `head`'s open row (if it holds anything) into a row with its
+    /// final geometry and header; the map moves from open slots to disk
+    /// addresses. The caller writes the returned row.
+    pub fn seal(&mut self, head: HeadId, shape: &Shape) -> Option<Arc<SealedRow>> {
+        let h = &mut self.heads[head.index()];
+        if h.open.as_ref().is_none_or(|r| r.is_empty()) {
+            return None;
+        }
+        let mut row = h.open.take().expect("open row");
+        let k = row.members_mask.count_ones() as usize - row.parity as usize;
+        let hb = header_blocks_for(row.entries.len());
+        assert!(hb <= row.header_reserve, "header outgrew its reserve");
+        let used = hb as u32 + row.slots();
+        let chunk = shape.geometry.chunk_blocks;
+        let height = used.div_ceil(k as u32).min(chunk);
+        let data_columns = used.div_ceil(height);
+        assert!(data_columns as usize <= k && height <= chunk, "row geometry");
+        let start_block = (row.header_reserve - hb) as usize;
+        // Zero the padding after the last data block of the last column.
+        let end = (start_block + used as usize) * BLOCK_SIZE;
+        let pad_end = (start_block + (data_columns * height) as usize) * BLOCK_SIZE;
+        row.buf[end..pad_end].fill(0);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let geom = RowGeom {
+            segment: row.segment,
+            offset: row.offset,
+            height: height as u16,
+            data_columns: data_columns as u8,
+            header_blocks: hb,
+            slots: row.slots(),
+            members_mask: row.members_mask,
+            parity: row.parity,
+            seq,
+        };
+        let h = &mut self.heads[head.index()];
+        assert_eq!(h.segment, row.segment, "row outside its head's segment");
+        assert_eq!(h.offset, row.offset, "row not at its head's position");
+        let header = RowHeader {
+            header_blocks: hb,
+            kind: row.kind,
+            head,
+            pool_uuid: shape.pool_uuid,
+            nonce: shape.nonce,
+            seq,
+            prev_crc: h.last_crc,
+            segment: row.segment,
+            offset_blocks: row.offset,
+            height: height as u16,
+            data_columns: data_columns as u8,
+            width: row.members_mask.count_ones() as u8,
+            parity: row.parity,
+            members_mask: row.members_mask,
+            next_segment: h.next_segment,
+            slots: row.slots(),
+            checkpoint_id: row.checkpoint_id,
+            checkpoint_offset: row.checkpoint_offset,
+            payload_bytes: row.payload_bytes,
+            entries: std::mem::take(&mut row.entries),
+        };
+        let (bytes, crc) = header.encode();
+        row.buf[start_block * BLOCK_SIZE..(start_block + hb as usize) * BLOCK_SIZE].copy_from_slice(&bytes);
+        h.last_crc = crc;
+        h.last_seq = seq;
+        h.offset += height;
+        // Move the map from open slots to disk addresses.
+        let mut live = 0u32;
+        if row.kind == RowKind::Data {
+            for (slot, &e) in row.slot_entry.iter().enumerate() {
+                let entry = &header.entries[e as usize];
+                let Some(vol) = self.volumes.get_mut(&entry.volume) else { continue };
+                let (loc, crc) = vol.map.get(entry.lba);
+                if loc == (Loc::Open { head, slot: slot as u32 }) {
+                    vol.map.set(entry.lba, crate::map::Loc::Disk(geom.slot_pba(&shape.geometry, slot as u32)), crc);
+                    live += 1;
+                }
+            }
+        }
+        let seg = &mut self.segments[row.segment as usize];
+        seg.live_blocks += live;
+        seg.fill_blocks = row.offset + height;
+        seg.rows.push(geom);
+        self.counters.rows_written += 1;
+        if data_columns * height < (k as u32) * chunk {
+            self.counters.short_rows += 1;
+        }
+        self.log_blocks_since_checkpoint += geom.written_blocks();
+        let sealed = Arc::new(SealedRow { geom, head, buf: row.buf, start_block });
+        self.inflight.push(sealed.clone());
+        Some(sealed)
+    }
+}

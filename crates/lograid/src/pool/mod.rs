@@ -1,0 +1,477 @@
+//! A pool: N members turned into thin volumes protected by P parity columns.
+//! This module owns the pool's lifecycle (create, open with recovery, close
+//! with a checkpoint), the volume table, and the public API. The data path
+//! is split by concern: `log` (heads, open rows, sealing), `io` (writing
+//! rows, flush, reads with checksum verification and repair), `recovery`
+//! (checkpoint load and roll-forward), `checkpoint`, `cleaner`, `create`.
+//!
+//! Locking: one mutex (`Core`) guards all bookkeeping and is never held
+//! across member I/O. `reuse` is a read-write lock that readers hold while
+//! reading member blocks, so that a segment freed by the cleaner is never
+//! rewritten under a reader.
+
+mod checkpoint;
+mod cleaner;
+pub mod create;
+mod io;
+mod log;
+mod recovery;
+mod state;
+mod status;
+
+/// Opening pools and what recovery reports.
+pub mod recovery_api {
+    pub use super::recovery::{open_members, read_superblock, RecoveryReport};
+}
+
+pub use create::{CreateOptions, DEFAULT_CHUNK_BYTES};
+pub use status::{MemberStatus, PoolStatus, VolumeStatus};
+
+use crate::device::{Device, IoPool};
+use crate::error::{Error, Result};
+use crate::format::BLOCK_SIZE;
+use crate::layout::Geometry;
+use parking_lot::{Condvar, Mutex, RwLock};
+use state::{full_row_shape, Core};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Runtime options for an opened pool.
+#[derive(Debug, Clone)]
+pub struct PoolOptions {
+    /// Threads writing and reading members.
+    pub io_threads: usize,
+    /// Log blocks written between automatic checkpoints (bounds recovery time).
+    pub checkpoint_interval_blocks: u64,
+    /// Rows sealed but not yet written, at most (bounds memory).
+    pub max_inflight_rows: usize,
+    /// Start a background thread that cleans before space runs low.
+    pub background_cleaner: bool,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            io_threads: 8,
+            checkpoint_interval_blocks: 1 << 18,
+            max_inflight_rows: 32,
+            background_cleaner: true,
+        }
+    }
+}
+
+/// Facts fixed while a pool is open.
+pub struct Shape {
+    pub geometry: Geometry,
+    pub parity: u8,
+    pub pool_uuid: u128,
+    pub pool_name: String,
+    pub created_unix: u64,
+    /// Random per opening; stamped in every row header.
+    pub nonce: u64,
+    /// Member UUIDs by index.
+    pub member_uuids: Vec<u128>,
+}
+
+impl Shape {
+    /// Data blocks a full segment of `width` members holds.
+    pub fn segment_capacity(&self, members_mask: u32, parity: u8) -> u64 {
+        let width = members_mask.count_ones() as usize;
+        if width <= parity as usize {
+            return 0;
+        }
+        let k = width - parity as usize;
+        let chunk = self.geometry.chunk_blocks as usize;
+        let (_, slots) = full_row_shape(k, chunk);
+        (self.geometry.segment_blocks as u64 / chunk as u64) * slots as u64
+    }
+
+    /// Segments to keep free for the checkpoint (the newest one stays until
+    /// the next one is durable).
+    pub fn checkpoint_segments_needed(&self, core: &Core) -> usize {
+        let entries = core.stored_blocks + core.volumes.len() as u64 * 8;
+        let rows: u64 = core.segments.iter().map(|s| s.rows.len() as u64).sum();
+        let bytes = 4096 + entries * 12 + rows * 21 + core.segments.len() as u64 * 40;
+        let per_segment = self.segment_capacity(core.active_mask_full(&self.geometry), self.parity).max(1) * BLOCK_SIZE as u64;
+        (bytes.div_ceil(per_segment) + 1) as usize
+    }
+
+    /// Free segments the cleaner may not use (left for checkpoints).
+    pub fn cleaner_floor_segments(&self, core: &Core) -> usize {
+        self.checkpoint_segments_needed(core)
+    }
+
+    /// Free segments user writes may not use (left for the cleaner).
+    pub fn user_floor_segments(&self, core: &Core) -> usize {
+        self.cleaner_floor_segments(core) + 2
+    }
+}
+
+impl Core {
+    fn active_mask_full(&self, geometry: &Geometry) -> u32 {
+        geometry.segment_members(0, self.active_mask)
+    }
+}
+
+/// Set LOGRAID_CHECK_INVARIANTS=1 to verify the bookkeeping after every
+/// flush, checkpoint, cleaning pass and recovery (slow; for tests).
+pub(crate) fn paranoid() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("LOGRAID_CHECK_INVARIANTS").is_some())
+}
+
+impl PoolInner {
+    /// Panics with `context` if an invariant is broken (only when paranoid).
+    pub(crate) fn debug_check(&self, context: &str) {
+        if paranoid() {
+            if let Err(m) = self.core.lock().check_invariants(&self.shape) {
+                panic!("invariant broken after {context}: {m}");
+            }
+        }
+    }
+}
+
+pub(crate) struct PoolInner {
+    pub shape: Shape,
+    pub devices: Vec<Option<Arc<Device>>>,
+    pub core: Mutex<Core>,
+    /// Signalled when rows complete or segments are freed.
+    pub progress: Condvar,
+    pub reuse: RwLock<()>,
+    /// Serializes flushes, checkpoints and cleaning passes.
+    pub maintenance: Mutex<()>,
+    pub io: IoPool,
+    pub options: PoolOptions,
+    pub closed: AtomicBool,
+    /// Total data capacity and what writes may use (blocks).
+    pub capacity_blocks: u64,
+    pub usable_blocks: u64,
+    pub recovery_report: Mutex<Option<recovery::RecoveryReport>>,
+}
+
+/// An open pool. Cheap to clone; closing writes a final checkpoint.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<PoolInner>,
+    _cleaner: Arc<cleaner::BackgroundCleaner>,
+}
+
+/// Allocation state of a range, as block status reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Allocation {
+    Data,
+    Zero,
+    Hole,
+}
+
+/// A handle on one volume.
+#[derive(Clone)]
+pub struct Volume {
+    inner: Arc<PoolInner>,
+    id: u32,
+    name: String,
+}
+
+pub const SECTOR: u64 = 512;
+
+impl Pool {
+    fn from_inner(inner: Arc<PoolInner>) -> Pool {
+        let cleaner = cleaner::BackgroundCleaner::start(&inner);
+        Pool { inner, _cleaner: cleaner }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.shape.pool_name
+    }
+    pub fn uuid(&self) -> u128 {
+        self.inner.shape.pool_uuid
+    }
+
+    /// What recovery did when this pool was opened.
+    pub fn recovery_report(&self) -> Option<recovery::RecoveryReport> {
+        self.inner.recovery_report.lock().clone()
+    }
+
+    pub fn volumes(&self) -> Vec<Volume> {
+        let core = self.inner.core.lock();
+        core.volumes
+            .values()
+            .map(|v| Volume { inner: self.inner.clone(), id: v.id, name: v.name.clone() })
+            .collect()
+    }
+
+    pub fn volume(&self, name: &str) -> Result<Volume> {
+        self.volumes()
+            .into_iter()
+            .find(|v| v.name == name)
+            .ok_or_else(|| Error::NotFound(format!("volume '{name}' in pool '{}'", self.name())))
+    }
+
+    /// Creates a thin volume of `size_bytes` (a multiple of 4096).
+    pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<Volume> {
+        validate_volume_name(name)?;
+        validate_volume_size(size_bytes)?;
+        let id = {
+            let mut core = self.inner.core.lock();
+            check_writable(&core)?;
+            if core.volumes.values().any(|v| v.name == name) {
+                return Err(Error::Exists(format!("volume '{name}'")));
+            }
+            let id = core.next_volume_id;
+            core.next_volume_id += 1;
+            core.volumes.insert(
+                id,
+                state::VolumeState {
+                    id,
+                    name: name.to_string(),
+                    size_bytes,
+                    created_unix: now_unix(),
+                    map: Default::default(),
+                },
+            );
+            id
+        };
+        self.inner.checkpoint()?;
+        Ok(Volume { inner: self.inner.clone(), id, name: name.to_string() })
+    }
+
+    /// Grows a volume (shrinking is refused: it would drop data).
+    pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<()> {
+        validate_volume_size(size_bytes)?;
+        {
+            let mut core = self.inner.core.lock();
+            check_writable(&core)?;
+            let v = core
+                .volumes
+                .values_mut()
+                .find(|v| v.name == name)
+                .ok_or_else(|| Error::NotFound(format!("volume '{name}'")))?;
+            if size_bytes < v.size_bytes {
+                return Err(Error::Refused(format!(
+                    "volume '{name}' is {} bytes; shrinking to {size_bytes} would drop data",
+                    v.size_bytes
+                )));
+            }
+            v.size_bytes = size_bytes;
+        }
+        self.inner.checkpoint()
+    }
+
+    /// Deletes a volume and frees its blocks.
+    pub fn delete_volume(&self, name: &str) -> Result<()> {
+        {
+            let _m = self.inner.maintenance.lock();
+            let sealed = {
+                let mut core = self.inner.core.lock();
+                check_writable(&core)?;
+                let id = core
+                    .volumes
+                    .values()
+                    .find(|v| v.name == name)
+                    .map(|v| v.id)
+                    .ok_or_else(|| Error::NotFound(format!("volume '{name}'")))?;
+                // Seal first so no open slot refers to the volume.
+                let sealed = self.inner.seal_open_rows(&mut core);
+                let vol = core.volumes.remove(&id).expect("volume");
+                for (_, loc, _) in vol.map.iter_from(0) {
+                    core.release_loc(loc, &self.inner.shape);
+                    if loc.is_stored() {
+                        core.stored_blocks -= 1;
+                    }
+                }
+                sealed
+            };
+            self.inner.write_rows(sealed)?;
+        }
+        self.inner.checkpoint()
+    }
+
+    /// Flushes everything and writes a checkpoint.
+    pub fn checkpoint(&self) -> Result<()> {
+        self.inner.checkpoint()
+    }
+
+    /// Runs the cleaner until `segments` more segments are free or nothing
+    /// more can be gained; returns segments freed.
+    pub fn clean(&self, segments: usize) -> Result<usize> {
+        self.inner.clean_segments(segments)
+    }
+
+    /// Verifies the in-memory bookkeeping (free list, live counts, maps);
+    /// for tests and `lograid check`.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        self.inner.core.lock().check_invariants(&self.inner.shape)
+    }
+
+    pub fn status(&self) -> PoolStatus {
+        status::collect(&self.inner)
+    }
+
+    /// Closes the pool: flush, final checkpoint. Further use of volumes fails.
+    pub fn close(&self) -> Result<()> {
+        if self.inner.closed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self._cleaner.stop();
+        let read_only = self.inner.core.lock().read_only_reason.is_some();
+        if !read_only {
+            self.inner.checkpoint()?;
+        }
+        self.inner.closed.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+impl Volume {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+    pub fn size_bytes(&self) -> u64 {
+        self.inner.core.lock().volume(self.id).map(|v| v.size_bytes).unwrap_or(0)
+    }
+
+    /// Checks alignment and range; returns the volume size.
+    fn check(&self, offset: u64, length: u64) -> Result<()> {
+        if self.inner.closed.load(Ordering::Relaxed) {
+            return Err(Error::ReadOnly("pool is closed".into()));
+        }
+        if offset % SECTOR != 0 || length % SECTOR != 0 {
+            return Err(Error::Misaligned { offset, length });
+        }
+        let size = self
+            .inner
+            .core
+            .lock()
+            .volume(self.id)
+            .map(|v| v.size_bytes)
+            .ok_or_else(|| Error::NotFound(format!("volume '{}' was deleted", self.name)))?;
+        if offset.checked_add(length).is_none_or(|end| end > size) {
+            return Err(Error::OutOfRange { volume: self.name.clone(), offset, length, size });
+        }
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes at `offset` (both multiples of 512). Every
+    /// block is checked against its checksum and repaired from parity if it
+    /// does not match; a block that cannot be repaired fails the read.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let bs = BLOCK_SIZE as u64;
+        let first = offset / bs;
+        let last = (offset + buf.len() as u64 - 1) / bs;
+        let count = (last - first + 1) as usize;
+        let head = (offset % bs) as usize;
+        if head == 0 && buf.len() % BLOCK_SIZE == 0 {
+            return self.inner.read_blocks(self.id, &self.name, first, buf);
+        }
+        let mut tmp = vec![0u8; count * BLOCK_SIZE];
+        self.inner.read_blocks(self.id, &self.name, first, &mut tmp)?;
+        buf.copy_from_slice(&tmp[head..head + buf.len()]);
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` (multiples of 512). Acknowledged from memory
+    /// until the next flush, like a drive's write cache.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len() as u64)?;
+        self.inner.write(self.id, &self.name, offset, data)
+    }
+
+    /// Writes and makes the data durable before returning (FUA).
+    pub fn write_fua(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write(offset, data)?;
+        self.flush()
+    }
+
+    /// Makes every write acknowledged before this call durable.
+    pub fn flush(&self) -> Result<()> {
+        if self.inner.closed.load(Ordering::Relaxed) {
+            return Err(Error::ReadOnly("pool is closed".into()));
+        }
+        self.inner.flush()
+    }
+
+    /// Unmaps whole 4 KiB blocks inside the range (a hint: partial blocks at
+    /// the edges are left as they are). Trimmed blocks read as zero.
+    pub fn trim(&self, offset: u64, length: u64) -> Result<()> {
+        self.check(offset, length)?;
+        self.inner.trim_or_zero(self.id, &self.name, offset, length, false)
+    }
+
+    /// Makes the range read as zero. Whole blocks become zero records (no
+    /// data stored); partial blocks at the edges are written with zeroes.
+    pub fn write_zeroes(&self, offset: u64, length: u64) -> Result<()> {
+        self.check(offset, length)?;
+        self.inner.trim_or_zero(self.id, &self.name, offset, length, true)
+    }
+
+    /// Allocation of [offset, offset+length) as runs (length, state).
+    pub fn block_status(&self, offset: u64, length: u64) -> Result<Vec<(u64, Allocation)>> {
+        self.check(offset, length)?;
+        Ok(self.inner.block_status(self.id, offset, length))
+    }
+}
+
+fn check_writable(core: &Core) -> Result<()> {
+    match &core.read_only_reason {
+        Some(r) => Err(Error::ReadOnly(r.clone())),
+        None => Ok(()),
+    }
+}
+
+fn validate_volume_name(name: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "volume name '{name}': use 1-64 characters of letters, digits, '-', '_' and '.'"
+        )));
+    }
+    Ok(())
+}
+
+fn validate_volume_size(size_bytes: u64) -> Result<()> {
+    if size_bytes == 0 || size_bytes % BLOCK_SIZE as u64 != 0 || size_bytes > (1u64 << 60) {
+        return Err(Error::InvalidArgument(format!(
+            "volume size {size_bytes}: must be a non-zero multiple of 4096 bytes"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// A random u64 from the kernel.
+pub(crate) fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most 8 bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
+    if n == 8 {
+        u64::from_le_bytes(b)
+    } else {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or(Duration::ZERO);
+        t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
+    }
+}
+
+pub(crate) fn random_u128() -> u128 {
+    ((random_u64() as u128) << 64) | random_u64() as u128
+}
+
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<Pool>();
+    is::<Volume>();
+}
+

@@ -1,0 +1,744 @@
+//! Opening a pool: find the members by their superblocks, load the newest
+//! checkpoint, and roll the log forward along each head's chain of rows
+//! written after it. The work grows with what was written since the
+//! checkpoint, not with the size of the pool. Rows are located and verified
+//! even with members missing: a header on a missing or corrupt member is
+//! rebuilt from the other columns of its row.
+
+use super::state::{Core, Head, SegState, Segment, VolumeState, NO_SEGMENT};
+use super::{random_u64, Pool, PoolInner, PoolOptions, Shape};
+use crate::device::{AlignedBuf, Device, IoPool, Member};
+use crate::error::{Error, Result};
+use crate::format::checkpoint::{CheckpointImage, SegmentStateCode};
+use crate::format::row::{EntryKind, HeadId, RowHeader, RowKind};
+use crate::format::superblock::{MemberState, Superblock};
+use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
+use crate::layout::{Geometry, Pba, RowGeom};
+use crate::map::{Loc, VolumeMap};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What recovery did, printed on open.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RecoveryReport {
+    pub checkpoint_id: u64,
+    pub rows_replayed: u64,
+    pub blocks_replayed: u64,
+    pub duration: Duration,
+    pub missing_members: Vec<usize>,
+}
+
+/// The newest valid superblock on a member (of its four slots).
+pub fn read_superblock(member: &dyn Member) -> Result<Superblock> {
+    let size_blocks = member.size_bytes() / BLOCK_BYTES;
+    if size_blocks < crate::format::DATA_START_BLOCK + 4 {
+        return Err(Error::Refused(format!("{} is too small to be a lograid member", member.describe())));
+    }
+    let mut best: Option<Superblock> = None;
+    let mut first_error = None;
+    let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+    for g in 0..2 {
+        for b in Superblock::slot_blocks(size_blocks, g) {
+            if let Err(e) = member.read_at(&mut buf, b * BLOCK_BYTES) {
+                first_error.get_or_insert(Error::io(format!("reading superblock of {}", member.describe()), e));
+                continue;
+            }
+            match Superblock::decode(&buf) {
+                Ok(sb) if best.as_ref().is_none_or(|x| sb.generation > x.generation) => best = Some(sb),
+                Ok(_) => {}
+                Err(e) => {
+                    first_error.get_or_insert(Error::format(format!("superblock of {}", member.describe()), e));
+                }
+            }
+        }
+    }
+    best.ok_or_else(|| {
+        first_error.unwrap_or_else(|| Error::Refused(format!("{} is not a lograid member", member.describe())))
+    })
+}
+
+/// Opens a pool from its members (any order; missing members are allowed up
+/// to the parity count). `read_only` opens without writing anything.
+pub fn open_members(members: Vec<Arc<dyn Member>>, options: PoolOptions, read_only: bool) -> Result<Pool> {
+    let started = Instant::now();
+    if members.is_empty() {
+        return Err(Error::InvalidArgument("no drives given".into()));
+    }
+    let mut found: Vec<(Arc<dyn Member>, Superblock)> = Vec::new();
+    for m in members {
+        let sb = read_superblock(m.as_ref()).map_err(|e| match e {
+            Error::Format { source: crate::format::FormatError::BadMagic, .. } => {
+                Error::Refused(format!("{} is not a lograid member (no lograid superblock)", m.describe()))
+            }
+            other => other,
+        })?;
+        found.push((m, sb));
+    }
+    let newest = found.iter().max_by_key(|(_, sb)| sb.generation).map(|(_, sb)| sb.clone()).expect("non-empty");
+    let n = newest.members.len();
+    let mut slots: Vec<Option<Arc<dyn Member>>> = vec![None; n];
+    for (m, sb) in found {
+        if sb.pool_uuid != newest.pool_uuid {
+            return Err(Error::Refused(format!(
+                "{} belongs to another pool ({:032x}, not {:032x})",
+                m.describe(),
+                sb.pool_uuid,
+                newest.pool_uuid
+            )));
+        }
+        let i = sb.member_index as usize;
+        if i >= n || newest.members[i].uuid != sb.member_uuid() {
+            return Err(Error::Refused(format!("{} is not a current member of pool '{}'", m.describe(), newest.pool_name)));
+        }
+        if slots[i].is_some() {
+            return Err(Error::InvalidArgument(format!("{} given twice (member {i})", m.describe())));
+        }
+        if m.size_bytes() / BLOCK_BYTES < newest.members[i].size_blocks {
+            return Err(Error::Refused(format!("{} is smaller than when it joined the pool", m.describe())));
+        }
+        slots[i] = Some(m);
+    }
+    let missing: Vec<usize> = (0..n).filter(|&i| slots[i].is_none()).collect();
+    let active_mask = newest
+        .members
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| r.state == MemberState::Active && slots[*i].is_some())
+        .fold(0u32, |m, (i, _)| m | 1 << i);
+    if missing.len() > newest.parity as usize {
+        return Err(Error::Refused(format!(
+            "pool '{}' needs at least {} of its {} members; missing: {}",
+            newest.pool_name,
+            n - newest.parity as usize,
+            n,
+            missing.iter().map(|i| format!("member {i}")).collect::<Vec<_>>().join(", ")
+        )));
+    }
+    let geometry = Geometry {
+        member_blocks: newest.members.iter().map(|r| r.size_blocks).collect(),
+        data_start_block: newest.data_start_block,
+        segment_blocks: newest.segment_blocks,
+        chunk_blocks: newest.chunk_blocks,
+    };
+    let shape = Shape {
+        geometry,
+        parity: newest.parity,
+        pool_uuid: newest.pool_uuid,
+        pool_name: newest.pool_name.clone(),
+        created_unix: newest.created_unix,
+        nonce: random_u64(),
+        member_uuids: newest.members.iter().map(|r| r.uuid).collect(),
+    };
+    let devices: Vec<Option<Arc<Device>>> = slots.into_iter().map(|m| m.map(|m| Arc::new(Device::new(m)))).collect();
+    let inner = Arc::new(new_inner(shape, devices, options, active_mask, newest.generation));
+    let report = inner.recover(&newest, started, missing, read_only)?;
+    tracing::info!(
+        "pool '{}': checkpoint {} loaded, {} rows ({} blocks) replayed in {:.3} s",
+        inner.shape.pool_name,
+        report.checkpoint_id,
+        report.rows_replayed,
+        report.blocks_replayed,
+        report.duration.as_secs_f64()
+    );
+    *inner.recovery_report.lock() = Some(report);
+    if read_only {
+        inner.core.lock().read_only_reason = Some("opened read-only".into());
+    }
+    Ok(Pool::from_inner(inner))
+}
+
+pub(crate) fn new_inner(
+    shape: Shape,
+    devices: Vec<Option<Arc<Device>>>,
+    options: PoolOptions,
+    active_mask: u32,
+    superblock_generation: u64,
+) -> PoolInner {
+    let segment_count = shape.geometry.segment_count();
+    let segments: Vec<Segment> = (0..segment_count)
+        .map(|s| Segment {
+            state: SegState::Free,
+            members_mask: shape.geometry.segment_members(s, active_mask),
+            parity: shape.parity,
+            live_blocks: 0,
+            fill_blocks: 0,
+            sealed_seq: 0,
+            rows: Vec::new(),
+        })
+        .collect();
+    let full_mask = shape.geometry.segment_members(0, active_mask);
+    let capacity_blocks: u64 =
+        segments.iter().map(|s| shape.segment_capacity(s.members_mask, shape.parity)).sum();
+    let per_segment = shape.segment_capacity(full_mask, shape.parity);
+    // Reserve: two segments per head, two for the cleaner, 5% slack, and a checkpoint.
+    let reserve_segments = 8 + (segment_count as u64).div_ceil(20);
+    let usable_blocks = capacity_blocks.saturating_sub(reserve_segments * per_segment) * 97 / 100;
+    let core = Core {
+        volumes: BTreeMap::new(),
+        segments,
+        free: VecDeque::new(),
+        heads: [Head::new(HeadId::User), Head::new(HeadId::Cleaner), Head::new(HeadId::Checkpoint)],
+        next_seq: 1,
+        next_volume_id: 1,
+        inflight: Vec::new(),
+        dirty_members: 0,
+        counters: Default::default(),
+        log_blocks_since_checkpoint: 0,
+        flush_gen: 0,
+        flushed_gen: 0,
+        checkpoint: Default::default(),
+        checkpoint_segments: Vec::new(),
+        superblock_generation,
+        active_mask,
+        read_only_reason: None,
+        stored_blocks: 0,
+        spare_buffers: Vec::new(),
+    };
+    PoolInner {
+        io: IoPool::new(options.io_threads.max(devices.len()).max(2)),
+        shape,
+        devices,
+        core: Mutex::new(core),
+        progress: Condvar::new(),
+        reuse: RwLock::new(()),
+        maintenance: Mutex::new(()),
+        options,
+        closed: AtomicBool::new(false),
+        capacity_blocks,
+        usable_blocks,
+        recovery_report: Mutex::new(None),
+    }
+}
+
+/// A row found while following a chain.
+struct FoundRow {
+    header: RowHeader,
+    crc: u32,
+    geom: RowGeom,
+}
+
+impl PoolInner {
+    fn recover(&self, sb: &Superblock, started: Instant, missing: Vec<usize>, read_only: bool) -> Result<RecoveryReport> {
+        let ptr = sb.checkpoint;
+        let blob = self.read_checkpoint(sb)?;
+        let image = CheckpointImage::decode(&blob).map_err(|e| Error::format("checkpoint", e))?;
+        if image.checkpoint_id != ptr.checkpoint_id {
+            return Err(Error::Corrupt("checkpoint id does not match the superblock".into()));
+        }
+        self.load_image(image)?;
+        let (rows, blocks) = self.roll_forward(read_only)?;
+        {
+            let mut core = self.core.lock();
+            core.checkpoint = ptr;
+            core.stored_blocks = core.volumes.values().map(|v| v.map.stored_blocks()).sum();
+        }
+        self.debug_check("roll forward");
+        if !read_only {
+            // What was replayed may sit in a volatile cache: make it durable
+            // before any segment it emptied is reused, then checkpoint.
+            let all = self.devices.iter().enumerate().filter(|(_, d)| d.is_some()).fold(0u32, |m, (i, _)| m | 1 << i);
+            self.sync_members(all)?;
+            let gen = {
+                let mut core = self.core.lock();
+                core.flush_gen += 1;
+                core.flush_gen
+            };
+            self.finish_flush(gen);
+            if rows > 0 || !missing.is_empty() {
+                self.checkpoint()?;
+            }
+        }
+        Ok(RecoveryReport {
+            checkpoint_id: ptr.checkpoint_id,
+            rows_replayed: rows,
+            blocks_replayed: blocks,
+            duration: started.elapsed(),
+            missing_members: missing,
+        })
+    }
+
+    /// Reads the checkpoint blob the superblock points at.
+    fn read_checkpoint(&self, sb: &Superblock) -> Result<Vec<u8>> {
+        let ptr = sb.checkpoint;
+        let mask_of = |s: u32| self.shape.geometry.segment_members(s, self.core.lock().active_mask | self.present_mask());
+        let mut blob = Vec::with_capacity(ptr.blob_bytes.min(1 << 30) as usize);
+        let (mut seg, mut off) = (ptr.segment, ptr.offset_blocks);
+        let mut expect_crc: Option<u32> = None;
+        let mut segments = Vec::new();
+        while (blob.len() as u64) < ptr.blob_bytes {
+            let found = self
+                .load_row_header(seg, off, mask_of(seg), sb.parity)
+                .ok_or_else(|| Error::Corrupt(format!("checkpoint row at segment {seg} offset {off} is unreadable")))?;
+            let ok = found.header.kind == RowKind::Checkpoint
+                && found.header.checkpoint_id == ptr.checkpoint_id
+                && found.header.checkpoint_offset == blob.len() as u64
+                && match expect_crc {
+                    None => found.crc == ptr.first_row_crc,
+                    Some(c) => found.header.prev_crc == c,
+                };
+            if !ok {
+                return Err(Error::Corrupt(format!("checkpoint chain broken at segment {seg} offset {off}")));
+            }
+            for (slot, e) in found.header.entries.iter().enumerate() {
+                let pba = found.geom.slot_pba(&self.shape.geometry, slot as u32);
+                let block = self.read_verified(&found.geom, pba, e.crc).map_err(|d| {
+                    Error::Corrupt(format!("checkpoint block at segment {seg} offset {off} slot {slot}: {d}"))
+                })?;
+                let take = (ptr.blob_bytes - blob.len() as u64).min(BLOCK_BYTES) as usize;
+                blob.extend_from_slice(&block[..take]);
+            }
+            if !segments.contains(&seg) {
+                segments.push(seg);
+            }
+            expect_crc = Some(found.crc);
+            off += found.geom.height as u32;
+            if off + self.shape.geometry.chunk_blocks > self.shape.geometry.segment_blocks {
+                (seg, off) = (found.header.next_segment, 0);
+            }
+        }
+        if crc32c(&blob) != ptr.blob_crc {
+            return Err(Error::Corrupt("checkpoint checksum mismatch".into()));
+        }
+        let mut core = self.core.lock();
+        core.checkpoint_segments = segments;
+        Ok(blob)
+    }
+
+    fn present_mask(&self) -> u32 {
+        self.devices.iter().enumerate().filter(|(_, d)| d.is_some()).fold(0, |m, (i, _)| m | 1 << i)
+    }
+
+    /// Reads a data block and checks it, rebuilding it from parity if needed.
+    fn read_verified(&self, geom: &RowGeom, pba: Pba, crc: u32) -> Result<Vec<u8>, String> {
+        if let Some(dev) = &self.devices[pba.member as usize] {
+            let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+            if dev.read_at(&mut buf, pba.byte_offset()).is_ok() && crc32c(&buf) == crc {
+                return Ok(buf.to_vec());
+            }
+        }
+        let (col, blk) = geom.locate(&self.shape.geometry, pba).ok_or("block outside its row")?;
+        let stripe = self.read_row_stripe(geom, blk);
+        super::io::rebuild_from_stripe(geom, stripe, col, |b| crc32c(b) == crc)
+    }
+
+    /// Finds and verifies the row header at (segment, offset) of a segment
+    /// laid over `mask` with `parity` parity columns. Falls back to
+    /// rebuilding the header from the other columns when its own column is
+    /// missing or corrupt, trying each possible count of data columns.
+    fn load_row_header(&self, segment: u32, offset: u32, mask: u32, parity: u8) -> Option<FoundRow> {
+        let geometry = &self.shape.geometry;
+        if segment >= geometry.segment_count() || offset >= geometry.segment_blocks || mask.count_ones() <= parity as u32 {
+            return None;
+        }
+        let probe = |data_columns: u8| RowGeom {
+            segment,
+            offset,
+            height: 1,
+            data_columns,
+            header_blocks: 1,
+            slots: 0,
+            members_mask: mask,
+            parity,
+            seq: 0,
+        };
+        let k = mask.count_ones() as u8 - parity;
+        let read_at = |geom: &RowGeom, i: u32| -> Option<Vec<u8>> {
+            let pba = geom.data_block_pba(geometry, i);
+            let dev = self.devices[pba.member as usize].as_ref()?;
+            let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+            dev.read_at(&mut buf, pba.byte_offset()).ok()?;
+            Some(buf.to_vec())
+        };
+        let finish = |first: Vec<u8>, rebuild: Option<u8>| -> Option<FoundRow> {
+            let peek = RowHeader::peek_geometry(&first).ok()?;
+            if peek.segment != segment || peek.offset_blocks != offset || peek.members_mask != mask || peek.parity != parity {
+                return None;
+            }
+            if rebuild.is_some_and(|d| d != peek.data_columns) || peek.data_columns > k {
+                return None;
+            }
+            let geom = RowGeom {
+                segment,
+                offset,
+                height: peek.height,
+                data_columns: peek.data_columns,
+                header_blocks: peek.header_blocks,
+                slots: 0,
+                members_mask: mask,
+                parity,
+                seq: 0,
+            };
+            let mut bytes = first;
+            for i in 1..peek.header_blocks as u32 {
+                let direct = if rebuild.is_none() { read_at(&geom, i) } else { None };
+                let block = match direct {
+                    Some(b) => b,
+                    None => {
+                        let pba = geom.data_block_pba(geometry, i);
+                        let (col, blk) = geom.locate(geometry, pba)?;
+                        let stripe = self.read_row_stripe(&geom, blk);
+                        super::io::rebuild_from_stripe(&geom, stripe, col, |_| true).ok()?
+                    }
+                };
+                bytes.extend_from_slice(&block);
+            }
+            let (header, crc) = RowHeader::decode(&bytes).ok()?;
+            if header.pool_uuid != self.shape.pool_uuid || header.height != peek.height {
+                return None;
+            }
+            let geom = RowGeom { slots: header.slots, seq: header.seq, ..geom };
+            Some(FoundRow { header, crc, geom })
+        };
+        if let Some(found) = read_at(&probe(1), 0).and_then(|b| finish(b, None)) {
+            return Some(found);
+        }
+        // Rebuild block 0 of column 0 assuming each possible data column count.
+        for d in 1..=k {
+            let geom = probe(d);
+            let stripe = self.read_row_stripe(&geom, 0);
+            let candidate = super::io::rebuild_from_stripe(&geom, stripe, 0, |b| {
+                RowHeader::peek_geometry(b).is_ok_and(|p| p.segment == segment && p.offset_blocks == offset && p.data_columns == d)
+            });
+            if let Some(found) = candidate.ok().and_then(|b| finish(b, Some(d))) {
+                return Some(found);
+            }
+        }
+        None
+    }
+
+    /// The verified header (with entries) of a known row.
+    pub(crate) fn load_row_header_pub(&self, geom: &RowGeom) -> Option<RowHeader> {
+        self.load_row_header(geom.segment, geom.offset, geom.members_mask, geom.parity)
+            .filter(|f| f.header.seq == geom.seq)
+            .map(|f| f.header)
+    }
+
+    /// Installs a decoded checkpoint into the (empty) core.
+    fn load_image(&self, image: CheckpointImage) -> Result<()> {
+        let geometry = &self.shape.geometry;
+        let mut core = self.core.lock();
+        if image.segments.len() != core.segments.len() {
+            return Err(Error::Corrupt(format!(
+                "checkpoint lists {} segments, the pool has {}",
+                image.segments.len(),
+                core.segments.len()
+            )));
+        }
+        for (i, c) in image.member_counters.iter().enumerate() {
+            if let Some(Some(d)) = self.devices.get(i) {
+                d.counters.restore(c);
+            }
+        }
+        core.next_seq = image.next_seq;
+        core.next_volume_id = image.next_volume_id;
+        core.counters = image.counters;
+        for (s, rec) in image.segments.into_iter().enumerate() {
+            for r in &rec.rows {
+                if r.offset as u64 + r.height as u64 > geometry.segment_blocks as u64
+                    || r.data_columns as usize + r.parity as usize > rec.members_mask.count_ones() as usize
+                {
+                    return Err(Error::Corrupt(format!("checkpoint row record out of bounds in segment {s}")));
+                }
+            }
+            let seg = &mut core.segments[s];
+            seg.state = match rec.state {
+                SegmentStateCode::Free => SegState::Free,
+                SegmentStateCode::OpenUser => SegState::Open(HeadId::User),
+                SegmentStateCode::OpenCleaner => SegState::Open(HeadId::Cleaner),
+                SegmentStateCode::ReservedUser => SegState::Reserved(HeadId::User),
+                SegmentStateCode::ReservedCleaner => SegState::Reserved(HeadId::Cleaner),
+                SegmentStateCode::Sealed => SegState::Sealed,
+            };
+            if rec.state != SegmentStateCode::Free {
+                seg.members_mask = rec.members_mask;
+                seg.parity = rec.parity;
+            }
+            seg.live_blocks = 0;
+            seg.fill_blocks = rec.fill_blocks;
+            seg.sealed_seq = rec.sealed_seq;
+            seg.rows = rec.rows;
+        }
+        for v in image.volumes {
+            let mut map = VolumeMap::default();
+            for (lba, loc, crc) in v.entries {
+                let loc = Loc::decode(loc);
+                match loc {
+                    Loc::Disk(pba) => {
+                        let (s, _) = geometry
+                            .segment_of(pba.block)
+                            .filter(|(s, _)| (*s as usize) < core.segments.len() && (pba.member as usize) < self.devices.len())
+                            .ok_or_else(|| Error::Corrupt(format!("volume '{}' maps block {lba} outside the pool", v.name)))?;
+                        core.segments[s as usize].live_blocks += 1;
+                    }
+                    Loc::Zero => {}
+                    _ => return Err(Error::Corrupt(format!("volume '{}' block {lba}: bad location", v.name))),
+                }
+                if lba.checked_mul(BLOCK_BYTES).is_none_or(|b| b >= v.size_bytes) {
+                    return Err(Error::Corrupt(format!("volume '{}' maps block {lba} past its end", v.name)));
+                }
+                map.set(lba, loc, crc);
+            }
+            core.volumes.insert(
+                v.id,
+                VolumeState { id: v.id, name: v.name, size_bytes: v.size_bytes, created_unix: v.created_unix, map },
+            );
+        }
+        for (i, h) in image.heads.iter().enumerate().take(2) {
+            let head = &mut core.heads[i];
+            head.segment = h.segment;
+            head.offset = h.offset;
+            head.next_segment = h.next_segment;
+            head.last_crc = h.last_crc;
+            head.last_seq = h.last_seq;
+        }
+        Ok(())
+    }
+
+    /// Follows each head's chain from its checkpointed position, then applies
+    /// the rows found in global sequence order. Returns (rows, blocks).
+    fn roll_forward(&self, read_only: bool) -> Result<(u64, u64)> {
+        let geometry = &self.shape.geometry;
+        let mut found: Vec<(HeadId, FoundRow)> = Vec::new();
+        for head in [HeadId::User, HeadId::Cleaner] {
+            let (mut seg, mut off, mut last_crc, mut last_seq, mut next) = {
+                let core = self.core.lock();
+                let h = &core.heads[head.index()];
+                (h.segment, h.offset, h.last_crc, h.last_seq, h.next_segment)
+            };
+            loop {
+                if seg == NO_SEGMENT {
+                    break;
+                }
+                if off + geometry.chunk_blocks > geometry.segment_blocks {
+                    (seg, off) = (next, 0);
+                    if seg == NO_SEGMENT || seg >= geometry.segment_count() {
+                        break;
+                    }
+                }
+                let mask = {
+                    let core = self.core.lock();
+                    match core.segments[seg as usize].state {
+                        SegState::Free => geometry.segment_members(seg, core.active_mask),
+                        _ => core.segments[seg as usize].members_mask,
+                    }
+                };
+                let Some(row) = self.load_row_header(seg, off, mask, self.shape.parity) else { break };
+                let h = &row.header;
+                if h.head != head || h.kind != RowKind::Data || h.prev_crc != last_crc || h.seq <= last_seq {
+                    break;
+                }
+                // A row whose columns did not all reach the members (a crash
+                // before any flush covered it) ends the chain.
+                if !self.verify_row(&row, read_only) {
+                    tracing::info!("recovery: row {} at segment {seg} offset {off} is torn; log ends there", h.seq);
+                    break;
+                }
+                last_crc = row.crc;
+                last_seq = h.seq;
+                next = h.next_segment;
+                off += row.geom.height as u32;
+                found.push((head, row));
+            }
+        }
+        found.sort_by_key(|(_, r)| r.header.seq);
+        let mut blocks = 0u64;
+        let rows = found.len() as u64;
+        let mut core = self.core.lock();
+        for (head, row) in found {
+            blocks += row.header.slots as u64;
+            self.apply_row(&mut core, head, row)?;
+        }
+        // A head's reserved next segment may have been freed and reserved
+        // after the checkpoint; replay has emptied it by now. If not, the
+        // head reserves a fresh one when it gets there.
+        for head in [HeadId::User, HeadId::Cleaner] {
+            let n = core.heads[head.index()].next_segment;
+            if n == NO_SEGMENT || n as usize >= core.segments.len() {
+                core.heads[head.index()].next_segment = NO_SEGMENT;
+                continue;
+            }
+            let seg = &mut core.segments[n as usize];
+            match seg.state {
+                SegState::Reserved(h) if h == head => {}
+                SegState::Free | SegState::PendingFree { .. } | SegState::Sealed if seg.live_blocks == 0 => {
+                    seg.state = SegState::Reserved(head);
+                    seg.rows.clear();
+                    seg.fill_blocks = 0;
+                }
+                _ => core.heads[head.index()].next_segment = NO_SEGMENT,
+            }
+        }
+        // Whatever heads reserved must not be handed out again; the rest is free.
+        let mut free = VecDeque::new();
+        for s in 0..core.segments.len() {
+            if core.segments[s].state == SegState::Free && core.segments[s].members_mask.count_ones() > self.shape.parity as u32 {
+                core.segments[s].rows.clear();
+                free.push_back(s as u32);
+            }
+            let cp = core.checkpoint_segments.contains(&(s as u32));
+            if cp {
+                core.segments[s].state = SegState::Checkpoint;
+            }
+        }
+        free.retain(|s| !core.checkpoint_segments.contains(s));
+        core.free = free;
+        core.log_blocks_since_checkpoint = 0;
+        for h in [HeadId::User, HeadId::Cleaner] {
+            let seq = core.heads[h.index()].last_seq;
+            core.next_seq = core.next_seq.max(seq + 1);
+        }
+        Ok((rows, blocks))
+    }
+
+    /// Reads a whole row and checks every data block against its checksum
+    /// and every parity block against the data. Repairs what parity can
+    /// repair (rewriting it unless `read_only`); false if the row is torn
+    /// beyond repair.
+    fn verify_row(&self, row: &FoundRow, read_only: bool) -> bool {
+        let g = row.geom;
+        let geometry = &self.shape.geometry;
+        let width = g.width();
+        let k = g.data_capacity_columns();
+        let p = g.parity as usize;
+        let (header_bytes, _) = row.header.encode();
+        let slot_crcs: Vec<u32> = row.header.entries.iter().filter(|e| e.kind.owns_slot()).map(|e| e.crc).collect();
+        let zero_crc = crate::format::zero_block_crc();
+        for blk in 0..g.height as usize {
+            let stripe = self.read_row_stripe(&g, blk);
+            // Which data blocks are wrong?
+            let expected = |col: usize, bytes: &[u8]| -> bool {
+                let i = col * g.height as usize + blk;
+                if i < g.header_blocks as usize {
+                    return bytes == &header_bytes[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+                }
+                let slot = i - g.header_blocks as usize;
+                let want = slot_crcs.get(slot).copied().unwrap_or(zero_crc);
+                crc32c(bytes) == want
+            };
+            let mut bad: Vec<usize> = (0..g.data_columns as usize)
+                .filter(|&c| stripe[c].as_deref().is_none_or(|b| !expected(c, b)))
+                .collect();
+            let mut fixed = stripe.clone();
+            if !bad.is_empty() {
+                if bad.len() > p {
+                    return false;
+                }
+                // Rebuild each bad block, accepting only checksum-true results.
+                let mut erased = stripe.clone();
+                for &c in &bad {
+                    erased[c] = None;
+                }
+                for &c in &bad {
+                    match super::io::rebuild_from_stripe(&g, erased.clone(), c, |b| expected(c, b)) {
+                        Ok(b) => fixed[c] = Some(b),
+                        Err(_) => return false,
+                    }
+                }
+            }
+            // Parity must match the (now good) data.
+            let data: Vec<Vec<u8>> = (0..k).map(|c| fixed[c].clone().unwrap_or_else(|| vec![0u8; BLOCK_SIZE])).collect();
+            let mut parity = vec![vec![0u8; BLOCK_SIZE]; p];
+            if p > 0 {
+                let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+                let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+                lograid_parity::encode(&d, &mut out);
+            }
+            for (j, par) in parity.into_iter().enumerate() {
+                let c = k + j;
+                if fixed[c].as_deref() != Some(par.as_slice()) {
+                    fixed[c] = Some(par);
+                    bad.push(c);
+                }
+            }
+            if read_only {
+                continue;
+            }
+            for c in bad {
+                let pba = g.pba(geometry, c, blk);
+                if let (Some(dev), Some(bytes)) = (&self.devices[pba.member as usize], &fixed[c]) {
+                    let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+                    buf.copy_from_slice(bytes);
+                    if dev.write_at(&buf, pba.byte_offset()).is_ok() {
+                        dev.counters.repaired_blocks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        let _ = width;
+        true
+    }
+
+    fn apply_row(&self, core: &mut Core, head: HeadId, row: FoundRow) -> Result<()> {
+        let FoundRow { header, crc, geom } = row;
+        let s = geom.segment as usize;
+        if core.segments[s].state != SegState::Open(head) {
+            // The head moved on to a new segment here.
+            let prev = core.heads[head.index()].segment;
+            if prev != NO_SEGMENT && prev as usize != s {
+                core.seal_segment(prev, header.seq);
+            }
+            let seg = &mut core.segments[s];
+            if seg.live_blocks != 0 {
+                return Err(Error::Corrupt(format!(
+                    "segment {s} was reused while it still held {} live blocks",
+                    seg.live_blocks
+                )));
+            }
+            seg.rows.clear();
+            seg.state = SegState::Open(head);
+            seg.members_mask = header.members_mask;
+            seg.parity = header.parity;
+        }
+        {
+            let seg = &mut core.segments[s];
+            seg.rows.push(geom);
+            seg.fill_blocks = geom.offset + geom.height as u32;
+        }
+        let mut slot = 0u32;
+        for e in &header.entries {
+            match e.kind {
+                EntryKind::Data | EntryKind::Relocated | EntryKind::Payload => {
+                    let pba = geom.slot_pba(&self.shape.geometry, slot);
+                    slot += 1;
+                    let Some(vol) = core.volumes.get_mut(&e.volume) else { continue };
+                    if e.lba.checked_mul(BLOCK_BYTES).is_none_or(|b| b >= vol.size_bytes) || e.kind == EntryKind::Payload {
+                        continue;
+                    }
+                    if e.kind == EntryKind::Relocated && vol.map.get(e.lba).0 != Loc::Disk(Pba::decode(e.source)) {
+                        continue;
+                    }
+                    let (old, _) = vol.map.set(e.lba, Loc::Disk(pba), e.crc);
+                    core.release_loc(old, &self.shape);
+                    core.segments[s].live_blocks += 1;
+                }
+                EntryKind::Trim | EntryKind::Zero => {
+                    let Some(vol) = core.volumes.get_mut(&e.volume) else { continue };
+                    let end = e.lba.saturating_add(e.count as u64);
+                    let mapped: Vec<u64> = vol.map.iter_from(e.lba).map(|x| x.0).take_while(|&b| b < end).collect();
+                    let new = if e.kind == EntryKind::Zero { Loc::Zero } else { Loc::Unmapped };
+                    for b in mapped {
+                        let (old, _) = core.volumes.get_mut(&e.volume).expect("volume").map.set(b, new, 0);
+                        core.release_loc(old, &self.shape);
+                    }
+                }
+            }
+        }
+        let h = &mut core.heads[head.index()];
+        h.segment = geom.segment;
+        h.offset = geom.offset + geom.height as u32;
+        h.last_crc = crc;
+        h.last_seq = header.seq;
+        h.next_segment = header.next_segment;
+        let next = header.next_segment as usize;
+        if next < core.segments.len() && core.segments[next].state == SegState::Free {
+            core.segments[next].state = SegState::Reserved(head);
+            core.segments[next].members_mask =
+                self.shape.geometry.segment_members(next as u32, core.active_mask);
+        }
+        core.next_seq = core.next_seq.max(header.seq + 1);
+        Ok(())
+    }
+}

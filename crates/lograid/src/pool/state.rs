@@ -1,0 +1,279 @@
+//! The pool's in-memory state, guarded by one mutex (`Core`): volumes and
+//! their maps, the segment table, the log heads with their open rows, rows in
+//! flight, and counters. Everything here is bookkeeping; no I/O happens while
+//! the lock is held except copying into row buffers.
+
+use crate::device::AlignedBuf;
+use crate::format::checkpoint::PoolCounters;
+use crate::format::row::{header_blocks_for, entries_capacity, Entry, HeadId, RowKind};
+use crate::format::superblock::CheckpointPointer;
+use crate::format::BLOCK_SIZE;
+use crate::layout::{Pba, RowGeom};
+use crate::map::VolumeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+pub const NO_SEGMENT: u32 = u32::MAX;
+/// Non-slot entries (trims, zeroes) a row can take beyond its slots.
+pub const EXTRA_ENTRIES: usize = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegState {
+    Free,
+    Open(HeadId),
+    Reserved(HeadId),
+    Sealed,
+    /// Holds (part of) the newest durable checkpoint, or one being written.
+    Checkpoint,
+    /// Emptied by the cleaner or by overwrites; reusable once a flush that
+    /// started after `flush_gen` has completed.
+    PendingFree { flush_gen: u64 },
+}
+
+pub struct Segment {
+    pub state: SegState,
+    pub members_mask: u32,
+    pub parity: u8,
+    pub live_blocks: u32,
+    pub fill_blocks: u32,
+    /// Sequence number when sealed (age, for the cleaner).
+    pub sealed_seq: u64,
+    /// Rows in offset order (this incarnation of the segment).
+    pub rows: Vec<RowGeom>,
+}
+
+impl Segment {
+    pub fn row_at(&self, offset: u32) -> Option<&RowGeom> {
+        let i = self.rows.partition_point(|r| r.offset <= offset);
+        let r = self.rows.get(i.checked_sub(1)?)?;
+        (offset < r.offset + r.height as u32).then_some(r)
+    }
+}
+
+/// A row being filled in memory.
+pub struct OpenRow {
+    pub kind: RowKind,
+    pub buf: AlignedBuf,
+    /// Header blocks reserved at the start of `buf`.
+    pub header_reserve: u16,
+    pub slot_capacity: u32,
+    pub entry_capacity: usize,
+    pub entries: Vec<Entry>,
+    /// For each slot, the index of its entry.
+    pub slot_entry: Vec<u32>,
+    pub segment: u32,
+    pub offset: u32,
+    pub members_mask: u32,
+    pub parity: u8,
+    pub checkpoint_id: u64,
+    pub checkpoint_offset: u64,
+    pub payload_bytes: u32,
+}
+
+impl OpenRow {
+    pub fn slots(&self) -> u32 {
+        self.slot_entry.len() as u32
+    }
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.slots() == 0
+    }
+    pub fn is_full(&self) -> bool {
+        self.slots() >= self.slot_capacity || self.entries.len() >= self.entry_capacity
+    }
+    pub fn slot_bytes(&self, slot: u32) -> &[u8] {
+        let at = (self.header_reserve as usize + slot as usize) * BLOCK_SIZE;
+        &self.buf[at..at + BLOCK_SIZE]
+    }
+    pub fn slot_bytes_mut(&mut self, slot: u32) -> &mut [u8] {
+        let at = (self.header_reserve as usize + slot as usize) * BLOCK_SIZE;
+        &mut self.buf[at..at + BLOCK_SIZE]
+    }
+}
+
+/// How many header blocks and slots a full row of `k` data columns of
+/// height `h` has: the smallest header that lists every slot plus
+/// `EXTRA_ENTRIES`.
+pub fn full_row_shape(k: usize, h: usize) -> (u16, u32) {
+    let total = (k * h) as u32;
+    let mut hb = 1u16;
+    loop {
+        let slots = total - hb as u32;
+        if entries_capacity(hb) >= slots as usize + EXTRA_ENTRIES {
+            return (hb, slots);
+        }
+        hb += 1;
+        assert!(hb as u32 <= total, "row too small for its header");
+    }
+}
+
+/// A row sealed and being written (reads of its blocks are served from here).
+pub struct SealedRow {
+    pub geom: RowGeom,
+    pub head: HeadId,
+    pub buf: AlignedBuf,
+    /// Block index in `buf` where data column 0 starts.
+    pub start_block: usize,
+}
+
+impl SealedRow {
+    pub fn column(&self, col: usize) -> &[u8] {
+        let h = self.geom.height as usize;
+        let at = (self.start_block + col * h) * BLOCK_SIZE;
+        &self.buf[at..at + h * BLOCK_SIZE]
+    }
+    /// The block at (col, blk) if it is a data block held in memory.
+    pub fn block(&self, col: usize, blk: usize) -> Option<&[u8]> {
+        (col < self.geom.data_columns as usize).then(|| &self.column(col)[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE])
+    }
+}
+
+pub struct Head {
+    pub id: HeadId,
+    pub segment: u32,
+    pub offset: u32,
+    pub next_segment: u32,
+    pub last_crc: u32,
+    pub last_seq: u64,
+    pub open: Option<OpenRow>,
+}
+
+impl Head {
+    pub fn new(id: HeadId) -> Head {
+        Head { id, segment: NO_SEGMENT, offset: 0, next_segment: NO_SEGMENT, last_crc: 0, last_seq: 0, open: None }
+    }
+}
+
+pub struct VolumeState {
+    pub id: u32,
+    pub name: String,
+    pub size_bytes: u64,
+    pub created_unix: u64,
+    pub map: VolumeMap,
+}
+
+pub struct Core {
+    pub volumes: BTreeMap<u32, VolumeState>,
+    pub segments: Vec<Segment>,
+    pub free: VecDeque<u32>,
+    pub heads: [Head; 3],
+    pub next_seq: u64,
+    pub next_volume_id: u32,
+    pub inflight: Vec<Arc<SealedRow>>,
+    pub dirty_members: u32,
+    pub counters: PoolCounters,
+    pub log_blocks_since_checkpoint: u64,
+    /// Incremented by every flush when it seals the open rows.
+    pub flush_gen: u64,
+    /// The newest flush generation known complete.
+    pub flushed_gen: u64,
+    pub checkpoint: CheckpointPointer,
+    pub checkpoint_segments: Vec<u32>,
+    pub superblock_generation: u64,
+    /// Members eligible for new segments.
+    pub active_mask: u32,
+    /// Why the pool refuses writes, if it does.
+    pub read_only_reason: Option<String>,
+    /// Blocks stored (open or on disk) over all volumes.
+    pub stored_blocks: u64,
+    /// Spare aligned buffers for rows, by length.
+    pub spare_buffers: Vec<AlignedBuf>,
+}
+
+impl Core {
+    pub fn volume(&self, id: u32) -> Option<&VolumeState> {
+        self.volumes.get(&id)
+    }
+
+    /// Data held in memory for `pba` (a row in flight), if any.
+    pub fn inflight_block(&self, geometry: &crate::layout::Geometry, pba: Pba) -> Option<&[u8]> {
+        for row in &self.inflight {
+            if let Some((col, blk)) = row.geom.locate(geometry, pba) {
+                return row.block(col, blk);
+            }
+        }
+        None
+    }
+
+    /// Takes a spare row buffer of `len` bytes or allocates one.
+    pub fn buffer(&mut self, len: usize) -> AlignedBuf {
+        if let Some(i) = self.spare_buffers.iter().position(|b| b.len() == len) {
+            return self.spare_buffers.swap_remove(i);
+        }
+        AlignedBuf::zeroed(len)
+    }
+
+    pub fn recycle(&mut self, buf: AlignedBuf) {
+        if self.spare_buffers.len() < 16 {
+            self.spare_buffers.push(buf);
+        }
+    }
+
+    pub fn free_segment_count(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Header blocks needed by the open row of `head` if sealed now.
+    pub fn open_header_blocks(&self, head: HeadId) -> u16 {
+        self.heads[head.index()].open.as_ref().map(|r| header_blocks_for(r.entries.len())).unwrap_or(0)
+    }
+}
+
+impl Core {
+    /// Checks the bookkeeping invariants; returns the first violation.
+    /// Cheap enough for tests to call after every operation.
+    pub fn check_invariants(&self, shape: &super::Shape) -> Result<(), String> {
+        let mut in_free = vec![false; self.segments.len()];
+        for &s in &self.free {
+            let s = s as usize;
+            if in_free[s] {
+                return Err(format!("segment {s} is in the free list twice"));
+            }
+            in_free[s] = true;
+            if self.segments[s].state != SegState::Free {
+                return Err(format!("segment {s} is in the free list but {:?}", self.segments[s].state));
+            }
+        }
+        for (s, seg) in self.segments.iter().enumerate() {
+            if seg.state == SegState::Free && !in_free[s] && seg.members_mask.count_ones() > shape.parity as u32 {
+                return Err(format!("segment {s} is free but not in the free list"));
+            }
+        }
+        for h in &self.heads[..2] {
+            if h.segment != NO_SEGMENT && self.segments[h.segment as usize].state != SegState::Open(h.id) {
+                return Err(format!("head {:?} is in segment {} which is {:?}", h.id, h.segment, self.segments[h.segment as usize].state));
+            }
+            if h.next_segment != NO_SEGMENT && self.segments[h.next_segment as usize].state != SegState::Reserved(h.id) {
+                return Err(format!("head {:?} reserved segment {} which is {:?}", h.id, h.next_segment, self.segments[h.next_segment as usize].state));
+            }
+        }
+        let mut live = vec![0u32; self.segments.len()];
+        let mut stored = 0u64;
+        for v in self.volumes.values() {
+            for (lba, loc, _) in v.map.iter_from(0) {
+                if loc.is_stored() {
+                    stored += 1;
+                }
+                if let crate::map::Loc::Disk(pba) = loc {
+                    let (s, off) = shape.geometry.segment_of(pba.block).ok_or("mapped block outside the data area")?;
+                    live[s as usize] += 1;
+                    let seg = &self.segments[s as usize];
+                    if matches!(seg.state, SegState::Free | SegState::Reserved(_) | SegState::Checkpoint) {
+                        return Err(format!("volume {} block {lba} maps into segment {s} which is {:?}", v.id, seg.state));
+                    }
+                    if seg.row_at(off).is_none() {
+                        return Err(format!("volume {} block {lba} maps to segment {s} offset {off}, not in any row", v.id));
+                    }
+                }
+            }
+        }
+        for (s, seg) in self.segments.iter().enumerate() {
+            if seg.live_blocks != live[s] {
+                return Err(format!("segment {s}: live count {} but {} blocks map into it", seg.live_blocks, live[s]));
+            }
+        }
+        if stored != self.stored_blocks {
+            return Err(format!("stored blocks {} but maps hold {stored}", self.stored_blocks));
+        }
+        Ok(())
+    }
+}

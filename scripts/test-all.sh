@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what the tests need (Debian packages, as root) and runs every test.
+# This is the README's test command and what CI runs (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+for tool_pkg in nbdinfo:libnbd-bin nbdfuse:libnbd-bin nbdkit:nbdkit fio:fio fusermount3:fuse3 \
+    mkfs.xfs:xfsprogs mkfs.btrfs:btrfs-progs mkfs.ext4:e2fsprogs losetup:mount qemu-img:qemu-utils; do
+    tool=${tool_pkg%%:*}; pkg=${tool_pkg##*:}
+    command -v "$tool" >/dev/null 2>&1 || need_pkgs+=("$pkg")
+done
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "test-all: missing tools (${need_pkgs[*]}); run as root to install them" >&2
+        exit 1
+    fi
+    echo "test-all: installing ${need_pkgs[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+export CARGO_TERM_COLOR=never
+if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --workspace --release --no-fail-fast
+else
+    cargo test --workspace --release --no-fail-fast
+fi
