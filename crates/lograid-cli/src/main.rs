@@ -1,1 +1,70 @@
-fn main() {}
+//! `lograid`: create, inspect, serve and benchmark lograid pools.
+//!
+//! Every command names its pool by its drives (files or block devices, in
+//! any order); a directory stands for the member files (`*.img`) in it.
+
+mod commands;
+mod size;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "lograid",
+    version,
+    about = "Log-structured parity RAID: pools of drives served as block volumes"
+)]
+struct Cli {
+    /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a pool on drives (their contents are destroyed).
+    Create(commands::create::CreateArgs),
+    /// Show a pool's members, geometry, capacity and counters.
+    Status(commands::status::StatusArgs),
+    /// Create, list, resize or delete volumes.
+    #[command(subcommand)]
+    Volume(commands::volume::VolumeCommand),
+    /// Benchmark the engine on file-backed drives beside the raw disk.
+    Bench(commands::bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!(
+            "lograid={level},lograid_cli={level},lograid_nbd={level}"
+        ))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let result: Result<()> = match cli.command {
+        Command::Create(a) => commands::create::run(a),
+        Command::Status(a) => commands::status::run(a),
+        Command::Volume(c) => commands::volume::run(c),
+        Command::Bench(a) => commands::bench::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lograid: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -6,21 +6,36 @@ use crate::format::FormatError;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("{context}: {source}")]
-    Io { context: String, source: std::io::Error },
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
     #[error("{context}: {source}")]
-    Format { context: String, source: FormatError },
+    Format {
+        context: String,
+        source: FormatError,
+    },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("request [{offset}, +{length}) is not aligned to 512 bytes")]
     Misaligned { offset: u64, length: u64 },
     #[error("request [{offset}, +{length}) is outside volume '{volume}' of {size} bytes")]
-    OutOfRange { volume: String, offset: u64, length: u64, size: u64 },
+    OutOfRange {
+        volume: String,
+        offset: u64,
+        length: u64,
+        size: u64,
+    },
     #[error("pool is full: no space for new blocks (trim or delete data, or add a drive)")]
     NoSpace,
     #[error("pool is read-only: {0}")]
     ReadOnly(String),
     #[error("volume '{volume}' offset {offset}: data is unreadable and cannot be rebuilt from parity ({detail})")]
-    Unrecoverable { volume: String, offset: u64, detail: String },
+    Unrecoverable {
+        volume: String,
+        offset: u64,
+        detail: String,
+    },
     #[error("not found: {0}")]
     NotFound(String),
     #[error("already exists: {0}")]
@@ -35,10 +50,16 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Error {
-        Error::Io { context: context.into(), source }
+        Error::Io {
+            context: context.into(),
+            source,
+        }
     }
     pub fn format(context: impl Into<String>, source: FormatError) -> Error {
-        Error::Format { context: context.into(), source }
+        Error::Format {
+            context: context.into(),
+            source,
+        }
     }
     /// The errno a block-device front end should report.
     pub fn errno(&self) -> i32 {

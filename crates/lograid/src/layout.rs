@@ -21,7 +21,10 @@ impl Pba {
         ((self.member as u64) << Self::BLOCK_BITS) | self.block
     }
     pub fn decode(v: u64) -> Pba {
-        Pba { member: (v >> Self::BLOCK_BITS) as u8, block: v & ((1 << Self::BLOCK_BITS) - 1) }
+        Pba {
+            member: (v >> Self::BLOCK_BITS) as u8,
+            block: v & ((1 << Self::BLOCK_BITS) - 1),
+        }
     }
     pub fn byte_offset(self) -> u64 {
         self.block * BLOCK_BYTES
@@ -40,7 +43,10 @@ pub struct Geometry {
 impl Geometry {
     /// Segments the largest member can hold.
     pub fn segment_count(&self) -> u32 {
-        (0..self.member_blocks.len()).map(|m| self.member_segments(m)).max().unwrap_or(0)
+        (0..self.member_blocks.len())
+            .map(|m| self.member_segments(m))
+            .max()
+            .unwrap_or(0)
     }
     /// Segments member `m` holds (its data area divided into slices).
     pub fn member_segments(&self, m: usize) -> u32 {
@@ -67,12 +73,15 @@ impl Geometry {
             return None;
         }
         let rel = block - self.data_start_block;
-        Some(((rel / self.segment_blocks as u64) as u32, (rel % self.segment_blocks as u64) as u32))
+        Some((
+            (rel / self.segment_blocks as u64) as u32,
+            (rel % self.segment_blocks as u64) as u32,
+        ))
     }
 }
 
 /// The shape and place of one row. Columns are the segment's members in
-/// ascending order rotated by `offset % width`; the last `parity` columns
+/// ascending order rotated by `rotation(offset, width)`; the last `parity` columns
 /// hold parity, the first `data_columns` hold data (the first
 /// `header_blocks` data blocks are the row header), the rest of the data
 /// columns are unused and read as zero. Data block i sits in column
@@ -101,7 +110,7 @@ impl RowGeom {
     /// Member holding column `col` (0..width).
     pub fn column_member(&self, col: usize) -> u8 {
         let w = self.width();
-        let rot = self.offset as usize % w;
+        let rot = rotation(self.offset, w);
         nth_member(self.members_mask, (rot + col) % w)
     }
     /// Column index of member `m` in this row, if it holds one.
@@ -111,7 +120,7 @@ impl RowGeom {
         }
         let w = self.width();
         let rank = (self.members_mask & ((1u32 << m) - 1)).count_ones() as usize;
-        let rot = self.offset as usize % w;
+        let rot = rotation(self.offset, w);
         Some((rank + w - rot) % w)
     }
     /// Column of parity `p` (0..parity).
@@ -152,6 +161,14 @@ impl RowGeom {
     }
 }
 
+/// How far a row's columns are rotated: a multiplicative hash of its block
+/// offset, so that parity moves from member to member for every pattern of
+/// row offsets (full rows sit at multiples of the chunk height, which a plain
+/// `offset % width` would map to one rotation whenever width divides it).
+pub fn rotation(offset: u32, width: usize) -> usize {
+    (((offset as u64).wrapping_mul(0x9E37_79B1) >> 16) % width as u64) as usize
+}
+
 /// The member index of the `n`-th set bit of `mask`.
 pub fn nth_member(mask: u32, n: usize) -> u8 {
     let mut m = mask;
@@ -167,7 +184,12 @@ mod tests {
 
     #[test]
     fn columns_rotate_and_invert() {
-        let g = Geometry { member_blocks: vec![10_000; 5], data_start_block: 256, segment_blocks: 64, chunk_blocks: 16 };
+        let g = Geometry {
+            member_blocks: vec![10_000; 5],
+            data_start_block: 256,
+            segment_blocks: 64,
+            chunk_blocks: 16,
+        };
         for offset in 0..20 {
             let row = RowGeom {
                 segment: 3,
@@ -194,7 +216,10 @@ mod tests {
 
     #[test]
     fn pba_round_trips() {
-        let p = Pba { member: 23, block: (1 << 47) + 5 };
+        let p = Pba {
+            member: 23,
+            block: (1 << 47) + 5,
+        };
         assert_eq!(Pba::decode(p.encode()), p);
     }
 }

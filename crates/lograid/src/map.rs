@@ -38,7 +38,10 @@ impl Loc {
             Loc::Zero
         } else if v & OPEN_TAG != 0 {
             let head = HeadId::from_code(((v >> 32) & 0xff) as u8).unwrap_or(HeadId::User);
-            Loc::Open { head, slot: v as u32 }
+            Loc::Open {
+                head,
+                slot: v as u32,
+            }
         } else {
             Loc::Disk(Pba::decode(v))
         }
@@ -67,7 +70,10 @@ pub struct VolumeMap {
 
 impl VolumeMap {
     pub fn get(&self, lba: u64) -> (Loc, u32) {
-        let (p, i) = ((lba / PAGE_ENTRIES as u64) as usize, (lba % PAGE_ENTRIES as u64) as usize);
+        let (p, i) = (
+            (lba / PAGE_ENTRIES as u64) as usize,
+            (lba % PAGE_ENTRIES as u64) as usize,
+        );
         match self.pages.get(p).and_then(|x| x.as_ref()) {
             Some(page) => (Loc::decode(page.locs[i]), page.crcs[i]),
             None => (Loc::Unmapped, 0),
@@ -76,7 +82,10 @@ impl VolumeMap {
 
     /// Sets an entry; returns the previous one.
     pub fn set(&mut self, lba: u64, loc: Loc, crc: u32) -> (Loc, u32) {
-        let (p, i) = ((lba / PAGE_ENTRIES as u64) as usize, (lba % PAGE_ENTRIES as u64) as usize);
+        let (p, i) = (
+            (lba / PAGE_ENTRIES as u64) as usize,
+            (lba % PAGE_ENTRIES as u64) as usize,
+        );
         if p >= self.pages.len() {
             if loc == Loc::Unmapped {
                 return (Loc::Unmapped, 0);
@@ -88,7 +97,11 @@ impl VolumeMap {
             if loc == Loc::Unmapped {
                 return (Loc::Unmapped, 0);
             }
-            *slot = Some(Box::new(MapPage { locs: [0; PAGE_ENTRIES], crcs: [0; PAGE_ENTRIES], used: 0 }));
+            *slot = Some(Box::new(MapPage {
+                locs: [0; PAGE_ENTRIES],
+                crcs: [0; PAGE_ENTRIES],
+                used: 0,
+            }));
         }
         let page = slot.as_mut().expect("page present");
         let old = (Loc::decode(page.locs[i]), page.crcs[i]);
@@ -129,14 +142,18 @@ impl VolumeMap {
     /// Mapped entries in LBA order from `start`: (lba, loc, crc).
     pub fn iter_from(&self, start: u64) -> impl Iterator<Item = (u64, Loc, u32)> + '_ {
         let first_page = (start / PAGE_ENTRIES as u64) as usize;
-        self.pages.iter().enumerate().skip(first_page).filter_map(|(p, page)| page.as_ref().map(|pg| (p, pg))).flat_map(
-            move |(p, page)| {
+        self.pages
+            .iter()
+            .enumerate()
+            .skip(first_page)
+            .filter_map(|(p, page)| page.as_ref().map(|pg| (p, pg)))
+            .flat_map(move |(p, page)| {
                 (0..PAGE_ENTRIES).filter_map(move |i| {
                     let lba = (p * PAGE_ENTRIES + i) as u64;
-                    (page.locs[i] != 0 && lba >= start).then(|| (lba, Loc::decode(page.locs[i]), page.crcs[i]))
+                    (page.locs[i] != 0 && lba >= start)
+                        .then(|| (lba, Loc::decode(page.locs[i]), page.crcs[i]))
                 })
-            },
-        )
+            })
     }
 
     /// Drops every entry at or past `blocks` (volume shrink is refused; used on delete).
@@ -156,8 +173,14 @@ mod tests {
         for loc in [
             Loc::Unmapped,
             Loc::Zero,
-            Loc::Open { head: HeadId::Cleaner, slot: 77 },
-            Loc::Disk(Pba { member: 3, block: 1 << 40 }),
+            Loc::Open {
+                head: HeadId::Cleaner,
+                slot: 77,
+            },
+            Loc::Disk(Pba {
+                member: 3,
+                block: 1 << 40,
+            }),
         ] {
             assert_eq!(Loc::decode(loc.encode()), loc);
         }
@@ -166,11 +189,27 @@ mod tests {
     #[test]
     fn counts_and_pages() {
         let mut m = VolumeMap::default();
-        m.set(5, Loc::Disk(Pba { member: 0, block: 300 }), 9);
+        m.set(
+            5,
+            Loc::Disk(Pba {
+                member: 0,
+                block: 300,
+            }),
+            9,
+        );
         m.set(100_000, Loc::Zero, 0);
         assert_eq!(m.mapped_blocks(), 2);
         assert_eq!(m.stored_blocks(), 1);
-        assert_eq!(m.get(5), (Loc::Disk(Pba { member: 0, block: 300 }), 9));
+        assert_eq!(
+            m.get(5),
+            (
+                Loc::Disk(Pba {
+                    member: 0,
+                    block: 300
+                }),
+                9
+            )
+        );
         let all: Vec<_> = m.iter_from(0).map(|e| e.0).collect();
         assert_eq!(all, vec![5, 100_000]);
         m.set(5, Loc::Unmapped, 0);

@@ -22,7 +22,9 @@ fn run(plan: &Plan, seed: u64) {
     let mut pool = SimPool::create(plan.members, plan.parity, 8 << 20, plan.fill);
     let mut model = Model::new(pool.volume_size());
     for op in 0..plan.ops {
-        pool.pool().check_invariants().unwrap_or_else(|m| panic!("seed {seed} before op {op}: invariant: {m}"));
+        pool.pool()
+            .check_invariants()
+            .unwrap_or_else(|m| panic!("seed {seed} before op {op}: invariant: {m}"));
         let dice = rng.below(100);
         if std::env::var("LOGRAID_TRACE").is_ok() {
             eprintln!("op {op}: dice {dice}");
@@ -42,21 +44,31 @@ fn run(plan: &Plan, seed: u64) {
             50..=69 => {
                 let (off, len) = model.random_range(&mut rng, 128 * 1024);
                 let mut buf = vec![0u8; len as usize];
-                pool.volume().read(off, &mut buf).unwrap_or_else(|e| panic!("seed {seed} op {op}: read failed: {e}"));
-                model.check_exact(off, &buf).unwrap_or_else(|m| panic!("seed {seed} op {op}: {m}"));
+                pool.volume()
+                    .read(off, &mut buf)
+                    .unwrap_or_else(|e| panic!("seed {seed} op {op}: read failed: {e}"));
+                model
+                    .check_exact(off, &buf)
+                    .unwrap_or_else(|m| panic!("seed {seed} op {op}: {m}"));
             }
             70..=76 => {
                 let (off, len) = model.random_range(&mut rng, 256 * 1024);
-                pool.volume().trim(off, len).unwrap_or_else(|e| panic!("seed {seed} op {op}: trim failed: {e}"));
+                pool.volume()
+                    .trim(off, len)
+                    .unwrap_or_else(|e| panic!("seed {seed} op {op}: trim failed: {e}"));
                 model.trim(off, len);
             }
             77..=80 => {
                 let (off, len) = model.random_range(&mut rng, 64 * 1024);
-                pool.volume().write_zeroes(off, len).unwrap_or_else(|e| panic!("seed {seed} op {op}: zero: {e}"));
+                pool.volume()
+                    .write_zeroes(off, len)
+                    .unwrap_or_else(|e| panic!("seed {seed} op {op}: zero: {e}"));
                 model.zero(off, len);
             }
             81..=90 => {
-                pool.volume().flush().unwrap_or_else(|e| panic!("seed {seed} op {op}: flush failed: {e}"));
+                pool.volume()
+                    .flush()
+                    .unwrap_or_else(|e| panic!("seed {seed} op {op}: flush failed: {e}"));
                 model.flushed();
             }
             91..=93 => {
@@ -69,7 +81,9 @@ fn run(plan: &Plan, seed: u64) {
                 }
             }
             94..=95 => {
-                pool.pool().checkpoint().unwrap_or_else(|e| panic!("seed {seed} op {op}: checkpoint: {e}"));
+                pool.pool()
+                    .checkpoint()
+                    .unwrap_or_else(|e| panic!("seed {seed} op {op}: checkpoint: {e}"));
                 model.flushed();
             }
             _ => {
@@ -79,17 +93,27 @@ fn run(plan: &Plan, seed: u64) {
                     2 => CrashMode::TearOne,
                     _ => CrashMode::KeepAll,
                 };
-                pool = pool.crash(mode, &mut rng).unwrap_or_else(|e| panic!("seed {seed} op {op}: reopen after {mode:?} crash failed: {e}"));
-                let observed = pool.read_all().unwrap_or_else(|e| panic!("seed {seed} op {op}: read after crash: {e}"));
-                model.after_crash(&observed).unwrap_or_else(|m| panic!("seed {seed} op {op}: after {mode:?} crash: {m}"));
+                pool = pool.crash(mode, &mut rng).unwrap_or_else(|e| {
+                    panic!("seed {seed} op {op}: reopen after {mode:?} crash failed: {e}")
+                });
+                let observed = pool
+                    .read_all()
+                    .unwrap_or_else(|e| panic!("seed {seed} op {op}: read after crash: {e}"));
+                model
+                    .after_crash(&observed)
+                    .unwrap_or_else(|m| panic!("seed {seed} op {op}: after {mode:?} crash: {m}"));
             }
         }
     }
     // Finish with a clean close and reopen: everything must be exact.
-    pool = pool.reopen_clean().unwrap_or_else(|e| panic!("seed {seed}: clean reopen: {e}"));
+    pool = pool
+        .reopen_clean()
+        .unwrap_or_else(|e| panic!("seed {seed}: clean reopen: {e}"));
     let all = pool.read_all().expect("read all");
     model.flushed();
-    model.check_exact(0, &all).unwrap_or_else(|m| panic!("seed {seed}: after clean reopen: {m}"));
+    model
+        .check_exact(0, &all)
+        .unwrap_or_else(|m| panic!("seed {seed}: after clean reopen: {m}"));
 }
 
 fn seeds(default: &[u64]) -> Vec<u64> {
@@ -100,47 +124,98 @@ fn seeds(default: &[u64]) -> Vec<u64> {
 }
 
 fn ops(default: usize) -> usize {
-    std::env::var("LOGRAID_MODEL_OPS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+    std::env::var("LOGRAID_MODEL_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
 }
 
 #[test]
 fn model_2_1() {
     for s in seeds(&[1, 2]) {
-        run(&Plan { members: 2, parity: 1, ops: ops(400), fill: 0.5 }, s);
+        run(
+            &Plan {
+                members: 2,
+                parity: 1,
+                ops: ops(400),
+                fill: 0.5,
+            },
+            s,
+        );
     }
 }
 
 #[test]
 fn model_3_1() {
     for s in seeds(&[3, 4, 5]) {
-        run(&Plan { members: 3, parity: 1, ops: ops(400), fill: 0.6 }, s);
+        run(
+            &Plan {
+                members: 3,
+                parity: 1,
+                ops: ops(400),
+                fill: 0.6,
+            },
+            s,
+        );
     }
 }
 
 #[test]
 fn model_4_2() {
     for s in seeds(&[6, 7]) {
-        run(&Plan { members: 4, parity: 2, ops: ops(400), fill: 0.6 }, s);
+        run(
+            &Plan {
+                members: 4,
+                parity: 2,
+                ops: ops(400),
+                fill: 0.6,
+            },
+            s,
+        );
     }
 }
 
 #[test]
 fn model_6_3() {
     for s in seeds(&[8, 9]) {
-        run(&Plan { members: 6, parity: 3, ops: ops(400), fill: 0.6 }, s);
+        run(
+            &Plan {
+                members: 6,
+                parity: 3,
+                ops: ops(400),
+                fill: 0.6,
+            },
+            s,
+        );
     }
 }
 
 #[test]
 fn model_5_0() {
     for s in seeds(&[10, 11]) {
-        run(&Plan { members: 5, parity: 0, ops: ops(400), fill: 0.6 }, s);
+        run(
+            &Plan {
+                members: 5,
+                parity: 0,
+                ops: ops(400),
+                fill: 0.6,
+            },
+            s,
+        );
     }
 }
 
 #[test]
 fn model_3_1_cleaner_hard() {
     for s in seeds(&[12, 13]) {
-        run(&Plan { members: 3, parity: 1, ops: ops(1500), fill: 0.95 }, s);
+        run(
+            &Plan {
+                members: 3,
+                parity: 1,
+                ops: ops(1500),
+                fill: 0.95,
+            },
+            s,
+        );
     }
 }

@@ -19,7 +19,10 @@ impl AlignedBuf {
     /// A zero-filled buffer of `len` bytes (rounded allocation, exact length).
     pub fn zeroed(len: usize) -> AlignedBuf {
         if len == 0 {
-            return AlignedBuf { ptr: std::ptr::null_mut(), len: 0 };
+            return AlignedBuf {
+                ptr: std::ptr::null_mut(),
+                len: 0,
+            };
         }
         let layout = Layout::from_size_align(len.next_multiple_of(ALIGN), ALIGN).expect("layout");
         // SAFETY: layout has non-zero size.
@@ -55,7 +58,8 @@ impl DerefMut for AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.len != 0 {
-            let layout = Layout::from_size_align(self.len.next_multiple_of(ALIGN), ALIGN).expect("layout");
+            let layout =
+                Layout::from_size_align(self.len.next_multiple_of(ALIGN), ALIGN).expect("layout");
             // SAFETY: allocated with this layout in `zeroed`.
             unsafe { dealloc(self.ptr, layout) };
         }

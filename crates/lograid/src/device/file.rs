@@ -33,7 +33,10 @@ impl FileMember {
         let meta = std::fs::metadata(path)?;
         let is_block_device = meta.file_type().is_block_device();
         if !is_block_device && !meta.is_file() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file or block device"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file or block device",
+            ));
         }
         let open = |direct: bool| {
             let mut o = OpenOptions::new();
@@ -53,11 +56,18 @@ impl FileMember {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(false)?,
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                return Err(io::Error::new(io::ErrorKind::ResourceBusy, "block device is in use (mounted or held)"))
+                return Err(io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    "block device is in use (mounted or held)",
+                ))
             }
             Err(e) => return Err(e),
         };
-        let lock = if mode == OpenMode::ReadWrite { libc::LOCK_EX } else { libc::LOCK_SH };
+        let lock = if mode == OpenMode::ReadWrite {
+            libc::LOCK_EX
+        } else {
+            libc::LOCK_SH
+        };
         // SAFETY: valid fd owned by `file`.
         if unsafe { libc::flock(file.as_raw_fd(), lock | libc::LOCK_NB) } != 0 {
             let e = io::Error::last_os_error();
@@ -79,7 +89,12 @@ impl FileMember {
         } else {
             meta.len()
         };
-        Ok(FileMember { path: path.to_path_buf(), file, size_bytes, is_block_device })
+        Ok(FileMember {
+            path: path.to_path_buf(),
+            file,
+            size_bytes,
+            is_block_device,
+        })
     }
 
     /// Creates a sparse file of `size_bytes` (refuses to overwrite).
@@ -124,7 +139,10 @@ impl Member for FileMember {
         };
         if rc != 0 {
             let e = io::Error::last_os_error();
-            if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY)) {
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY)
+            ) {
                 return Ok(());
             }
             return Err(e);
@@ -147,9 +165,22 @@ pub fn probe_signature(path: &Path) -> io::Result<Option<String>> {
         got += n;
     }
     head.truncate(got);
-    let at = |off: usize, magic: &[u8]| head.len() >= off + magic.len() && &head[off..off + magic.len()] == magic;
-    let found = if at(0, crate::format::superblock::SUPERBLOCK_MAGIC.as_slice()) {
-        Some("a lograid superblock")
+    Ok(signature_in(&head).map(str::to_string))
+}
+
+/// What a lograid member's start is called by `signature_in`.
+pub const LOGRAID_SIGNATURE: &str = "a lograid superblock";
+
+/// Names the filesystem, partition table or volume signature in the first
+/// bytes of a drive (at least 128 KiB for every signature to be seen).
+pub fn signature_in(head: &[u8]) -> Option<&'static str> {
+    let at = |off: usize, magic: &[u8]| {
+        head.len() >= off + magic.len() && &head[off..off + magic.len()] == magic
+    };
+    if at(0, crate::format::superblock::SUPERBLOCK_MAGIC.as_slice())
+        || at(4096, crate::format::superblock::SUPERBLOCK_MAGIC.as_slice())
+    {
+        Some(LOGRAID_SIGNATURE)
     } else if at(512, b"EFI PART") {
         Some("a GPT partition table")
     } else if at(1080, &[0x53, 0xEF]) {
@@ -172,19 +203,21 @@ pub fn probe_signature(path: &Path) -> io::Result<Option<String>> {
         Some("an NTFS filesystem")
     } else if at(82, b"FAT32   ") || at(54, b"FAT16   ") || at(54, b"FAT12   ") {
         Some("a FAT filesystem")
-    } else if at(510, &[0x55, 0xAA]) && head.len() >= 512 && head[446..510].iter().any(|&b| b != 0) {
+    } else if at(510, &[0x55, 0xAA]) && head.len() >= 512 && head[446..510].iter().any(|&b| b != 0)
+    {
         Some("an MBR partition table")
     } else {
         None
-    };
-    Ok(found.map(str::to_string))
+    }
 }
 
 /// Is `path` (a block device) or a device backed by it mounted? Checks
 /// /proc/self/mountinfo by device number.
 pub fn is_mounted(path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::metadata(path) else { return false };
+    let Ok(meta) = std::fs::metadata(path) else {
+        return false;
+    };
     if !meta.file_type().is_block_device() {
         return false;
     }
@@ -192,6 +225,9 @@ pub fn is_mounted(path: &Path) -> bool {
     let (major, minor) = (libc::major(rdev), libc::minor(rdev));
     let want = format!("{major}:{minor}");
     std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|s| s.lines().any(|l| l.split_whitespace().nth(2) == Some(want.as_str())))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.split_whitespace().nth(2) == Some(want.as_str()))
+        })
         .unwrap_or(false)
 }

@@ -10,7 +10,9 @@ mod file;
 mod sim;
 
 pub use aligned::AlignedBuf;
-pub use file::{is_mounted, probe_signature, FileMember, OpenMode};
+pub use file::{
+    is_mounted, probe_signature, signature_in, FileMember, OpenMode, LOGRAID_SIGNATURE,
+};
 pub use sim::{CrashMode, SimMember, SimRng};
 
 use std::io;
@@ -79,8 +81,10 @@ impl MemberCounters {
         self.writes.store(v.writes, Ordering::Relaxed);
         self.flushes.store(v.flushes, Ordering::Relaxed);
         self.io_errors.store(v.io_errors, Ordering::Relaxed);
-        self.checksum_errors.store(v.checksum_errors, Ordering::Relaxed);
-        self.repaired_blocks.store(v.repaired_blocks, Ordering::Relaxed);
+        self.checksum_errors
+            .store(v.checksum_errors, Ordering::Relaxed);
+        self.repaired_blocks
+            .store(v.repaired_blocks, Ordering::Relaxed);
     }
 }
 
@@ -92,18 +96,25 @@ pub struct Device {
 
 impl Device {
     pub fn new(member: Arc<dyn Member>) -> Device {
-        Device { member, counters: MemberCounters::default() }
+        Device {
+            member,
+            counters: MemberCounters::default(),
+        }
     }
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
-        self.counters.bytes_read.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.counters
+            .bytes_read
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         self.member.read_at(buf, offset).inspect_err(|_| {
             self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
         })
     }
     pub fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        self.counters.bytes_written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+        self.counters
+            .bytes_written
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         self.member.write_at(buf, offset).inspect_err(|_| {
             self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
         })
@@ -142,28 +153,47 @@ impl IoPool {
                     .expect("spawn I/O thread")
             })
             .collect();
-        IoPool { sender: Some(sender), workers }
+        IoPool {
+            sender: Some(sender),
+            workers,
+        }
     }
 
     /// Runs every job on the pool and waits for all; results in job order.
-    pub fn run_all<T: Send + 'static>(&self, jobs: Vec<Box<dyn FnOnce() -> T + Send + 'static>>) -> Vec<T> {
+    /// A job that panics does not take its worker down: the panic is
+    /// resumed in the caller once every job has answered.
+    pub fn run_all<T: Send + 'static>(
+        &self,
+        jobs: Vec<Box<dyn FnOnce() -> T + Send + 'static>>,
+    ) -> Vec<T> {
+        type Answer<T> = (usize, std::thread::Result<T>);
         let n = jobs.len();
-        let (tx, rx) = crossbeam_channel::bounded::<(usize, T)>(n);
+        let (tx, rx) = crossbeam_channel::bounded::<Answer<T>>(n);
         let sender = self.sender.as_ref().expect("pool running");
         for (i, job) in jobs.into_iter().enumerate() {
             let tx = tx.clone();
             sender
                 .send(Box::new(move || {
-                    let _ = tx.send((i, job()));
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                    let _ = tx.send((i, r));
                 }))
                 .expect("I/O pool alive");
         }
         drop(tx);
         let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        let mut panic = None;
         for (i, v) in rx.iter() {
-            out[i] = Some(v);
+            match v {
+                Ok(v) => out[i] = Some(v),
+                Err(p) => panic = Some(p),
+            }
         }
-        out.into_iter().map(|v| v.expect("every job answers")).collect()
+        if let Some(p) = panic {
+            std::panic::resume_unwind(p);
+        }
+        out.into_iter()
+            .map(|v| v.expect("every job answers"))
+            .collect()
     }
 }
 

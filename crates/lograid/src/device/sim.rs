@@ -63,7 +63,12 @@ impl SimMember {
         SimMember {
             name: name.to_string(),
             size_bytes: image.len() as u64,
-            state: Mutex::new(SimState { current: image.clone(), durable: image, pending: Vec::new(), dead: false }),
+            state: Mutex::new(SimState {
+                current: image.clone(),
+                durable: image,
+                pending: Vec::new(),
+                dead: false,
+            }),
         }
     }
 
@@ -84,7 +89,11 @@ impl SimMember {
                 kept.swap(i, j);
             }
         }
-        let torn = if mode == CrashMode::TearOne && !kept.is_empty() { Some(rng.below(kept.len() as u64) as usize) } else { None };
+        let torn = if mode == CrashMode::TearOne && !kept.is_empty() {
+            Some(rng.below(kept.len() as u64) as usize)
+        } else {
+            None
+        };
         for (i, (off, bytes)) in kept.iter().enumerate() {
             let mut len = bytes.len();
             if Some(i) == torn {
@@ -124,7 +133,10 @@ impl SimMember {
 
 fn check_range(size: u64, offset: u64, len: usize) -> io::Result<()> {
     if offset.checked_add(len as u64).is_none_or(|end| end > size) {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "I/O past the end of the drive"));
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "I/O past the end of the drive",
+        ));
     }
     Ok(())
 }

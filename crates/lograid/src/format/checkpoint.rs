@@ -5,7 +5,7 @@
 //! log forward from the heads it records. Layout: docs/FORMAT.md,
 //! "Checkpoint".
 
-use super::{ByteReader, ByteWriter, FormatError, FORMAT_VERSION};
+use super::{ByteReader, ByteWriter, FormatError, FORMAT_VERSION, MAX_SEGMENTS};
 use crate::device::CounterValues;
 use crate::layout::RowGeom;
 
@@ -13,7 +13,6 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"LGRDCKPT";
 
 /// Limits that bound what a hostile checkpoint can make us allocate.
 const MAX_VOLUMES: u64 = 1 << 16;
-const MAX_SEGMENTS: u64 = 1 << 24;
 const MAX_ROWS_PER_SEGMENT: u64 = 1 << 20;
 const MAX_RUNS: u64 = 1 << 40;
 
@@ -168,20 +167,24 @@ impl CheckpointWriter {
         let mut run_count = 0u64;
         let mut run: Vec<(u64, u32)> = Vec::new();
         let mut run_start = 0u64;
-        let flush = |runs: &mut ByteWriter, start: u64, run: &mut Vec<(u64, u32)>, count: &mut u64| {
-            if run.is_empty() {
-                return;
-            }
-            runs.u64(start);
-            runs.u32(run.len() as u32);
-            for (loc, crc) in run.drain(..) {
-                runs.u64(loc);
-                runs.u32(crc);
-            }
-            *count += 1;
-        };
+        let flush =
+            |runs: &mut ByteWriter, start: u64, run: &mut Vec<(u64, u32)>, count: &mut u64| {
+                if run.is_empty() {
+                    return;
+                }
+                runs.u64(start);
+                runs.u32(run.len() as u32);
+                for (loc, crc) in run.drain(..) {
+                    runs.u64(loc);
+                    runs.u32(crc);
+                }
+                *count += 1;
+            };
         for (lba, loc, crc) in entries {
-            if run.is_empty() || lba != run_start + run.len() as u64 || run.len() == u32::MAX as usize {
+            if run.is_empty()
+                || lba != run_start + run.len() as u64
+                || run.len() == u32::MAX as usize
+            {
                 flush(&mut runs, run_start, &mut run, &mut run_count);
                 run_start = lba;
             }
@@ -272,21 +275,37 @@ impl CheckpointImage {
             let size_bytes = r.u64()?;
             let created_unix = r.u64()?;
             let runs = r.count(MAX_RUNS, "map run")?;
-            let mut entries = Vec::new();
+            let mut entries: Vec<(u64, u64, u32)> = Vec::new();
             for _ in 0..runs {
                 let start = r.u64()?;
+                if entries.last().is_some_and(|e| e.0 >= start) {
+                    return Err(FormatError::Invalid(format!(
+                        "volume {id}: map runs out of order at block {start}"
+                    )));
+                }
                 let len = r.u32()? as u64;
                 if len > (r.remaining() / 12) as u64 {
-                    return Err(FormatError::Truncated { needed: (len * 12) as usize, available: r.remaining() });
+                    return Err(FormatError::Truncated {
+                        needed: (len * 12) as usize,
+                        available: r.remaining(),
+                    });
                 }
                 for i in 0..len {
-                    let lba = start.checked_add(i).ok_or_else(|| FormatError::Invalid("map run overflows".into()))?;
+                    let lba = start
+                        .checked_add(i)
+                        .ok_or_else(|| FormatError::Invalid("map run overflows".into()))?;
                     let loc = r.u64()?;
                     let crc = r.u32()?;
                     entries.push((lba, loc, crc));
                 }
             }
-            volumes.push(VolumeRecord { id, name, size_bytes, created_unix, entries });
+            volumes.push(VolumeRecord {
+                id,
+                name,
+                size_bytes,
+                created_unix,
+                entries,
+            });
         }
         let ns = r.count(MAX_SEGMENTS, "segment")?;
         let mut segments = Vec::with_capacity(ns.min(r.remaining() / 26));
@@ -312,7 +331,15 @@ impl CheckpointImage {
                     seq: r.u64()?,
                 });
             }
-            segments.push(SegmentRecord { state, members_mask, parity, live_blocks, fill_blocks, sealed_seq, rows });
+            segments.push(SegmentRecord {
+                state,
+                members_mask,
+                parity,
+                live_blocks,
+                fill_blocks,
+                sealed_seq,
+                rows,
+            });
         }
         let nh = r.count(8, "head")?;
         let mut heads = Vec::with_capacity(nh);
@@ -326,8 +353,20 @@ impl CheckpointImage {
             });
         }
         if r.remaining() != 0 {
-            return Err(FormatError::Invalid(format!("{} trailing bytes", r.remaining())));
+            return Err(FormatError::Invalid(format!(
+                "{} trailing bytes",
+                r.remaining()
+            )));
         }
-        Ok(CheckpointImage { checkpoint_id, next_seq, next_volume_id, counters, member_counters, volumes, segments, heads })
+        Ok(CheckpointImage {
+            checkpoint_id,
+            next_seq,
+            next_volume_id,
+            counters,
+            member_counters,
+            volumes,
+            segments,
+            heads,
+        })
     }
 }

@@ -11,7 +11,9 @@ pub struct ByteWriter {
 
 impl ByteWriter {
     pub fn with_capacity(capacity: usize) -> Self {
-        ByteWriter { bytes: Vec::with_capacity(capacity) }
+        ByteWriter {
+            bytes: Vec::with_capacity(capacity),
+        }
     }
     pub fn u8(&mut self, v: u8) {
         self.bytes.push(v);
@@ -64,7 +66,10 @@ impl<'a> ByteReader<'a> {
     }
     pub fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
         if self.remaining() < n {
-            return Err(FormatError::Truncated { needed: n, available: self.remaining() });
+            return Err(FormatError::Truncated {
+                needed: n,
+                available: self.remaining(),
+            });
         }
         let s = &self.bytes[self.pos..self.pos + n];
         self.pos += n;
@@ -74,27 +79,38 @@ impl<'a> ByteReader<'a> {
         Ok(self.take(1)?[0])
     }
     pub fn u16(&mut self) -> Result<u16, FormatError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
     }
     pub fn u32(&mut self) -> Result<u32, FormatError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
     }
     pub fn u64(&mut self) -> Result<u64, FormatError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     pub fn u128(&mut self) -> Result<u128, FormatError> {
-        Ok(u128::from_le_bytes(self.take(16)?.try_into().expect("16 bytes")))
+        Ok(u128::from_le_bytes(
+            self.take(16)?.try_into().expect("16 bytes"),
+        ))
     }
     pub fn str16(&mut self) -> Result<String, FormatError> {
         let len = self.u16()? as usize;
         let b = self.take(len)?;
-        String::from_utf8(b.to_vec()).map_err(|_| FormatError::Invalid("string is not UTF-8".into()))
+        String::from_utf8(b.to_vec())
+            .map_err(|_| FormatError::Invalid("string is not UTF-8".into()))
     }
     /// A count read from disk, refused if larger than `max` (guards allocations).
     pub fn count(&mut self, max: u64, what: &str) -> Result<usize, FormatError> {
         let n = self.u64()?;
         if n > max {
-            return Err(FormatError::Invalid(format!("{what} count {n} exceeds limit {max}")));
+            return Err(FormatError::Invalid(format!(
+                "{what} count {n} exceeds limit {max}"
+            )));
         }
         Ok(n as usize)
     }

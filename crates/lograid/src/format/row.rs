@@ -68,7 +68,10 @@ impl EntryKind {
         }
     }
     pub fn owns_slot(self) -> bool {
-        matches!(self, EntryKind::Data | EntryKind::Relocated | EntryKind::Payload)
+        matches!(
+            self,
+            EntryKind::Data | EntryKind::Relocated | EntryKind::Payload
+        )
     }
 }
 
@@ -125,6 +128,9 @@ pub struct RowHeader {
     pub checkpoint_offset: u64,
     /// Payload bytes (checkpoint rows).
     pub payload_bytes: u32,
+    /// Every row with `seq <= flushed_seq` was durable when this row was
+    /// sealed: recovery uses it to tell a torn row from a rotted one.
+    pub flushed_seq: u64,
     pub entries: Vec<Entry>,
 }
 
@@ -154,7 +160,11 @@ pub fn entries_capacity(blocks: u16) -> usize {
 impl RowHeader {
     /// Encodes into exactly `header_blocks * BLOCK_SIZE` bytes; returns them and the header CRC.
     pub fn encode(&self) -> (Vec<u8>, u32) {
-        assert_eq!(self.header_blocks, header_blocks_for(self.entries.len()), "header size");
+        assert_eq!(
+            self.header_blocks,
+            header_blocks_for(self.entries.len()),
+            "header size"
+        );
         let total = self.header_blocks as usize * BLOCK_SIZE;
         let mut w = ByteWriter::with_capacity(total);
         w.raw(&ROW_MAGIC);
@@ -179,6 +189,7 @@ impl RowHeader {
         w.u64(self.checkpoint_id);
         w.u64(self.checkpoint_offset);
         w.u32(self.payload_bytes);
+        w.u64(self.flushed_seq);
         assert!(w.len() <= CRC_AT);
         w.bytes.resize(HEADER_FIXED_BYTES, 0);
         for e in &self.entries {
@@ -202,7 +213,10 @@ impl RowHeader {
     /// before the rest is read).
     pub fn peek_header_blocks(first_block: &[u8]) -> Result<u16, FormatError> {
         if first_block.len() < HEADER_FIXED_BYTES {
-            return Err(FormatError::Truncated { needed: HEADER_FIXED_BYTES, available: first_block.len() });
+            return Err(FormatError::Truncated {
+                needed: HEADER_FIXED_BYTES,
+                available: first_block.len(),
+            });
         }
         if first_block[..8] != ROW_MAGIC {
             return Err(FormatError::BadMagic);
@@ -229,7 +243,16 @@ impl RowHeader {
         if height == 0 || data_columns == 0 {
             return Err(FormatError::Invalid("row geometry".into()));
         }
-        Ok(PeekedGeometry { header_blocks, segment, offset_blocks, height, data_columns, width, parity, members_mask })
+        Ok(PeekedGeometry {
+            header_blocks,
+            segment,
+            offset_blocks,
+            height,
+            data_columns,
+            width,
+            parity,
+            members_mask,
+        })
     }
 
     /// Decodes and verifies a header; returns it with its CRC.
@@ -237,7 +260,10 @@ impl RowHeader {
         let hb = Self::peek_header_blocks(bytes)?;
         let total = hb as usize * BLOCK_SIZE;
         if bytes.len() < total {
-            return Err(FormatError::Truncated { needed: total, available: bytes.len() });
+            return Err(FormatError::Truncated {
+                needed: total,
+                available: bytes.len(),
+            });
         }
         let bytes = &bytes[..total];
         let stored = u32::from_le_bytes(bytes[CRC_AT..CRC_AT + 4].try_into().expect("4 bytes"));
@@ -275,11 +301,16 @@ impl RowHeader {
         let checkpoint_id = r.u64()?;
         let checkpoint_offset = r.u64()?;
         let payload_bytes = r.u32()?;
+        let flushed_seq = r.u64()?;
         if entry_count > entries_capacity(header_blocks) {
-            return Err(FormatError::Invalid(format!("{entry_count} entries in {header_blocks} header blocks")));
+            return Err(FormatError::Invalid(format!(
+                "{entry_count} entries in {header_blocks} header blocks"
+            )));
         }
         if header_blocks != header_blocks_for(entry_count) {
-            return Err(FormatError::Invalid("header size does not match entry count".into()));
+            return Err(FormatError::Invalid(
+                "header size does not match entry count".into(),
+            ));
         }
         if height == 0
             || data_columns == 0
@@ -308,10 +339,19 @@ impl RowHeader {
             if kind.owns_slot() {
                 slot_entries += 1;
             }
-            entries.push(Entry { kind, volume, lba, crc, count, source });
+            entries.push(Entry {
+                kind,
+                volume,
+                lba,
+                crc,
+                count,
+                source,
+            });
         }
         if slot_entries != slots {
-            return Err(FormatError::Invalid("slot entries do not match slot count".into()));
+            return Err(FormatError::Invalid(
+                "slot entries do not match slot count".into(),
+            ));
         }
         Ok((
             RowHeader {
@@ -334,6 +374,7 @@ impl RowHeader {
                 checkpoint_id,
                 checkpoint_offset,
                 payload_bytes,
+                flushed_seq,
                 entries,
             },
             stored,

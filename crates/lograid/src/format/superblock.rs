@@ -5,7 +5,9 @@
 //! both ends, so a torn superblock write always leaves the previous
 //! generation intact. Layout: docs/FORMAT.md, "Superblock".
 
-use super::{crc32c_skipping, ByteReader, ByteWriter, FormatError, BLOCK_SIZE, FORMAT_VERSION, MAX_MEMBERS};
+use super::{
+    crc32c_skipping, ByteReader, ByteWriter, FormatError, BLOCK_SIZE, FORMAT_VERSION, MAX_MEMBERS,
+};
 
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"LGRDSUPR";
 /// The CRC-32C over the block sits in the last 4 bytes.
@@ -116,7 +118,10 @@ impl Superblock {
 
     pub fn decode(block: &[u8]) -> Result<Superblock, FormatError> {
         if block.len() < BLOCK_SIZE {
-            return Err(FormatError::Truncated { needed: BLOCK_SIZE, available: block.len() });
+            return Err(FormatError::Truncated {
+                needed: BLOCK_SIZE,
+                available: block.len(),
+            });
         }
         let block = &block[..BLOCK_SIZE];
         if block[..8] != SUPERBLOCK_MAGIC {
@@ -144,20 +149,43 @@ impl Superblock {
         let data_start_block = r.u64()?;
         let count = r.u8()? as usize;
         if count == 0 || count > MAX_MEMBERS || member_index as usize >= count {
-            return Err(FormatError::Invalid(format!("member count {count}, index {member_index}")));
+            return Err(FormatError::Invalid(format!(
+                "member count {count}, index {member_index}"
+            )));
         }
         if parity as usize > super::MAX_PARITY || parity as usize >= count {
-            return Err(FormatError::Invalid(format!("parity {parity} for {count} members")));
+            return Err(FormatError::Invalid(format!(
+                "parity {parity} for {count} members"
+            )));
         }
-        if chunk_blocks == 0 || segment_blocks == 0 || segment_blocks % chunk_blocks != 0 {
-            return Err(FormatError::Invalid(format!("chunk {chunk_blocks} / segment {segment_blocks} blocks")));
+        if !chunk_blocks.is_power_of_two()
+            || chunk_blocks > 256
+            || segment_blocks == 0
+            || segment_blocks % chunk_blocks != 0
+            || data_start_block < 2
+            || data_start_block > 1 << 20
+        {
+            return Err(FormatError::Invalid(format!(
+                "chunk {chunk_blocks} / segment {segment_blocks} blocks"
+            )));
         }
         let mut members = Vec::with_capacity(count);
         for _ in 0..count {
             let uuid = r.u128()?;
             let size_blocks = r.u64()?;
+            if size_blocks > super::MAX_MEMBER_BLOCKS
+                || size_blocks < data_start_block + super::TAIL_BLOCKS
+            {
+                return Err(FormatError::Invalid(format!(
+                    "member size {size_blocks} blocks"
+                )));
+            }
             let state = MemberState::from_code(r.u8()?)?;
-            members.push(MemberRecord { uuid, size_blocks, state });
+            members.push(MemberRecord {
+                uuid,
+                size_blocks,
+                state,
+            });
         }
         let checkpoint = CheckpointPointer {
             checkpoint_id: r.u64()?,

@@ -6,12 +6,12 @@
 use super::log::AppendError;
 use super::state::{Core, SegState, NO_SEGMENT};
 use super::{check_writable, PoolInner};
+use crate::device::AlignedBuf;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{CheckpointWriter, HeadRecord, SegmentRecord, SegmentStateCode};
 use crate::format::row::{Entry, EntryKind, HeadId, RowKind};
 use crate::format::superblock::{CheckpointPointer, MemberRecord, MemberState, Superblock};
 use crate::format::{crc32c, BLOCK_SIZE};
-use crate::device::AlignedBuf;
 
 impl PoolInner {
     pub(crate) fn checkpoint(&self) -> Result<()> {
@@ -43,6 +43,10 @@ impl PoolInner {
         let (pointer, visited) = self.write_checkpoint_rows(checkpoint_id, &blob)?;
         let mask = std::mem::take(&mut self.core.lock().dirty_members);
         self.sync_members(mask)?;
+        {
+            let mut core = self.core.lock();
+            core.flushed_seq = core.flushed_seq.max(target_seq - 1);
+        }
         self.write_superblocks(pointer)?;
         {
             let mut core = self.core.lock();
@@ -76,17 +80,28 @@ impl PoolInner {
             core.volumes.len(),
         );
         for v in core.volumes.values() {
-            w.volume(v.id, &v.name, v.size_bytes, v.created_unix, v.map.iter_from(0).map(|(lba, loc, crc)| {
-                debug_assert!(!matches!(loc, crate::map::Loc::Open { .. }), "open slot in a checkpoint");
-                (lba, loc.encode(), crc)
-            }));
+            w.volume(
+                v.id,
+                &v.name,
+                v.size_bytes,
+                v.created_unix,
+                v.map.iter_from(0).map(|(lba, loc, crc)| {
+                    debug_assert!(
+                        !matches!(loc, crate::map::Loc::Open { .. }),
+                        "open slot in a checkpoint"
+                    );
+                    (lba, loc.encode(), crc)
+                }),
+            );
         }
         let records: Vec<SegmentRecord> = core
             .segments
             .iter()
             .map(|s| {
                 let state = match s.state {
-                    SegState::Free | SegState::PendingFree { .. } | SegState::Checkpoint => SegmentStateCode::Free,
+                    SegState::Free | SegState::PendingFree { .. } | SegState::Checkpoint => {
+                        SegmentStateCode::Free
+                    }
                     SegState::Open(HeadId::User) => SegmentStateCode::OpenUser,
                     SegState::Open(_) => SegmentStateCode::OpenCleaner,
                     SegState::Reserved(HeadId::User) => SegmentStateCode::ReservedUser,
@@ -123,7 +138,11 @@ impl PoolInner {
     /// Writes `blob` as checkpoint rows starting in a fresh segment; returns
     /// the pointer to it and the segments it occupies. On failure the
     /// segments it took are released.
-    fn write_checkpoint_rows(&self, checkpoint_id: u64, blob: &[u8]) -> Result<(CheckpointPointer, Vec<u32>)> {
+    fn write_checkpoint_rows(
+        &self,
+        checkpoint_id: u64,
+        blob: &[u8],
+    ) -> Result<(CheckpointPointer, Vec<u32>)> {
         let mut visited: Vec<u32> = Vec::new();
         let result = self.write_checkpoint_chain(checkpoint_id, blob, &mut visited);
         let mut core = self.core.lock();
@@ -135,7 +154,11 @@ impl PoolInner {
         if current != NO_SEGMENT && !visited.contains(&current) {
             visited.push(current);
         }
-        for s in [next].into_iter().chain(if result.is_err() { visited.clone() } else { vec![] }) {
+        for s in [next].into_iter().chain(if result.is_err() {
+            visited.clone()
+        } else {
+            vec![]
+        }) {
             if s != NO_SEGMENT {
                 let seg = &mut core.segments[s as usize];
                 seg.state = SegState::Free;
@@ -151,7 +174,12 @@ impl PoolInner {
         result.map(|p| (p, visited))
     }
 
-    fn write_checkpoint_chain(&self, checkpoint_id: u64, blob: &[u8], visited: &mut Vec<u32>) -> Result<CheckpointPointer> {
+    fn write_checkpoint_chain(
+        &self,
+        checkpoint_id: u64,
+        blob: &[u8],
+        visited: &mut Vec<u32>,
+    ) -> Result<CheckpointPointer> {
         let mut first: Option<(u32, u32, u32)> = None;
         let mut offset = 0usize;
         let mut block = AlignedBuf::zeroed(BLOCK_SIZE);
@@ -191,7 +219,9 @@ impl PoolInner {
                     row.payload_bytes += n as u32;
                     offset += n;
                     if row.is_full() || offset >= blob.len() {
-                        let r = core.seal(HeadId::Checkpoint, &self.shape).expect("non-empty row");
+                        let r = core
+                            .seal(HeadId::Checkpoint, &self.shape)
+                            .expect("non-empty row");
                         let crc = core.heads[HeadId::Checkpoint.index()].last_crc;
                         first.get_or_insert((r.geom.segment, r.geom.offset, crc));
                         if !visited.contains(&r.geom.segment) {
@@ -266,9 +296,12 @@ impl PoolInner {
             .map(|m| MemberRecord {
                 uuid: self.shape.member_uuids[m],
                 size_blocks: self.shape.geometry.member_blocks[m],
-                state: if core.active_mask & (1 << m) != 0 { MemberState::Active } else { MemberState::Faulted },
+                state: if core.active_mask & (1 << m) != 0 {
+                    MemberState::Active
+                } else {
+                    MemberState::Faulted
+                },
             })
             .collect()
     }
 }
-

@@ -43,7 +43,12 @@ impl PoolInner {
             let core = inner.core.lock();
             core.free.len() > inner.shape.user_floor_segments(&core)
         };
-        let pending = self.core.lock().segments.iter().any(|s| matches!(s.state, SegState::PendingFree { .. }));
+        let pending = self
+            .core
+            .lock()
+            .segments
+            .iter()
+            .any(|s| matches!(s.state, SegState::PendingFree { .. }));
         if pending {
             self.flush()?;
             if floor_ok(self) {
@@ -64,19 +69,27 @@ impl PoolInner {
             .iter()
             .enumerate()
             .filter(|(_, s)| s.state == SegState::Sealed)
-            .filter(|(_, s)| (s.live_blocks as u64) < self.shape.segment_capacity(s.members_mask, s.parity))
+            .filter(|(_, s)| {
+                (s.live_blocks as u64) < self.shape.segment_capacity(s.members_mask, s.parity)
+            })
             .min_by_key(|(_, s)| s.live_blocks)
             .map(|(i, _)| i as u32)
     }
 
     /// Moves one victim's live blocks; false if there was nothing to clean.
     fn clean_one(&self) -> Result<bool> {
-        let Some(victim) = self.pick_victim() else { return Ok(false) };
+        let Some(victim) = self.pick_victim() else {
+            return Ok(false);
+        };
         let rows: Vec<RowGeom> = self.core.lock().segments[victim as usize].rows.clone();
         let mut moved = 0u64;
         for geom in rows {
             let Some(found) = self.load_row_header_pub(&geom) else {
-                tracing::warn!("cleaner: row header at segment {} offset {} unreadable", geom.segment, geom.offset);
+                tracing::warn!(
+                    "cleaner: row header at segment {} offset {} unreadable",
+                    geom.segment,
+                    geom.offset
+                );
                 continue;
             };
             // Live slots: the map still points at them.
@@ -104,19 +117,29 @@ impl PoolInner {
                     match self.read_block_checked(&geom, pba, crc) {
                         Ok(b) => b,
                         Err(detail) => {
-                            tracing::error!("cleaner: volume {volume} block {lba} unreadable: {detail}");
+                            tracing::error!(
+                                "cleaner: volume {volume} block {lba} unreadable: {detail}"
+                            );
                             continue;
                         }
                     }
                 };
                 let sealed = {
                     let mut core = self.core.lock();
-                    let still = core.volume(volume).is_some_and(|v| v.map.get(lba).0 == Loc::Disk(pba));
+                    let still = core
+                        .volume(volume)
+                        .is_some_and(|v| v.map.get(lba).0 == Loc::Disk(pba));
                     if !still {
                         continue;
                     }
-                    let entry =
-                        Entry { kind: EntryKind::Relocated, volume, lba, crc, count: 1, source: pba.encode() };
+                    let entry = Entry {
+                        kind: EntryKind::Relocated,
+                        volume,
+                        lba,
+                        crc,
+                        count: 1,
+                        source: pba.encode(),
+                    };
                     match core.append_block(HeadId::Cleaner, entry, &block, &self.shape) {
                         Ok(row) => {
                             core.counters.relocated_blocks += 1;
@@ -136,17 +159,26 @@ impl PoolInner {
     }
 
     /// Reads a data block of a row, verifying and rebuilding it if needed.
-    fn read_block_checked(&self, geom: &RowGeom, pba: crate::layout::Pba, crc: u32) -> Result<Vec<u8>, String> {
+    fn read_block_checked(
+        &self,
+        geom: &RowGeom,
+        pba: crate::layout::Pba,
+        crc: u32,
+    ) -> Result<Vec<u8>, String> {
         if let Some(src) = self.core.lock().inflight_block(&self.shape.geometry, pba) {
             return Ok(src.to_vec());
         }
         if let Some(dev) = &self.devices[pba.member as usize] {
             let mut buf = crate::device::AlignedBuf::zeroed(crate::format::BLOCK_SIZE);
-            if dev.read_at(&mut buf, pba.byte_offset()).is_ok() && crate::format::crc32c(&buf) == crc {
+            if dev.read_at(&mut buf, pba.byte_offset()).is_ok()
+                && crate::format::crc32c(&buf) == crc
+            {
                 return Ok(buf.to_vec());
             }
         }
-        let (col, blk) = geom.locate(&self.shape.geometry, pba).ok_or("block outside its row")?;
+        let (col, blk) = geom
+            .locate(&self.shape.geometry, pba)
+            .ok_or("block outside its row")?;
         let stripe = self.read_row_stripe(geom, blk);
         super::io::rebuild_from_stripe(geom, stripe, col, |b| crate::format::crc32c(b) == crc)
     }
@@ -174,7 +206,10 @@ impl BackgroundCleaner {
         } else {
             None
         };
-        Arc::new(BackgroundCleaner { stop, thread: Mutex::new(thread) })
+        Arc::new(BackgroundCleaner {
+            stop,
+            thread: Mutex::new(thread),
+        })
     }
 
     pub fn stop(&self) {
@@ -198,7 +233,8 @@ fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
         if inner.closed.load(Ordering::SeqCst) || inner.core.lock().read_only_reason.is_some() {
             continue;
         }
-        let low = inner.core.lock().free.len() < inner.clean_watermark();
+        let free = inner.core.lock().free.len();
+        let low = free < inner.clean_watermark();
         if low {
             if let Err(e) = inner.clean_segments(1) {
                 tracing::warn!("background cleaner: {e}");
@@ -206,7 +242,8 @@ fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
             }
             continue;
         }
-        let due = inner.core.lock().log_blocks_since_checkpoint >= inner.options.checkpoint_interval_blocks;
+        let due = inner.core.lock().log_blocks_since_checkpoint
+            >= inner.options.checkpoint_interval_blocks;
         if due {
             if let Err(e) = inner.checkpoint() {
                 tracing::warn!("background checkpoint: {e}");

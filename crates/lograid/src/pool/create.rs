@@ -5,15 +5,19 @@
 use super::recovery::new_inner;
 use super::state::SegState;
 use super::{now_unix, random_u128, random_u64, Pool, PoolOptions, Shape};
-use crate::device::{is_mounted, probe_signature, AlignedBuf, Device, FileMember, Member, OpenMode};
+use crate::device::{
+    is_mounted, probe_signature, AlignedBuf, Device, FileMember, Member, OpenMode,
+};
 use crate::error::{Error, Result};
 use crate::format::row::HeadId;
-use crate::format::{BLOCK_BYTES, BLOCK_SIZE, DATA_START_BLOCK, MAX_MEMBERS, MAX_PARITY, TAIL_BLOCKS};
+use crate::format::{
+    BLOCK_BYTES, BLOCK_SIZE, DATA_START_BLOCK, MAX_MEMBERS, MAX_PARITY, TAIL_BLOCKS,
+};
 use crate::layout::Geometry;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub const DEFAULT_CHUNK_BYTES: u32 = 128 * 1024;
+pub const DEFAULT_CHUNK_BYTES: u32 = 256 * 1024;
 /// Segment size per member when the drives are large enough.
 const TARGET_SEGMENT_BYTES: u64 = 8 << 20;
 /// Segments the smallest member should hold at least.
@@ -48,19 +52,25 @@ impl Default for CreateOptions {
 /// Prepares drives given by path: creates missing files sparse when
 /// `create_size` is given, refuses drives that are mounted, locked by
 /// another process, or hold recognizable contents (unless `force`).
-pub fn open_new_members(paths: &[PathBuf], create_size: Option<u64>, force: bool) -> Result<Vec<Arc<dyn Member>>> {
+pub fn open_new_members(
+    paths: &[PathBuf],
+    create_size: Option<u64>,
+    force: bool,
+) -> Result<Vec<Arc<dyn Member>>> {
     let mut seen = std::collections::HashSet::new();
     let mut members: Vec<Arc<dyn Member>> = Vec::new();
     for path in paths {
         let canonical = path.canonicalize().unwrap_or_else(|_| path.clone());
         if !seen.insert(canonical) {
-            return Err(Error::InvalidArgument(format!("{} is given twice", path.display())));
+            return Err(Error::InvalidArgument(format!(
+                "{} is given twice",
+                path.display()
+            )));
         }
         if !path.exists() {
             match create_size {
-                Some(size) => {
-                    FileMember::create_sparse(path, size).map_err(|e| Error::io(format!("creating {}", path.display()), e))?
-                }
+                Some(size) => FileMember::create_sparse(path, size)
+                    .map_err(|e| Error::io(format!("creating {}", path.display()), e))?,
                 None => {
                     return Err(Error::NotFound(format!(
                         "{} does not exist (give --size to create it as a sparse file)",
@@ -70,17 +80,23 @@ pub fn open_new_members(paths: &[PathBuf], create_size: Option<u64>, force: bool
             }
         }
         if is_mounted(path) {
-            return Err(Error::Refused(format!("{} is mounted; unmount it first", path.display())));
+            return Err(Error::Refused(format!(
+                "{} is mounted; unmount it first",
+                path.display()
+            )));
         }
         if !force {
-            if let Some(what) = probe_signature(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))? {
+            if let Some(what) = probe_signature(path)
+                .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
+            {
                 return Err(Error::Refused(format!(
                     "{} holds {what}; refusing to overwrite it (use --force to destroy its contents)",
                     path.display()
                 )));
             }
         }
-        let m = FileMember::open(path, OpenMode::ReadWrite).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+        let m = FileMember::open(path, OpenMode::ReadWrite)
+            .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
         members.push(Arc::new(m));
     }
     Ok(members)
@@ -91,16 +107,34 @@ fn describe(m: &dyn Member) -> String {
 }
 
 /// Creates a new pool on `members` (their contents are destroyed).
-pub fn create_pool(members: Vec<Arc<dyn Member>>, opts: &CreateOptions, options: PoolOptions) -> Result<Pool> {
+pub fn create_pool(
+    members: Vec<Arc<dyn Member>>,
+    opts: &CreateOptions,
+    options: PoolOptions,
+) -> Result<Pool> {
     let n = members.len();
     if !(2..=MAX_MEMBERS).contains(&n) {
-        return Err(Error::InvalidArgument(format!("a pool needs 2 to {MAX_MEMBERS} drives, {n} given")));
+        return Err(Error::InvalidArgument(format!(
+            "a pool needs 2 to {MAX_MEMBERS} drives, {n} given"
+        )));
     }
     if opts.parity as usize > MAX_PARITY || opts.parity as usize >= n {
         return Err(Error::InvalidArgument(format!(
             "parity {} needs more drives than that: at most {} parity for {n} drives (and never more than {MAX_PARITY})",
             opts.parity,
             (n - 1).min(MAX_PARITY)
+        )));
+    }
+    if opts.name.is_empty()
+        || opts.name.len() > 64
+        || !opts
+            .name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "pool name '{}': use 1-64 characters of letters, digits, '-', '_' and '.'",
+            opts.name
         )));
     }
     let chunk = opts.chunk_bytes as u64;
@@ -110,23 +144,40 @@ pub fn create_pool(members: Vec<Arc<dyn Member>>, opts: &CreateOptions, options:
         )));
     }
     let chunk_blocks = (chunk / BLOCK_BYTES) as u32;
-    let member_blocks: Vec<u64> = members.iter().map(|m| m.size_bytes() / BLOCK_BYTES).collect();
+    let member_blocks: Vec<u64> = members
+        .iter()
+        .map(|m| m.size_bytes() / BLOCK_BYTES)
+        .collect();
     let smallest = *member_blocks.iter().min().expect("members");
     let smallest_data = smallest.saturating_sub(DATA_START_BLOCK + TAIL_BLOCKS);
     let segment_blocks = match opts.segment_bytes {
         Some(b) => {
             if b % chunk != 0 || b == 0 {
-                return Err(Error::InvalidArgument(format!("segment size {b}: must be a multiple of the chunk size {chunk}")));
+                return Err(Error::InvalidArgument(format!(
+                    "segment size {b}: must be a multiple of the chunk size {chunk}"
+                )));
             }
             b / BLOCK_BYTES
         }
         None => {
-            let target = (TARGET_SEGMENT_BYTES / BLOCK_BYTES).min(smallest_data / (MIN_SEGMENTS * 8));
+            let target =
+                (TARGET_SEGMENT_BYTES / BLOCK_BYTES).min(smallest_data / (MIN_SEGMENTS * 8));
             (target / chunk_blocks as u64).max(4) * chunk_blocks as u64
         }
     };
     if segment_blocks > u16::MAX as u64 * 16 {
         return Err(Error::InvalidArgument("segment size too large".into()));
+    }
+    let largest = *member_blocks.iter().max().expect("members");
+    if largest / segment_blocks > crate::format::MAX_SEGMENTS
+        || largest > crate::format::MAX_MEMBER_BLOCKS
+    {
+        return Err(Error::InvalidArgument(format!(
+            "drives of {} bytes need a segment size of at least {} bytes",
+            largest * BLOCK_BYTES,
+            (largest / crate::format::MAX_SEGMENTS + 1).next_multiple_of(chunk_blocks as u64)
+                * BLOCK_BYTES
+        )));
     }
     let min_blocks = DATA_START_BLOCK + TAIL_BLOCKS + segment_blocks * MIN_SEGMENTS;
     for (m, &blocks) in members.iter().zip(&member_blocks) {
@@ -153,32 +204,45 @@ pub fn create_pool(members: Vec<Arc<dyn Member>>, opts: &CreateOptions, options:
         created_unix: now_unix(),
         nonce: random_u64(),
         member_uuids: (0..n).map(|_| random_u128()).collect(),
+        recorded_active_mask: (1u32 << n) - 1,
     };
     // Wipe every superblock slot so no older pool's generation can win.
     let zero = AlignedBuf::zeroed(BLOCK_SIZE);
     for (m, &blocks) in members.iter().zip(&member_blocks) {
         for b in [0, 1, blocks - TAIL_BLOCKS, blocks - TAIL_BLOCKS + 1] {
-            m.write_at(&zero, b * BLOCK_BYTES).map_err(|e| Error::io(format!("wiping {}", m.describe()), e))?;
+            m.write_at(&zero, b * BLOCK_BYTES)
+                .map_err(|e| Error::io(format!("wiping {}", m.describe()), e))?;
         }
     }
     let all = (1u32 << n) - 1;
-    let devices = members.into_iter().map(|m| Some(Arc::new(Device::new(m)))).collect();
+    let devices = members
+        .into_iter()
+        .map(|m| Some(Arc::new(Device::new(m))))
+        .collect();
     let inner = Arc::new(new_inner(shape, devices, options, all, 0));
     if inner.usable_blocks == 0 {
-        return Err(Error::Refused("the drives are too small to hold any data after the reserve".into()));
+        return Err(Error::Refused(
+            "the drives are too small to hold any data after the reserve".into(),
+        ));
     }
     {
         let mut core = inner.core.lock();
-        let usable_width = inner.shape.parity as u32;
         for s in 0..core.segments.len() {
-            if core.segments[s].members_mask.count_ones() > usable_width {
+            if inner
+                .shape
+                .segment_usable(core.segments[s].members_mask, all)
+            {
                 core.free.push_back(s as u32);
             }
         }
         for head in [HeadId::User, HeadId::Cleaner] {
-            core.prime_head(head, &inner.shape).map_err(|_| Error::Refused("not enough segments".into()))?;
+            core.prime_head(head, &inner.shape)
+                .map_err(|_| Error::Refused("not enough segments".into()))?;
         }
-        debug_assert!(core.segments.iter().all(|s| s.state != SegState::Checkpoint));
+        debug_assert!(core
+            .segments
+            .iter()
+            .all(|s| s.state != SegState::Checkpoint));
     }
     inner.checkpoint()?;
     let pool = Pool::from_inner(inner);
@@ -190,10 +254,15 @@ pub fn create_pool(members: Vec<Arc<dyn Member>>, opts: &CreateOptions, options:
 
 /// Opens an existing pool from paths.
 pub fn open_paths(paths: &[PathBuf], options: PoolOptions, read_only: bool) -> Result<Pool> {
-    let mode = if read_only { OpenMode::ReadOnly } else { OpenMode::ReadWrite };
+    let mode = if read_only {
+        OpenMode::ReadOnly
+    } else {
+        OpenMode::ReadWrite
+    };
     let mut members: Vec<Arc<dyn Member>> = Vec::new();
     for p in paths {
-        let m = FileMember::open(Path::new(p), mode).map_err(|e| Error::io(format!("opening {}", p.display()), e))?;
+        let m = FileMember::open(Path::new(p), mode)
+            .map_err(|e| Error::io(format!("opening {}", p.display()), e))?;
         members.push(Arc::new(m));
     }
     super::recovery::open_members(members, options, read_only)

@@ -43,9 +43,21 @@ impl PoolInner {
 
     /// Read-merge-write of one block, committed only if the block did not
     /// change in between (retried otherwise).
-    fn write_partial(&self, id: u32, name: &str, lba: u64, within: usize, bytes: &[u8]) -> Result<()> {
+    fn write_partial(
+        &self,
+        id: u32,
+        name: &str,
+        lba: u64,
+        within: usize,
+        bytes: &[u8],
+    ) -> Result<()> {
         for _ in 0..PARTIAL_WRITE_ATTEMPTS {
-            let before = self.core.lock().volume(id).map(|v| v.map.get(lba)).ok_or_else(|| gone(name))?;
+            let before = self
+                .core
+                .lock()
+                .volume(id)
+                .map(|v| v.map.get(lba))
+                .ok_or_else(|| gone(name))?;
             let mut block = vec![0u8; BLOCK_SIZE];
             self.read_blocks(id, name, lba, &mut block)?;
             block[within..within + bytes.len()].copy_from_slice(bytes);
@@ -53,12 +65,20 @@ impl PoolInner {
                 return Ok(());
             }
         }
-        Err(Error::Refused(format!("volume '{name}' block {lba}: sub-block write kept racing with other writes")))
+        Err(Error::Refused(format!(
+            "volume '{name}' block {lba}: sub-block write kept racing with other writes"
+        )))
     }
 
     /// Appends whole blocks to the user head. With `expect`, writes only if
     /// the (single) block's map entry still equals it; returns whether it wrote.
-    fn write_blocks(&self, id: u32, lba: u64, data: &[u8], expect: Option<(Loc, u32)>) -> Result<bool> {
+    fn write_blocks(
+        &self,
+        id: u32,
+        lba: u64,
+        data: &[u8],
+        expect: Option<(Loc, u32)>,
+    ) -> Result<bool> {
         let n = data.len() / BLOCK_SIZE;
         let crcs: Vec<u32> = data.chunks_exact(BLOCK_SIZE).map(crc32c).collect();
         let mut i = 0;
@@ -70,7 +90,9 @@ impl PoolInner {
                 let mut core = self.core.lock();
                 self.wait_for_inflight_room(&mut core);
                 check_writable(&core)?;
-                let vol = core.volume(id).ok_or_else(|| Error::NotFound(format!("volume {id} was deleted")))?;
+                let vol = core
+                    .volume(id)
+                    .ok_or_else(|| Error::NotFound(format!("volume {id} was deleted")))?;
                 if let Some(exp) = expect {
                     if vol.map.get(lba) != exp {
                         return Ok(false);
@@ -83,8 +105,20 @@ impl PoolInner {
                         outcome = Err(Error::NoSpace);
                         break;
                     }
-                    let entry = Entry { kind: EntryKind::Data, volume: id, lba: b, crc: crcs[i], count: 1, source: 0 };
-                    match core.append_block(HeadId::User, entry, &data[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE], &self.shape) {
+                    let entry = Entry {
+                        kind: EntryKind::Data,
+                        volume: id,
+                        lba: b,
+                        crc: crcs[i],
+                        count: 1,
+                        source: 0,
+                    };
+                    match core.append_block(
+                        HeadId::User,
+                        entry,
+                        &data[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE],
+                        &self.shape,
+                    ) {
                         Ok(Some(row)) => sealed.push(row),
                         Ok(None) => {}
                         Err(AppendError::NeedSegment) => {
@@ -114,7 +148,14 @@ impl PoolInner {
 
     /// Trims (or zeroes) the whole blocks of a range; with `zero`, partial
     /// blocks at the edges are overwritten with zeroes.
-    pub(crate) fn trim_or_zero(&self, id: u32, name: &str, offset: u64, length: u64, zero: bool) -> Result<()> {
+    pub(crate) fn trim_or_zero(
+        &self,
+        id: u32,
+        name: &str,
+        offset: u64,
+        length: u64,
+        zero: bool,
+    ) -> Result<()> {
         let end = offset + length;
         let first = offset.div_ceil(BLOCK_BYTES);
         let last = end / BLOCK_BYTES;
@@ -124,10 +165,20 @@ impl PoolInner {
                 return self.write(id, name, offset, &zeros[..length as usize]);
             }
             if offset < first * BLOCK_BYTES {
-                self.write(id, name, offset, &zeros[..(first * BLOCK_BYTES - offset) as usize])?;
+                self.write(
+                    id,
+                    name,
+                    offset,
+                    &zeros[..(first * BLOCK_BYTES - offset) as usize],
+                )?;
             }
             if end > last * BLOCK_BYTES {
-                self.write(id, name, last * BLOCK_BYTES, &zeros[..(end - last * BLOCK_BYTES) as usize])?;
+                self.write(
+                    id,
+                    name,
+                    last * BLOCK_BYTES,
+                    &zeros[..(end - last * BLOCK_BYTES) as usize],
+                )?;
             }
         }
         let mut lba = first;
@@ -140,7 +191,8 @@ impl PoolInner {
                 check_writable(&core)?;
                 let vol = core.volume(id).ok_or_else(|| gone(name))?;
                 // Only mapped blocks need a record; skip to the next one.
-                let Some((next, _, _)) = vol.map.iter_from(lba).next().filter(|e| e.0 < last) else {
+                let Some((next, _, _)) = vol.map.iter_from(lba).next().filter(|e| e.0 < last)
+                else {
                     break;
                 };
                 // Cover the run of mapped blocks from `next`.
@@ -151,7 +203,13 @@ impl PoolInner {
                     }
                     run_end += 1;
                 }
-                match core.append_range_record(id, next, (run_end - next) as u32, EntryKind::Trim, &self.shape) {
+                match core.append_range_record(
+                    id,
+                    next,
+                    (run_end - next) as u32,
+                    EntryKind::Trim,
+                    &self.shape,
+                ) {
                     Ok(row) => sealed.extend(row),
                     Err(AppendError::NeedSegment) => need_segment = true,
                 }
@@ -170,7 +228,9 @@ impl PoolInner {
     /// Runs of (length in bytes, allocation) covering the range.
     pub(crate) fn block_status(&self, id: u32, offset: u64, length: u64) -> Vec<(u64, Allocation)> {
         let core = self.core.lock();
-        let Some(vol) = core.volume(id) else { return vec![(length, Allocation::Hole)] };
+        let Some(vol) = core.volume(id) else {
+            return vec![(length, Allocation::Hole)];
+        };
         let mut out: Vec<(u64, Allocation)> = Vec::new();
         let end = offset + length;
         let mut pos = offset;
@@ -193,7 +253,10 @@ impl PoolInner {
 
     /// Seals the user and cleaner heads' open rows (for a flush or checkpoint).
     pub(crate) fn seal_open_rows(&self, core: &mut Core) -> Vec<Arc<SealedRow>> {
-        [HeadId::User, HeadId::Cleaner].iter().filter_map(|&h| core.seal(h, &self.shape)).collect()
+        [HeadId::User, HeadId::Cleaner]
+            .iter()
+            .filter_map(|&h| core.seal(h, &self.shape))
+            .collect()
     }
 
     /// Writes sealed rows (each row's columns in parallel).
@@ -212,16 +275,21 @@ impl PoolInner {
         let column_bytes = g.height as usize * BLOCK_SIZE;
         let mut parity = AlignedBuf::zeroed(g.parity as usize * column_bytes);
         if g.parity > 0 {
-            let data: Vec<&[u8]> = (0..g.data_columns as usize).map(|c| row.column(c)).collect();
+            let data: Vec<&[u8]> = (0..g.data_columns as usize)
+                .map(|c| row.column(c))
+                .collect();
             let mut out: Vec<&mut [u8]> = parity.chunks_mut(column_bytes).collect();
             lograid_parity::encode(&data, &mut out);
         }
         let parity = Arc::new(parity);
         let mut jobs: Vec<Box<dyn FnOnce() -> (u8, std::io::Result<()>) + Send>> = Vec::new();
-        let columns = (0..g.data_columns as usize).chain((0..g.parity as usize).map(|p| g.parity_column(p)));
+        let columns =
+            (0..g.data_columns as usize).chain((0..g.parity as usize).map(|p| g.parity_column(p)));
         for col in columns {
             let pba = g.pba(&self.shape.geometry, col, 0);
-            let Some(dev) = self.devices[pba.member as usize].clone() else { continue };
+            let Some(dev) = self.devices[pba.member as usize].clone() else {
+                continue;
+            };
             let row = row.clone();
             let parity = parity.clone();
             let k = g.data_capacity_columns();
@@ -248,7 +316,11 @@ impl PoolInner {
                 }
             }
         }
-        let i = core.inflight.iter().position(|r| Arc::ptr_eq(r, row)).expect("row in flight");
+        let i = core
+            .inflight
+            .iter()
+            .position(|r| Arc::ptr_eq(r, row))
+            .expect("row in flight");
         core.inflight.swap_remove(i);
         self.progress.notify_all();
         error.map_or(Ok(()), Err)
@@ -275,6 +347,10 @@ impl PoolInner {
             std::mem::take(&mut core.dirty_members)
         };
         self.sync_members(mask)?;
+        {
+            let mut core = self.core.lock();
+            core.flushed_seq = core.flushed_seq.max(target_seq - 1);
+        }
         self.finish_flush(gen);
         self.debug_check("flush");
         if self.core.lock().log_blocks_since_checkpoint >= self.options.checkpoint_interval_blocks {
@@ -312,7 +388,9 @@ impl PoolInner {
         let ready = {
             let mut core = self.core.lock();
             core.flushed_gen = core.flushed_gen.max(gen);
-            core.segments.iter().any(|s| matches!(s.state, SegState::PendingFree { flush_gen } if flush_gen < gen))
+            core.segments
+                .iter()
+                .any(|s| matches!(s.state, SegState::PendingFree { flush_gen } if flush_gen < gen))
         };
         if !ready {
             return;
@@ -323,7 +401,10 @@ impl PoolInner {
         for s in 0..core.segments.len() {
             if let SegState::PendingFree { flush_gen } = core.segments[s].state {
                 if flush_gen < gen {
-                    assert_eq!(core.segments[s].live_blocks, 0, "freeing segment {s} with live blocks");
+                    assert_eq!(
+                        core.segments[s].live_blocks, 0,
+                        "freeing segment {s} with live blocks"
+                    );
                     core.segments[s].state = SegState::Free;
                     core.segments[s].rows.clear();
                     core.free.push_back(s as u32);
@@ -347,7 +428,10 @@ impl PoolInner {
                 match loc {
                     Loc::Unmapped | Loc::Zero => block.fill(0),
                     Loc::Open { head, slot } => {
-                        let row = core.heads[head.index()].open.as_ref().expect("map points into an open row");
+                        let row = core.heads[head.index()]
+                            .open
+                            .as_ref()
+                            .expect("map points into an open row");
                         block.copy_from_slice(row.slot_bytes(slot));
                     }
                     Loc::Disk(pba) => match core.inflight_block(&self.shape.geometry, pba) {
@@ -389,11 +473,13 @@ impl PoolInner {
                         dev.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                let fixed = self.rebuild_block(pba, crc).map_err(|detail| Error::Unrecoverable {
-                    volume: name.to_string(),
-                    offset: (lba + i as u64) * BLOCK_BYTES,
-                    detail,
-                })?;
+                let fixed =
+                    self.rebuild_block(pba, crc)
+                        .map_err(|detail| Error::Unrecoverable {
+                            volume: name.to_string(),
+                            offset: (lba + i as u64) * BLOCK_BYTES,
+                            detail,
+                        })?;
                 dest.copy_from_slice(&fixed);
                 self.rewrite_block(pba, &fixed);
             }
@@ -405,7 +491,9 @@ impl PoolInner {
     /// Writes a repaired block back where it belongs (its row's parity is
     /// unchanged, since the block is restored to what the parity covers).
     fn rewrite_block(&self, pba: Pba, block: &[u8]) {
-        let Some(dev) = &self.devices[pba.member as usize] else { return };
+        let Some(dev) = &self.devices[pba.member as usize] else {
+            return;
+        };
         if self.core.lock().read_only_reason.is_some() {
             return;
         }
@@ -430,7 +518,9 @@ impl PoolInner {
     /// result matches the checksum.
     pub(crate) fn rebuild_block(&self, pba: Pba, crc: u32) -> Result<Vec<u8>, String> {
         let geom = self.row_of(pba).ok_or("no row record for this block")?;
-        let (col, blk) = geom.locate(&self.shape.geometry, pba).ok_or("block outside its row")?;
+        let (col, blk) = geom
+            .locate(&self.shape.geometry, pba)
+            .ok_or("block outside its row")?;
         let columns = self.read_row_stripe(&geom, blk);
         rebuild_from_stripe(&geom, columns, col, |b| crc32c(b) == crc)
     }
@@ -468,19 +558,30 @@ pub(crate) fn rebuild_from_stripe(
     let k = geom.data_capacity_columns();
     let p = geom.parity as usize;
     let width = geom.width();
-    let mut missing: Vec<usize> = (0..width).filter(|&c| c == target || columns[c].is_none()).collect();
+    let mut missing: Vec<usize> = (0..width)
+        .filter(|&c| c == target || columns[c].is_none())
+        .collect();
     if missing.len() > p {
-        return Err(format!("{} of {} columns unreadable with {} parity", missing.len(), width, p));
+        return Err(format!(
+            "{} of {} columns unreadable with {} parity",
+            missing.len(),
+            width,
+            p
+        ));
     }
     missing.sort_unstable();
-    let candidates: Vec<usize> =
-        (0..width).filter(|c| !missing.contains(c) && (*c >= k || *c < geom.data_columns as usize)).collect();
+    let candidates: Vec<usize> = (0..width)
+        .filter(|c| !missing.contains(c) && (*c >= k || *c < geom.data_columns as usize))
+        .collect();
     let spare = p - missing.len();
     let mut sets: Vec<Vec<usize>> = vec![vec![]];
     for extra in 1..=spare {
         sets.extend(combinations(&candidates, extra));
     }
-    let base: Vec<Vec<u8>> = columns.into_iter().map(|c| c.unwrap_or_else(|| vec![0u8; BLOCK_SIZE])).collect();
+    let base: Vec<Vec<u8>> = columns
+        .into_iter()
+        .map(|c| c.unwrap_or_else(|| vec![0u8; BLOCK_SIZE]))
+        .collect();
     for extra in sets {
         let mut erase = missing.clone();
         erase.extend(extra);
@@ -491,7 +592,9 @@ pub(crate) fn rebuild_from_stripe(
             return Ok(work.swap_remove(target));
         }
     }
-    Err(format!("no combination of {p} parity columns reproduces the checksum"))
+    Err(format!(
+        "no combination of {p} parity columns reproduces the checksum"
+    ))
 }
 
 fn combinations(items: &[usize], n: usize) -> Vec<Vec<usize>> {

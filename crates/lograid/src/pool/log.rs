@@ -34,11 +34,15 @@ impl Core {
         }
         let s = self.free.pop_front()?;
         let seg = &mut self.segments[s as usize];
-        assert_eq!(seg.state, SegState::Free, "free list holds a segment that is not free");
+        assert_eq!(
+            seg.state,
+            SegState::Free,
+            "free list holds a segment that is not free"
+        );
         assert_eq!(seg.live_blocks, 0, "free segment {s} has live blocks");
         seg.state = SegState::Reserved(head);
         seg.members_mask = shape.geometry.segment_members(s, self.active_mask);
-        seg.parity = shape.parity;
+        seg.parity = shape.segment_parity(seg.members_mask);
         seg.rows.clear();
         seg.fill_blocks = 0;
         Some(s)
@@ -57,7 +61,8 @@ impl Core {
         // reserve the one after it first so the chain never dangles.
         let fresh = h.next_segment == NO_SEGMENT;
         let current = if fresh {
-            self.take_free_segment(head, shape).ok_or(AppendError::NeedSegment)?
+            self.take_free_segment(head, shape)
+                .ok_or(AppendError::NeedSegment)?
         } else {
             h.next_segment
         };
@@ -86,6 +91,33 @@ impl Core {
         let seg = &mut self.segments[current as usize];
         seg.state = SegState::Open(head);
         Ok(())
+    }
+
+    /// The set of active members changed: heads leave segments laid over
+    /// members no longer active, and reserved segments take the new set, so
+    /// that new rows carry full parity over the members present. The caller
+    /// checkpoints right after, so recovery sees the new masks.
+    pub fn member_set_changed(&mut self, shape: &Shape) {
+        let active = self.active_mask;
+        for i in 0..2 {
+            let (seg, next) = (self.heads[i].segment, self.heads[i].next_segment);
+            if seg != NO_SEGMENT && self.segments[seg as usize].members_mask & !active != 0 {
+                self.heads[i].offset = shape.geometry.segment_blocks;
+            }
+            if next != NO_SEGMENT {
+                let seg = &mut self.segments[next as usize];
+                seg.members_mask = shape.geometry.segment_members(next, active);
+                seg.parity = shape.segment_parity(seg.members_mask);
+            }
+        }
+        for s in 0..self.segments.len() {
+            if self.segments[s].state == SegState::Free {
+                self.segments[s].members_mask = shape.geometry.segment_members(s as u32, active);
+            }
+        }
+        let segments = &self.segments;
+        self.free
+            .retain(|&s| shape.segment_usable(segments[s as usize].members_mask, active));
     }
 
     /// Gives a head its first segment and the reserved next one (at creation).
@@ -119,7 +151,8 @@ impl Core {
         let k = width - seg.parity as usize;
         let chunk = shape.geometry.chunk_blocks as usize;
         let (hb, slots) = full_row_shape(k, chunk);
-        let (segment, offset, members_mask, parity) = (h.segment, h.offset, seg.members_mask, seg.parity);
+        let (segment, offset, members_mask, parity) =
+            (h.segment, h.offset, seg.members_mask, seg.parity);
         let buf = self.buffer(k * chunk * BLOCK_SIZE);
         self.heads[head.index()].open = Some(OpenRow {
             kind,
@@ -141,7 +174,12 @@ impl Core {
     }
 
     /// The open row of `head`, opened if needed.
-    pub fn open_row_mut(&mut self, head: HeadId, kind: RowKind, shape: &Shape) -> Result<&mut OpenRow, AppendError> {
+    pub fn open_row_mut(
+        &mut self,
+        head: HeadId,
+        kind: RowKind,
+        shape: &Shape,
+    ) -> Result<&mut OpenRow, AppendError> {
         if self.heads[head.index()].open.is_none() {
             self.open_row(head, kind, shape)?;
         }
@@ -161,13 +199,28 @@ impl Core {
         debug_assert!(entry.kind.owns_slot());
         debug_assert_eq!(block.len(), BLOCK_SIZE);
         if head == HeadId::User {
-            let (loc, _) = self.volumes.get(&entry.volume).map(|v| v.map.get(entry.lba)).unwrap_or((Loc::Unmapped, 0));
-            if let Loc::Open { head: HeadId::User, slot } = loc {
-                let row = self.heads[head.index()].open.as_mut().expect("map points into the open row");
+            let (loc, _) = self
+                .volumes
+                .get(&entry.volume)
+                .map(|v| v.map.get(entry.lba))
+                .unwrap_or((Loc::Unmapped, 0));
+            if let Loc::Open {
+                head: HeadId::User,
+                slot,
+            } = loc
+            {
+                let row = self.heads[head.index()]
+                    .open
+                    .as_mut()
+                    .expect("map points into the open row");
                 row.slot_bytes_mut(slot).copy_from_slice(block);
                 let e = row.slot_entry[slot as usize] as usize;
                 row.entries[e].crc = entry.crc;
-                self.volumes.get_mut(&entry.volume).expect("volume").map.set(entry.lba, loc, entry.crc);
+                self.volumes
+                    .get_mut(&entry.volume)
+                    .expect("volume")
+                    .map
+                    .set(entry.lba, loc, entry.crc);
                 return Ok(None);
             }
         }
@@ -202,24 +255,47 @@ impl Core {
     ) -> Result<Option<Arc<SealedRow>>, AppendError> {
         debug_assert!(matches!(kind, EntryKind::Trim | EntryKind::Zero));
         let row = self.open_row_mut(HeadId::User, RowKind::Data, shape)?;
-        row.entries.push(Entry { kind, volume, lba, crc: 0, count, source: 0 });
+        row.entries.push(Entry {
+            kind,
+            volume,
+            lba,
+            crc: 0,
+            count,
+            source: 0,
+        });
         let full = row.is_full();
-        let new = if kind == EntryKind::Zero { Loc::Zero } else { Loc::Unmapped };
+        let new = if kind == EntryKind::Zero {
+            Loc::Zero
+        } else {
+            Loc::Unmapped
+        };
         for b in lba..lba + count as u64 {
-            let old = self.volumes.get_mut(&volume).expect("volume").map.set(b, new, 0);
+            let old = self
+                .volumes
+                .get_mut(&volume)
+                .expect("volume")
+                .map
+                .set(b, new, 0);
             self.release_loc(old.0, shape);
             if old.0.is_stored() {
                 self.stored_blocks -= 1;
                 self.counters.trimmed_blocks += 1;
             }
         }
-        Ok(if full { self.seal(HeadId::User, shape) } else { None })
+        Ok(if full {
+            self.seal(HeadId::User, shape)
+        } else {
+            None
+        })
     }
 
     /// Accounts for a location that no longer holds a volume's current block.
     pub fn release_loc(&mut self, loc: Loc, shape: &Shape) {
         if let Loc::Disk(pba) = loc {
-            let (s, _) = shape.geometry.segment_of(pba.block).expect("mapped block in data area");
+            let (s, _) = shape
+                .geometry
+                .segment_of(pba.block)
+                .expect("mapped block in data area");
             let flush_gen = self.flush_gen;
             let seg = &mut self.segments[s as usize];
             assert!(seg.live_blocks > 0, "segment {s} live count underflow");
@@ -246,7 +322,10 @@ impl Core {
         let chunk = shape.geometry.chunk_blocks;
         let height = used.div_ceil(k as u32).min(chunk);
         let data_columns = used.div_ceil(height);
-        assert!(data_columns as usize <= k && height <= chunk, "row geometry");
+        assert!(
+            data_columns as usize <= k && height <= chunk,
+            "row geometry"
+        );
         let start_block = (row.header_reserve - hb) as usize;
         // Zero the padding after the last data block of the last column.
         let end = (start_block + used as usize) * BLOCK_SIZE;
@@ -288,10 +367,12 @@ impl Core {
             checkpoint_id: row.checkpoint_id,
             checkpoint_offset: row.checkpoint_offset,
             payload_bytes: row.payload_bytes,
+            flushed_seq: self.flushed_seq,
             entries: std::mem::take(&mut row.entries),
         };
         let (bytes, crc) = header.encode();
-        row.buf[start_block * BLOCK_SIZE..(start_block + hb as usize) * BLOCK_SIZE].copy_from_slice(&bytes);
+        row.buf[start_block * BLOCK_SIZE..(start_block + hb as usize) * BLOCK_SIZE]
+            .copy_from_slice(&bytes);
         h.last_crc = crc;
         h.last_seq = seq;
         h.offset += height;
@@ -300,10 +381,21 @@ impl Core {
         if row.kind == RowKind::Data {
             for (slot, &e) in row.slot_entry.iter().enumerate() {
                 let entry = &header.entries[e as usize];
-                let Some(vol) = self.volumes.get_mut(&entry.volume) else { continue };
+                let Some(vol) = self.volumes.get_mut(&entry.volume) else {
+                    continue;
+                };
                 let (loc, crc) = vol.map.get(entry.lba);
-                if loc == (Loc::Open { head, slot: slot as u32 }) {
-                    vol.map.set(entry.lba, crate::map::Loc::Disk(geom.slot_pba(&shape.geometry, slot as u32)), crc);
+                if loc
+                    == (Loc::Open {
+                        head,
+                        slot: slot as u32,
+                    })
+                {
+                    vol.map.set(
+                        entry.lba,
+                        crate::map::Loc::Disk(geom.slot_pba(&shape.geometry, slot as u32)),
+                        crc,
+                    );
                     live += 1;
                 }
             }
@@ -317,7 +409,12 @@ impl Core {
             self.counters.short_rows += 1;
         }
         self.log_blocks_since_checkpoint += geom.written_blocks();
-        let sealed = Arc::new(SealedRow { geom, head, buf: row.buf, start_block });
+        let sealed = Arc::new(SealedRow {
+            geom,
+            head,
+            buf: row.buf,
+            start_block,
+        });
         self.inflight.push(sealed.clone());
         Some(sealed)
     }

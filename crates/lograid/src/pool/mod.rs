@@ -53,9 +53,9 @@ pub struct PoolOptions {
 impl Default for PoolOptions {
     fn default() -> Self {
         PoolOptions {
-            io_threads: 8,
+            io_threads: 96,
             checkpoint_interval_blocks: 1 << 18,
-            max_inflight_rows: 32,
+            max_inflight_rows: 64,
             background_cleaner: true,
         }
     }
@@ -72,9 +72,28 @@ pub struct Shape {
     pub nonce: u64,
     /// Member UUIDs by index.
     pub member_uuids: Vec<u128>,
+    /// Members recorded as active in the superblock this pool was opened
+    /// from: the members of segments written since its checkpoint.
+    pub recorded_active_mask: u32,
 }
 
 impl Shape {
+    /// Can new rows go to a segment laid over `members_mask`? Only with full
+    /// parity, unless fewer members are active than that needs (a pool
+    /// degraded past what new rows can fully protect writes with what it has).
+    pub fn segment_usable(&self, members_mask: u32, active_mask: u32) -> bool {
+        let n = members_mask.count_ones();
+        n > self.parity as u32 || (n >= 2 && n == active_mask.count_ones())
+    }
+
+    /// Parity of rows in a segment laid over `members_mask`: the pool's
+    /// parity, reduced only when too few members are left to hold it and
+    /// one data column (degraded beyond what new rows can fully protect).
+    pub fn segment_parity(&self, members_mask: u32) -> u8 {
+        self.parity
+            .min(members_mask.count_ones().saturating_sub(1) as u8)
+    }
+
     /// Data blocks a full segment of `width` members holds.
     pub fn segment_capacity(&self, members_mask: u32, parity: u8) -> u64 {
         let width = members_mask.count_ones() as usize;
@@ -93,7 +112,10 @@ impl Shape {
         let entries = core.stored_blocks + core.volumes.len() as u64 * 8;
         let rows: u64 = core.segments.iter().map(|s| s.rows.len() as u64).sum();
         let bytes = 4096 + entries * 12 + rows * 21 + core.segments.len() as u64 * 40;
-        let per_segment = self.segment_capacity(core.active_mask_full(&self.geometry), self.parity).max(1) * BLOCK_SIZE as u64;
+        let per_segment = self
+            .segment_capacity(core.active_mask_full(&self.geometry), self.parity)
+            .max(1)
+            * BLOCK_SIZE as u64;
         (bytes.div_ceil(per_segment) + 1) as usize
     }
 
@@ -178,7 +200,10 @@ pub const SECTOR: u64 = 512;
 impl Pool {
     fn from_inner(inner: Arc<PoolInner>) -> Pool {
         let cleaner = cleaner::BackgroundCleaner::start(&inner);
-        Pool { inner, _cleaner: cleaner }
+        Pool {
+            inner,
+            _cleaner: cleaner,
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -197,7 +222,11 @@ impl Pool {
         let core = self.inner.core.lock();
         core.volumes
             .values()
-            .map(|v| Volume { inner: self.inner.clone(), id: v.id, name: v.name.clone() })
+            .map(|v| Volume {
+                inner: self.inner.clone(),
+                id: v.id,
+                name: v.name.clone(),
+            })
             .collect()
     }
 
@@ -233,7 +262,11 @@ impl Pool {
             id
         };
         self.inner.checkpoint()?;
-        Ok(Volume { inner: self.inner.clone(), id, name: name.to_string() })
+        Ok(Volume {
+            inner: self.inner.clone(),
+            id,
+            name: name.to_string(),
+        })
     }
 
     /// Grows a volume (shrinking is refused: it would drop data).
@@ -331,7 +364,12 @@ impl Volume {
         self.id
     }
     pub fn size_bytes(&self) -> u64 {
-        self.inner.core.lock().volume(self.id).map(|v| v.size_bytes).unwrap_or(0)
+        self.inner
+            .core
+            .lock()
+            .volume(self.id)
+            .map(|v| v.size_bytes)
+            .unwrap_or(0)
     }
 
     /// Checks alignment and range; returns the volume size.
@@ -350,7 +388,12 @@ impl Volume {
             .map(|v| v.size_bytes)
             .ok_or_else(|| Error::NotFound(format!("volume '{}' was deleted", self.name)))?;
         if offset.checked_add(length).is_none_or(|end| end > size) {
-            return Err(Error::OutOfRange { volume: self.name.clone(), offset, length, size });
+            return Err(Error::OutOfRange {
+                volume: self.name.clone(),
+                offset,
+                length,
+                size,
+            });
         }
         Ok(())
     }
@@ -372,7 +415,8 @@ impl Volume {
             return self.inner.read_blocks(self.id, &self.name, first, buf);
         }
         let mut tmp = vec![0u8; count * BLOCK_SIZE];
-        self.inner.read_blocks(self.id, &self.name, first, &mut tmp)?;
+        self.inner
+            .read_blocks(self.id, &self.name, first, &mut tmp)?;
         buf.copy_from_slice(&tmp[head..head + buf.len()]);
         Ok(())
     }
@@ -402,14 +446,16 @@ impl Volume {
     /// the edges are left as they are). Trimmed blocks read as zero.
     pub fn trim(&self, offset: u64, length: u64) -> Result<()> {
         self.check(offset, length)?;
-        self.inner.trim_or_zero(self.id, &self.name, offset, length, false)
+        self.inner
+            .trim_or_zero(self.id, &self.name, offset, length, false)
     }
 
     /// Makes the range read as zero. Whole blocks become zero records (no
     /// data stored); partial blocks at the edges are written with zeroes.
     pub fn write_zeroes(&self, offset: u64, length: u64) -> Result<()> {
         self.check(offset, length)?;
-        self.inner.trim_or_zero(self.id, &self.name, offset, length, true)
+        self.inner
+            .trim_or_zero(self.id, &self.name, offset, length, true)
     }
 
     /// Allocation of [offset, offset+length) as runs (length, state).
@@ -429,7 +475,9 @@ fn check_writable(core: &Core) -> Result<()> {
 fn validate_volume_name(name: &str) -> Result<()> {
     if name.is_empty()
         || name.len() > 64
-        || !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     {
         return Err(Error::InvalidArgument(format!(
             "volume name '{name}': use 1-64 characters of letters, digits, '-', '_' and '.'"
@@ -448,7 +496,10 @@ fn validate_volume_size(size_bytes: u64) -> Result<()> {
 }
 
 pub(crate) fn now_unix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// A random u64 from the kernel.
@@ -459,7 +510,9 @@ pub(crate) fn random_u64() -> u64 {
     if n == 8 {
         u64::from_le_bytes(b)
     } else {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or(Duration::ZERO);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
         t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
     }
 }
@@ -474,4 +527,3 @@ fn _assert_send_sync() {
     is::<Pool>();
     is::<Volume>();
 }
-

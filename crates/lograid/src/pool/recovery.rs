@@ -35,7 +35,10 @@ pub struct RecoveryReport {
 pub fn read_superblock(member: &dyn Member) -> Result<Superblock> {
     let size_blocks = member.size_bytes() / BLOCK_BYTES;
     if size_blocks < crate::format::DATA_START_BLOCK + 4 {
-        return Err(Error::Refused(format!("{} is too small to be a lograid member", member.describe())));
+        return Err(Error::Refused(format!(
+            "{} is too small to be a lograid member",
+            member.describe()
+        )));
     }
     let mut best: Option<Superblock> = None;
     let mut first_error = None;
@@ -43,41 +46,83 @@ pub fn read_superblock(member: &dyn Member) -> Result<Superblock> {
     for g in 0..2 {
         for b in Superblock::slot_blocks(size_blocks, g) {
             if let Err(e) = member.read_at(&mut buf, b * BLOCK_BYTES) {
-                first_error.get_or_insert(Error::io(format!("reading superblock of {}", member.describe()), e));
+                first_error.get_or_insert(Error::io(
+                    format!("reading superblock of {}", member.describe()),
+                    e,
+                ));
                 continue;
             }
             match Superblock::decode(&buf) {
-                Ok(sb) if best.as_ref().is_none_or(|x| sb.generation > x.generation) => best = Some(sb),
+                Ok(sb) if best.as_ref().is_none_or(|x| sb.generation > x.generation) => {
+                    best = Some(sb)
+                }
                 Ok(_) => {}
                 Err(e) => {
-                    first_error.get_or_insert(Error::format(format!("superblock of {}", member.describe()), e));
+                    first_error.get_or_insert(Error::format(
+                        format!("superblock of {}", member.describe()),
+                        e,
+                    ));
                 }
             }
         }
     }
     best.ok_or_else(|| {
-        first_error.unwrap_or_else(|| Error::Refused(format!("{} is not a lograid member", member.describe())))
+        first_error.unwrap_or_else(|| {
+            Error::Refused(format!("{} is not a lograid member", member.describe()))
+        })
     })
+}
+
+/// Refuses a drive whose start now holds something else (e.g. a filesystem
+/// made over a former member whose tail superblocks survived).
+fn refuse_foreign_contents(member: &dyn Member) -> Result<()> {
+    let mut head = AlignedBuf::zeroed(128 * 1024);
+    let len = head
+        .len()
+        .min(member.size_bytes() as usize / BLOCK_SIZE * BLOCK_SIZE);
+    if member.read_at(&mut head[..len], 0).is_err() {
+        return Ok(());
+    }
+    match crate::device::signature_in(&head[..len]) {
+        Some(what) if what != crate::device::LOGRAID_SIGNATURE => Err(Error::Refused(format!(
+            "{} is not a lograid member: it now holds {what}",
+            member.describe()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Opens a pool from its members (any order; missing members are allowed up
 /// to the parity count). `read_only` opens without writing anything.
-pub fn open_members(members: Vec<Arc<dyn Member>>, options: PoolOptions, read_only: bool) -> Result<Pool> {
+pub fn open_members(
+    members: Vec<Arc<dyn Member>>,
+    options: PoolOptions,
+    read_only: bool,
+) -> Result<Pool> {
     let started = Instant::now();
     if members.is_empty() {
         return Err(Error::InvalidArgument("no drives given".into()));
     }
     let mut found: Vec<(Arc<dyn Member>, Superblock)> = Vec::new();
     for m in members {
+        refuse_foreign_contents(m.as_ref())?;
         let sb = read_superblock(m.as_ref()).map_err(|e| match e {
-            Error::Format { source: crate::format::FormatError::BadMagic, .. } => {
-                Error::Refused(format!("{} is not a lograid member (no lograid superblock)", m.describe()))
-            }
+            Error::Format {
+                source: crate::format::FormatError::BadMagic,
+                ..
+            } => Error::Refused(format!(
+                "{} is not a lograid member (no lograid superblock)",
+                m.describe()
+            )),
             other => other,
         })?;
         found.push((m, sb));
     }
-    let newest = found.iter().max_by_key(|(_, sb)| sb.generation).map(|(_, sb)| sb.clone()).expect("non-empty");
+    let newest = found
+        .iter()
+        .max_by_key(|(_, sb)| sb.generation)
+        .map(|(_, sb)| sb.clone())
+        .expect("non-empty");
     let n = newest.members.len();
     let mut slots: Vec<Option<Arc<dyn Member>>> = vec![None; n];
     for (m, sb) in found {
@@ -91,13 +136,23 @@ pub fn open_members(members: Vec<Arc<dyn Member>>, options: PoolOptions, read_on
         }
         let i = sb.member_index as usize;
         if i >= n || newest.members[i].uuid != sb.member_uuid() {
-            return Err(Error::Refused(format!("{} is not a current member of pool '{}'", m.describe(), newest.pool_name)));
+            return Err(Error::Refused(format!(
+                "{} is not a current member of pool '{}'",
+                m.describe(),
+                newest.pool_name
+            )));
         }
         if slots[i].is_some() {
-            return Err(Error::InvalidArgument(format!("{} given twice (member {i})", m.describe())));
+            return Err(Error::InvalidArgument(format!(
+                "{} given twice (member {i})",
+                m.describe()
+            )));
         }
         if m.size_bytes() / BLOCK_BYTES < newest.members[i].size_blocks {
-            return Err(Error::Refused(format!("{} is smaller than when it joined the pool", m.describe())));
+            return Err(Error::Refused(format!(
+                "{} is smaller than when it joined the pool",
+                m.describe()
+            )));
         }
         slots[i] = Some(m);
     }
@@ -114,7 +169,11 @@ pub fn open_members(members: Vec<Arc<dyn Member>>, options: PoolOptions, read_on
             newest.pool_name,
             n - newest.parity as usize,
             n,
-            missing.iter().map(|i| format!("member {i}")).collect::<Vec<_>>().join(", ")
+            missing
+                .iter()
+                .map(|i| format!("member {i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         )));
     }
     let geometry = Geometry {
@@ -123,6 +182,13 @@ pub fn open_members(members: Vec<Arc<dyn Member>>, options: PoolOptions, read_on
         segment_blocks: newest.segment_blocks,
         chunk_blocks: newest.chunk_blocks,
     };
+    if geometry.segment_count() as u64 > crate::format::MAX_SEGMENTS {
+        return Err(Error::Corrupt(format!(
+            "superblock describes {} segments (at most {} supported)",
+            geometry.segment_count(),
+            crate::format::MAX_SEGMENTS
+        )));
+    }
     let shape = Shape {
         geometry,
         parity: newest.parity,
@@ -131,9 +197,24 @@ pub fn open_members(members: Vec<Arc<dyn Member>>, options: PoolOptions, read_on
         created_unix: newest.created_unix,
         nonce: random_u64(),
         member_uuids: newest.members.iter().map(|r| r.uuid).collect(),
+        recorded_active_mask: newest
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.state == MemberState::Active)
+            .fold(0u32, |m, (i, _)| m | 1 << i),
     };
-    let devices: Vec<Option<Arc<Device>>> = slots.into_iter().map(|m| m.map(|m| Arc::new(Device::new(m)))).collect();
-    let inner = Arc::new(new_inner(shape, devices, options, active_mask, newest.generation));
+    let devices: Vec<Option<Arc<Device>>> = slots
+        .into_iter()
+        .map(|m| m.map(|m| Arc::new(Device::new(m))))
+        .collect();
+    let inner = Arc::new(new_inner(
+        shape,
+        devices,
+        options,
+        active_mask,
+        newest.generation,
+    ));
     let report = inner.recover(&newest, started, missing, read_only)?;
     tracing::info!(
         "pool '{}': checkpoint {} loaded, {} rows ({} blocks) replayed in {:.3} s",
@@ -169,9 +250,16 @@ pub(crate) fn new_inner(
             rows: Vec::new(),
         })
         .collect();
-    let full_mask = shape.geometry.segment_members(0, active_mask);
-    let capacity_blocks: u64 =
-        segments.iter().map(|s| shape.segment_capacity(s.members_mask, shape.parity)).sum();
+    // Capacity is that of the whole pool (all members): a degraded pool
+    // keeps its data where it is, and runs out of free segments, not of
+    // accounting, if new rows hold less.
+    let all = (1u32 << shape.member_uuids.len()) - 1;
+    let full_mask = shape.geometry.segment_members(0, all);
+    let capacity_blocks: u64 = (0..segment_count)
+        .map(|s| shape.geometry.segment_members(s, all))
+        .filter(|&m| shape.segment_usable(m, all))
+        .map(|m| shape.segment_capacity(m, shape.parity))
+        .sum();
     let per_segment = shape.segment_capacity(full_mask, shape.parity);
     // Reserve: two segments per head, two for the cleaner, 5% slack, and a checkpoint.
     let reserve_segments = 8 + (segment_count as u64).div_ceil(20);
@@ -180,7 +268,11 @@ pub(crate) fn new_inner(
         volumes: BTreeMap::new(),
         segments,
         free: VecDeque::new(),
-        heads: [Head::new(HeadId::User), Head::new(HeadId::Cleaner), Head::new(HeadId::Checkpoint)],
+        heads: [
+            Head::new(HeadId::User),
+            Head::new(HeadId::Cleaner),
+            Head::new(HeadId::Checkpoint),
+        ],
         next_seq: 1,
         next_volume_id: 1,
         inflight: Vec::new(),
@@ -189,6 +281,7 @@ pub(crate) fn new_inner(
         log_blocks_since_checkpoint: 0,
         flush_gen: 0,
         flushed_gen: 0,
+        flushed_seq: 0,
         checkpoint: Default::default(),
         checkpoint_segments: Vec::new(),
         superblock_generation,
@@ -221,12 +314,20 @@ struct FoundRow {
 }
 
 impl PoolInner {
-    fn recover(&self, sb: &Superblock, started: Instant, missing: Vec<usize>, read_only: bool) -> Result<RecoveryReport> {
+    fn recover(
+        &self,
+        sb: &Superblock,
+        started: Instant,
+        missing: Vec<usize>,
+        read_only: bool,
+    ) -> Result<RecoveryReport> {
         let ptr = sb.checkpoint;
         let blob = self.read_checkpoint(sb)?;
         let image = CheckpointImage::decode(&blob).map_err(|e| Error::format("checkpoint", e))?;
         if image.checkpoint_id != ptr.checkpoint_id {
-            return Err(Error::Corrupt("checkpoint id does not match the superblock".into()));
+            return Err(Error::Corrupt(
+                "checkpoint id does not match the superblock".into(),
+            ));
         }
         self.load_image(image)?;
         let (rows, blocks) = self.roll_forward(read_only)?;
@@ -239,7 +340,12 @@ impl PoolInner {
         if !read_only {
             // What was replayed may sit in a volatile cache: make it durable
             // before any segment it emptied is reused, then checkpoint.
-            let all = self.devices.iter().enumerate().filter(|(_, d)| d.is_some()).fold(0u32, |m, (i, _)| m | 1 << i);
+            let all = self
+                .devices
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| d.is_some())
+                .fold(0u32, |m, (i, _)| m | 1 << i);
             self.sync_members(all)?;
             let gen = {
                 let mut core = self.core.lock();
@@ -247,6 +353,11 @@ impl PoolInner {
                 core.flush_gen
             };
             self.finish_flush(gen);
+            if !missing.is_empty() {
+                // New rows go only to the members present, with full parity.
+                let mut core = self.core.lock();
+                core.member_set_changed(&self.shape);
+            }
             if rows > 0 || !missing.is_empty() {
                 self.checkpoint()?;
             }
@@ -263,15 +374,28 @@ impl PoolInner {
     /// Reads the checkpoint blob the superblock points at.
     fn read_checkpoint(&self, sb: &Superblock) -> Result<Vec<u8>> {
         let ptr = sb.checkpoint;
-        let mask_of = |s: u32| self.shape.geometry.segment_members(s, self.core.lock().active_mask | self.present_mask());
+        let mask_of = |s: u32| {
+            self.shape
+                .geometry
+                .segment_members(s, self.shape.recorded_active_mask)
+        };
         let mut blob = Vec::with_capacity(ptr.blob_bytes.min(1 << 30) as usize);
         let (mut seg, mut off) = (ptr.segment, ptr.offset_blocks);
         let mut expect_crc: Option<u32> = None;
         let mut segments = Vec::new();
         while (blob.len() as u64) < ptr.blob_bytes {
             let found = self
-                .load_row_header(seg, off, mask_of(seg), sb.parity)
-                .ok_or_else(|| Error::Corrupt(format!("checkpoint row at segment {seg} offset {off} is unreadable")))?;
+                .load_row_header(
+                    seg,
+                    off,
+                    mask_of(seg),
+                    self.shape.segment_parity(mask_of(seg)),
+                )
+                .ok_or_else(|| {
+                    Error::Corrupt(format!(
+                        "checkpoint row at segment {seg} offset {off} is unreadable"
+                    ))
+                })?;
             let ok = found.header.kind == RowKind::Checkpoint
                 && found.header.checkpoint_id == ptr.checkpoint_id
                 && found.header.checkpoint_offset == blob.len() as u64
@@ -280,12 +404,16 @@ impl PoolInner {
                     Some(c) => found.header.prev_crc == c,
                 };
             if !ok {
-                return Err(Error::Corrupt(format!("checkpoint chain broken at segment {seg} offset {off}")));
+                return Err(Error::Corrupt(format!(
+                    "checkpoint chain broken at segment {seg} offset {off}"
+                )));
             }
             for (slot, e) in found.header.entries.iter().enumerate() {
                 let pba = found.geom.slot_pba(&self.shape.geometry, slot as u32);
                 let block = self.read_verified(&found.geom, pba, e.crc).map_err(|d| {
-                    Error::Corrupt(format!("checkpoint block at segment {seg} offset {off} slot {slot}: {d}"))
+                    Error::Corrupt(format!(
+                        "checkpoint block at segment {seg} offset {off} slot {slot}: {d}"
+                    ))
                 })?;
                 let take = (ptr.blob_bytes - blob.len() as u64).min(BLOCK_BYTES) as usize;
                 blob.extend_from_slice(&block[..take]);
@@ -307,10 +435,6 @@ impl PoolInner {
         Ok(blob)
     }
 
-    fn present_mask(&self) -> u32 {
-        self.devices.iter().enumerate().filter(|(_, d)| d.is_some()).fold(0, |m, (i, _)| m | 1 << i)
-    }
-
     /// Reads a data block and checks it, rebuilding it from parity if needed.
     fn read_verified(&self, geom: &RowGeom, pba: Pba, crc: u32) -> Result<Vec<u8>, String> {
         if let Some(dev) = &self.devices[pba.member as usize] {
@@ -319,7 +443,9 @@ impl PoolInner {
                 return Ok(buf.to_vec());
             }
         }
-        let (col, blk) = geom.locate(&self.shape.geometry, pba).ok_or("block outside its row")?;
+        let (col, blk) = geom
+            .locate(&self.shape.geometry, pba)
+            .ok_or("block outside its row")?;
         let stripe = self.read_row_stripe(geom, blk);
         super::io::rebuild_from_stripe(geom, stripe, col, |b| crc32c(b) == crc)
     }
@@ -328,9 +454,18 @@ impl PoolInner {
     /// laid over `mask` with `parity` parity columns. Falls back to
     /// rebuilding the header from the other columns when its own column is
     /// missing or corrupt, trying each possible count of data columns.
-    fn load_row_header(&self, segment: u32, offset: u32, mask: u32, parity: u8) -> Option<FoundRow> {
+    fn load_row_header(
+        &self,
+        segment: u32,
+        offset: u32,
+        mask: u32,
+        parity: u8,
+    ) -> Option<FoundRow> {
         let geometry = &self.shape.geometry;
-        if segment >= geometry.segment_count() || offset >= geometry.segment_blocks || mask.count_ones() <= parity as u32 {
+        if segment >= geometry.segment_count()
+            || offset >= geometry.segment_blocks
+            || mask.count_ones() <= parity as u32
+        {
             return None;
         }
         let probe = |data_columns: u8| RowGeom {
@@ -354,7 +489,11 @@ impl PoolInner {
         };
         let finish = |first: Vec<u8>, rebuild: Option<u8>| -> Option<FoundRow> {
             let peek = RowHeader::peek_geometry(&first).ok()?;
-            if peek.segment != segment || peek.offset_blocks != offset || peek.members_mask != mask || peek.parity != parity {
+            if peek.segment != segment
+                || peek.offset_blocks != offset
+                || peek.members_mask != mask
+                || peek.parity != parity
+            {
                 return None;
             }
             if rebuild.is_some_and(|d| d != peek.data_columns) || peek.data_columns > k {
@@ -373,7 +512,7 @@ impl PoolInner {
             };
             let mut bytes = first;
             for i in 1..peek.header_blocks as u32 {
-                let direct = if rebuild.is_none() { read_at(&geom, i) } else { None };
+                let direct = read_at(&geom, i);
                 let block = match direct {
                     Some(b) => b,
                     None => {
@@ -389,7 +528,11 @@ impl PoolInner {
             if header.pool_uuid != self.shape.pool_uuid || header.height != peek.height {
                 return None;
             }
-            let geom = RowGeom { slots: header.slots, seq: header.seq, ..geom };
+            let geom = RowGeom {
+                slots: header.slots,
+                seq: header.seq,
+                ..geom
+            };
             Some(FoundRow { header, crc, geom })
         };
         if let Some(found) = read_at(&probe(1), 0).and_then(|b| finish(b, None)) {
@@ -399,11 +542,23 @@ impl PoolInner {
         for d in 1..=k {
             let geom = probe(d);
             let stripe = self.read_row_stripe(&geom, 0);
-            let candidate = super::io::rebuild_from_stripe(&geom, stripe, 0, |b| {
-                RowHeader::peek_geometry(b).is_ok_and(|p| p.segment == segment && p.offset_blocks == offset && p.data_columns == d)
+            // Every erasure combination is tried until one yields a header
+            // whose checksum verifies (a peek alone can be fooled).
+            let found = std::cell::RefCell::new(None);
+            let _ = super::io::rebuild_from_stripe(&geom, stripe, 0, |b| {
+                let plausible = RowHeader::peek_geometry(b).is_ok_and(|p| {
+                    p.segment == segment && p.offset_blocks == offset && p.data_columns == d
+                });
+                if !plausible {
+                    return false;
+                }
+                let f = finish(b.to_vec(), Some(d));
+                let ok = f.is_some();
+                *found.borrow_mut() = f;
+                ok
             });
-            if let Some(found) = candidate.ok().and_then(|b| finish(b, Some(d))) {
-                return Some(found);
+            if let Some(f) = found.into_inner() {
+                return Some(f);
             }
         }
         None
@@ -438,9 +593,12 @@ impl PoolInner {
         for (s, rec) in image.segments.into_iter().enumerate() {
             for r in &rec.rows {
                 if r.offset as u64 + r.height as u64 > geometry.segment_blocks as u64
-                    || r.data_columns as usize + r.parity as usize > rec.members_mask.count_ones() as usize
+                    || r.data_columns as usize + r.parity as usize
+                        > rec.members_mask.count_ones() as usize
                 {
-                    return Err(Error::Corrupt(format!("checkpoint row record out of bounds in segment {s}")));
+                    return Err(Error::Corrupt(format!(
+                        "checkpoint row record out of bounds in segment {s}"
+                    )));
                 }
             }
             let seg = &mut core.segments[s];
@@ -469,24 +627,56 @@ impl PoolInner {
                     Loc::Disk(pba) => {
                         let (s, _) = geometry
                             .segment_of(pba.block)
-                            .filter(|(s, _)| (*s as usize) < core.segments.len() && (pba.member as usize) < self.devices.len())
-                            .ok_or_else(|| Error::Corrupt(format!("volume '{}' maps block {lba} outside the pool", v.name)))?;
+                            .filter(|(s, _)| {
+                                (*s as usize) < core.segments.len()
+                                    && (pba.member as usize) < self.devices.len()
+                            })
+                            .ok_or_else(|| {
+                                Error::Corrupt(format!(
+                                    "volume '{}' maps block {lba} outside the pool",
+                                    v.name
+                                ))
+                            })?;
                         core.segments[s as usize].live_blocks += 1;
                     }
                     Loc::Zero => {}
-                    _ => return Err(Error::Corrupt(format!("volume '{}' block {lba}: bad location", v.name))),
+                    _ => {
+                        return Err(Error::Corrupt(format!(
+                            "volume '{}' block {lba}: bad location",
+                            v.name
+                        )))
+                    }
                 }
-                if lba.checked_mul(BLOCK_BYTES).is_none_or(|b| b >= v.size_bytes) {
-                    return Err(Error::Corrupt(format!("volume '{}' maps block {lba} past its end", v.name)));
+                if lba
+                    .checked_mul(BLOCK_BYTES)
+                    .is_none_or(|b| b >= v.size_bytes)
+                {
+                    return Err(Error::Corrupt(format!(
+                        "volume '{}' maps block {lba} past its end",
+                        v.name
+                    )));
                 }
                 map.set(lba, loc, crc);
             }
             core.volumes.insert(
                 v.id,
-                VolumeState { id: v.id, name: v.name, size_bytes: v.size_bytes, created_unix: v.created_unix, map },
+                VolumeState {
+                    id: v.id,
+                    name: v.name,
+                    size_bytes: v.size_bytes,
+                    created_unix: v.created_unix,
+                    map,
+                },
             );
         }
         for (i, h) in image.heads.iter().enumerate().take(2) {
+            let count = core.segments.len() as u32;
+            let valid = |s: u32| s == NO_SEGMENT || s < count;
+            if !valid(h.segment) || !valid(h.next_segment) || h.offset > geometry.segment_blocks {
+                return Err(Error::Corrupt(format!(
+                    "checkpoint log head {i} is out of range"
+                )));
+            }
             let head = &mut core.heads[i];
             head.segment = h.segment;
             head.offset = h.offset;
@@ -495,6 +685,54 @@ impl PoolInner {
             head.last_seq = h.last_seq;
         }
         Ok(())
+    }
+
+    /// Follows the chain past `row` (headers only, a bounded number of rows)
+    /// looking for a row whose `flushed_seq` covers `row`.
+    fn later_row_proves_flushed(&self, head: HeadId, row: &FoundRow, seg: u32, off: u32) -> bool {
+        const LOOK_AHEAD_ROWS: usize = 4096;
+        let geometry = &self.shape.geometry;
+        let (mut seg, mut off) = (seg, off + row.geom.height as u32);
+        let (mut prev_crc, mut next) = (row.crc, row.header.next_segment);
+        for _ in 0..LOOK_AHEAD_ROWS {
+            if off + geometry.chunk_blocks > geometry.segment_blocks {
+                (seg, off) = (next, 0);
+            }
+            if seg == NO_SEGMENT || seg >= geometry.segment_count() {
+                return false;
+            }
+            let (mask, parity) = self.expected_segment_shape(seg);
+            let Some(n) = self.load_row_header(seg, off, mask, parity) else {
+                return false;
+            };
+            if n.header.head != head || n.header.prev_crc != prev_crc {
+                return false;
+            }
+            if n.header.flushed_seq >= row.header.seq {
+                return true;
+            }
+            prev_crc = n.crc;
+            next = n.header.next_segment;
+            off += n.geom.height as u32;
+        }
+        false
+    }
+
+    /// Members and parity a head's rows in segment `s` were written with:
+    /// as recorded in the checkpoint, or, for a segment taken after it, the
+    /// members recorded active in the superblock.
+    fn expected_segment_shape(&self, s: u32) -> (u32, u8) {
+        let core = self.core.lock();
+        match core.segments.get(s as usize) {
+            Some(seg) if seg.state != SegState::Free => (seg.members_mask, seg.parity),
+            _ => {
+                let mask = self
+                    .shape
+                    .geometry
+                    .segment_members(s, self.shape.recorded_active_mask);
+                (mask, self.shape.segment_parity(mask))
+            }
+        }
     }
 
     /// Follows each head's chain from its checkpointed position, then applies
@@ -518,23 +756,33 @@ impl PoolInner {
                         break;
                     }
                 }
-                let mask = {
-                    let core = self.core.lock();
-                    match core.segments[seg as usize].state {
-                        SegState::Free => geometry.segment_members(seg, core.active_mask),
-                        _ => core.segments[seg as usize].members_mask,
-                    }
+                let (mask, parity) = self.expected_segment_shape(seg);
+                let Some(row) = self.load_row_header(seg, off, mask, parity) else {
+                    break;
                 };
-                let Some(row) = self.load_row_header(seg, off, mask, self.shape.parity) else { break };
                 let h = &row.header;
-                if h.head != head || h.kind != RowKind::Data || h.prev_crc != last_crc || h.seq <= last_seq {
+                if h.head != head
+                    || h.kind != RowKind::Data
+                    || h.prev_crc != last_crc
+                    || h.seq <= last_seq
+                {
                     break;
                 }
                 // A row whose columns did not all reach the members (a crash
                 // before any flush covered it) ends the chain.
                 if !self.verify_row(&row, read_only) {
-                    tracing::info!("recovery: row {} at segment {seg} offset {off} is torn; log ends there", h.seq);
-                    break;
+                    // Torn (the log ends here) or rotted beyond parity? A
+                    // later row of this chain that was sealed after a flush
+                    // covering this one proves it was complete once: keep it,
+                    // and let reads of its damaged blocks fail loudly.
+                    if !self.later_row_proves_flushed(head, &row, seg, off) {
+                        tracing::info!("recovery: row {} at segment {seg} offset {off} is torn; the log ends there", h.seq);
+                        break;
+                    }
+                    tracing::error!(
+                        "recovery: row {} at segment {seg} offset {off} is damaged beyond parity; its unreadable blocks will fail reads",
+                        h.seq
+                    );
                 }
                 last_crc = row.crc;
                 last_seq = h.seq;
@@ -563,7 +811,9 @@ impl PoolInner {
             let seg = &mut core.segments[n as usize];
             match seg.state {
                 SegState::Reserved(h) if h == head => {}
-                SegState::Free | SegState::PendingFree { .. } | SegState::Sealed if seg.live_blocks == 0 => {
+                SegState::Free | SegState::PendingFree { .. } | SegState::Sealed
+                    if seg.live_blocks == 0 =>
+                {
                     seg.state = SegState::Reserved(head);
                     seg.rows.clear();
                     seg.fill_blocks = 0;
@@ -574,7 +824,13 @@ impl PoolInner {
         // Whatever heads reserved must not be handed out again; the rest is free.
         let mut free = VecDeque::new();
         for s in 0..core.segments.len() {
-            if core.segments[s].state == SegState::Free && core.segments[s].members_mask.count_ones() > self.shape.parity as u32 {
+            let mask = self
+                .shape
+                .geometry
+                .segment_members(s as u32, core.active_mask);
+            if core.segments[s].state == SegState::Free
+                && self.shape.segment_usable(mask, core.active_mask)
+            {
                 core.segments[s].rows.clear();
                 free.push_back(s as u32);
             }
@@ -590,6 +846,8 @@ impl PoolInner {
             let seq = core.heads[h.index()].last_seq;
             core.next_seq = core.next_seq.max(seq + 1);
         }
+        // Everything replayed is made durable before the pool is used.
+        core.flushed_seq = core.next_seq - 1;
         Ok((rows, blocks))
     }
 
@@ -604,7 +862,13 @@ impl PoolInner {
         let k = g.data_capacity_columns();
         let p = g.parity as usize;
         let (header_bytes, _) = row.header.encode();
-        let slot_crcs: Vec<u32> = row.header.entries.iter().filter(|e| e.kind.owns_slot()).map(|e| e.crc).collect();
+        let slot_crcs: Vec<u32> = row
+            .header
+            .entries
+            .iter()
+            .filter(|e| e.kind.owns_slot())
+            .map(|e| e.crc)
+            .collect();
         let zero_crc = crate::format::zero_block_crc();
         for blk in 0..g.height as usize {
             let stripe = self.read_row_stripe(&g, blk);
@@ -632,14 +896,17 @@ impl PoolInner {
                     erased[c] = None;
                 }
                 for &c in &bad {
-                    match super::io::rebuild_from_stripe(&g, erased.clone(), c, |b| expected(c, b)) {
+                    match super::io::rebuild_from_stripe(&g, erased.clone(), c, |b| expected(c, b))
+                    {
                         Ok(b) => fixed[c] = Some(b),
                         Err(_) => return false,
                     }
                 }
             }
             // Parity must match the (now good) data.
-            let data: Vec<Vec<u8>> = (0..k).map(|c| fixed[c].clone().unwrap_or_else(|| vec![0u8; BLOCK_SIZE])).collect();
+            let data: Vec<Vec<u8>> = (0..k)
+                .map(|c| fixed[c].clone().unwrap_or_else(|| vec![0u8; BLOCK_SIZE]))
+                .collect();
             let mut parity = vec![vec![0u8; BLOCK_SIZE]; p];
             if p > 0 {
                 let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
@@ -662,7 +929,9 @@ impl PoolInner {
                     let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
                     buf.copy_from_slice(bytes);
                     if dev.write_at(&buf, pba.byte_offset()).is_ok() {
-                        dev.counters.repaired_blocks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        dev.counters
+                            .repaired_blocks
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
             }
@@ -703,11 +972,19 @@ impl PoolInner {
                 EntryKind::Data | EntryKind::Relocated | EntryKind::Payload => {
                     let pba = geom.slot_pba(&self.shape.geometry, slot);
                     slot += 1;
-                    let Some(vol) = core.volumes.get_mut(&e.volume) else { continue };
-                    if e.lba.checked_mul(BLOCK_BYTES).is_none_or(|b| b >= vol.size_bytes) || e.kind == EntryKind::Payload {
+                    let Some(vol) = core.volumes.get_mut(&e.volume) else {
+                        continue;
+                    };
+                    if e.lba
+                        .checked_mul(BLOCK_BYTES)
+                        .is_none_or(|b| b >= vol.size_bytes)
+                        || e.kind == EntryKind::Payload
+                    {
                         continue;
                     }
-                    if e.kind == EntryKind::Relocated && vol.map.get(e.lba).0 != Loc::Disk(Pba::decode(e.source)) {
+                    if e.kind == EntryKind::Relocated
+                        && vol.map.get(e.lba).0 != Loc::Disk(Pba::decode(e.source))
+                    {
                         continue;
                     }
                     let (old, _) = vol.map.set(e.lba, Loc::Disk(pba), e.crc);
@@ -715,12 +992,28 @@ impl PoolInner {
                     core.segments[s].live_blocks += 1;
                 }
                 EntryKind::Trim | EntryKind::Zero => {
-                    let Some(vol) = core.volumes.get_mut(&e.volume) else { continue };
+                    let Some(vol) = core.volumes.get_mut(&e.volume) else {
+                        continue;
+                    };
                     let end = e.lba.saturating_add(e.count as u64);
-                    let mapped: Vec<u64> = vol.map.iter_from(e.lba).map(|x| x.0).take_while(|&b| b < end).collect();
-                    let new = if e.kind == EntryKind::Zero { Loc::Zero } else { Loc::Unmapped };
+                    let mapped: Vec<u64> = vol
+                        .map
+                        .iter_from(e.lba)
+                        .map(|x| x.0)
+                        .take_while(|&b| b < end)
+                        .collect();
+                    let new = if e.kind == EntryKind::Zero {
+                        Loc::Zero
+                    } else {
+                        Loc::Unmapped
+                    };
                     for b in mapped {
-                        let (old, _) = core.volumes.get_mut(&e.volume).expect("volume").map.set(b, new, 0);
+                        let (old, _) = core
+                            .volumes
+                            .get_mut(&e.volume)
+                            .expect("volume")
+                            .map
+                            .set(b, new, 0);
                         core.release_loc(old, &self.shape);
                     }
                 }
@@ -735,8 +1028,10 @@ impl PoolInner {
         let next = header.next_segment as usize;
         if next < core.segments.len() && core.segments[next].state == SegState::Free {
             core.segments[next].state = SegState::Reserved(head);
-            core.segments[next].members_mask =
-                self.shape.geometry.segment_members(next as u32, core.active_mask);
+            core.segments[next].members_mask = self
+                .shape
+                .geometry
+                .segment_members(next as u32, core.active_mask);
         }
         core.next_seq = core.next_seq.max(header.seq + 1);
         Ok(())

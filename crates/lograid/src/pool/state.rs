@@ -5,7 +5,7 @@
 
 use crate::device::AlignedBuf;
 use crate::format::checkpoint::PoolCounters;
-use crate::format::row::{header_blocks_for, entries_capacity, Entry, HeadId, RowKind};
+use crate::format::row::{entries_capacity, header_blocks_for, Entry, HeadId, RowKind};
 use crate::format::superblock::CheckpointPointer;
 use crate::format::BLOCK_SIZE;
 use crate::layout::{Pba, RowGeom};
@@ -27,7 +27,9 @@ pub enum SegState {
     Checkpoint,
     /// Emptied by the cleaner or by overwrites; reusable once a flush that
     /// started after `flush_gen` has completed.
-    PendingFree { flush_gen: u64 },
+    PendingFree {
+        flush_gen: u64,
+    },
 }
 
 pub struct Segment {
@@ -123,7 +125,8 @@ impl SealedRow {
     }
     /// The block at (col, blk) if it is a data block held in memory.
     pub fn block(&self, col: usize, blk: usize) -> Option<&[u8]> {
-        (col < self.geom.data_columns as usize).then(|| &self.column(col)[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE])
+        (col < self.geom.data_columns as usize)
+            .then(|| &self.column(col)[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE])
     }
 }
 
@@ -139,7 +142,15 @@ pub struct Head {
 
 impl Head {
     pub fn new(id: HeadId) -> Head {
-        Head { id, segment: NO_SEGMENT, offset: 0, next_segment: NO_SEGMENT, last_crc: 0, last_seq: 0, open: None }
+        Head {
+            id,
+            segment: NO_SEGMENT,
+            offset: 0,
+            next_segment: NO_SEGMENT,
+            last_crc: 0,
+            last_seq: 0,
+            open: None,
+        }
     }
 }
 
@@ -166,6 +177,8 @@ pub struct Core {
     pub flush_gen: u64,
     /// The newest flush generation known complete.
     pub flushed_gen: u64,
+    /// Every row with a sequence number up to this one is durable.
+    pub flushed_seq: u64,
     pub checkpoint: CheckpointPointer,
     pub checkpoint_segments: Vec<u32>,
     pub superblock_generation: u64,
@@ -214,7 +227,11 @@ impl Core {
 
     /// Header blocks needed by the open row of `head` if sealed now.
     pub fn open_header_blocks(&self, head: HeadId) -> u16 {
-        self.heads[head.index()].open.as_ref().map(|r| header_blocks_for(r.entries.len())).unwrap_or(0)
+        self.heads[head.index()]
+            .open
+            .as_ref()
+            .map(|r| header_blocks_for(r.entries.len()))
+            .unwrap_or(0)
     }
 }
 
@@ -230,20 +247,37 @@ impl Core {
             }
             in_free[s] = true;
             if self.segments[s].state != SegState::Free {
-                return Err(format!("segment {s} is in the free list but {:?}", self.segments[s].state));
+                return Err(format!(
+                    "segment {s} is in the free list but {:?}",
+                    self.segments[s].state
+                ));
             }
         }
         for (s, seg) in self.segments.iter().enumerate() {
-            if seg.state == SegState::Free && !in_free[s] && seg.members_mask.count_ones() > shape.parity as u32 {
+            let mask = shape.geometry.segment_members(s as u32, self.active_mask);
+            if seg.state == SegState::Free
+                && !in_free[s]
+                && shape.segment_usable(mask, self.active_mask)
+            {
                 return Err(format!("segment {s} is free but not in the free list"));
             }
         }
         for h in &self.heads[..2] {
-            if h.segment != NO_SEGMENT && self.segments[h.segment as usize].state != SegState::Open(h.id) {
-                return Err(format!("head {:?} is in segment {} which is {:?}", h.id, h.segment, self.segments[h.segment as usize].state));
+            if h.segment != NO_SEGMENT
+                && self.segments[h.segment as usize].state != SegState::Open(h.id)
+            {
+                return Err(format!(
+                    "head {:?} is in segment {} which is {:?}",
+                    h.id, h.segment, self.segments[h.segment as usize].state
+                ));
             }
-            if h.next_segment != NO_SEGMENT && self.segments[h.next_segment as usize].state != SegState::Reserved(h.id) {
-                return Err(format!("head {:?} reserved segment {} which is {:?}", h.id, h.next_segment, self.segments[h.next_segment as usize].state));
+            if h.next_segment != NO_SEGMENT
+                && self.segments[h.next_segment as usize].state != SegState::Reserved(h.id)
+            {
+                return Err(format!(
+                    "head {:?} reserved segment {} which is {:?}",
+                    h.id, h.next_segment, self.segments[h.next_segment as usize].state
+                ));
             }
         }
         let mut live = vec![0u32; self.segments.len()];
@@ -254,11 +288,20 @@ impl Core {
                     stored += 1;
                 }
                 if let crate::map::Loc::Disk(pba) = loc {
-                    let (s, off) = shape.geometry.segment_of(pba.block).ok_or("mapped block outside the data area")?;
+                    let (s, off) = shape
+                        .geometry
+                        .segment_of(pba.block)
+                        .ok_or("mapped block outside the data area")?;
                     live[s as usize] += 1;
                     let seg = &self.segments[s as usize];
-                    if matches!(seg.state, SegState::Free | SegState::Reserved(_) | SegState::Checkpoint) {
-                        return Err(format!("volume {} block {lba} maps into segment {s} which is {:?}", v.id, seg.state));
+                    if matches!(
+                        seg.state,
+                        SegState::Free | SegState::Reserved(_) | SegState::Checkpoint
+                    ) {
+                        return Err(format!(
+                            "volume {} block {lba} maps into segment {s} which is {:?}",
+                            v.id, seg.state
+                        ));
                     }
                     if seg.row_at(off).is_none() {
                         return Err(format!("volume {} block {lba} maps to segment {s} offset {off}, not in any row", v.id));
@@ -268,11 +311,17 @@ impl Core {
         }
         for (s, seg) in self.segments.iter().enumerate() {
             if seg.live_blocks != live[s] {
-                return Err(format!("segment {s}: live count {} but {} blocks map into it", seg.live_blocks, live[s]));
+                return Err(format!(
+                    "segment {s}: live count {} but {} blocks map into it",
+                    seg.live_blocks, live[s]
+                ));
             }
         }
         if stored != self.stored_blocks {
-            return Err(format!("stored blocks {} but maps hold {stored}", self.stored_blocks));
+            return Err(format!(
+                "stored blocks {} but maps hold {stored}",
+                self.stored_blocks
+            ));
         }
         Ok(())
     }

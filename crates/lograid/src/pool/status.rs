@@ -68,7 +68,9 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
             };
             MemberStatus {
                 index: i,
-                path: dev.map(|d| d.member.describe()).unwrap_or_else(|| "-".into()),
+                path: dev
+                    .map(|d| d.member.describe())
+                    .unwrap_or_else(|| "-".into()),
                 uuid: format!("{:032x}", shape.member_uuids[i]),
                 state,
                 size_bytes: shape.geometry.member_blocks[i] * BLOCK_BYTES,
@@ -109,8 +111,16 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
         free_bytes: inner.usable_blocks.saturating_sub(stored_blocks) * BLOCK_BYTES,
         segments_total: core.segments.len(),
         segments_free: core.free.len(),
-        segments_sealed: core.segments.iter().filter(|s| s.state == SegState::Sealed).count(),
-        segments_pending_free: core.segments.iter().filter(|s| matches!(s.state, SegState::PendingFree { .. })).count(),
+        segments_sealed: core
+            .segments
+            .iter()
+            .filter(|s| s.state == SegState::Sealed)
+            .count(),
+        segments_pending_free: core
+            .segments
+            .iter()
+            .filter(|s| matches!(s.state, SegState::PendingFree { .. }))
+            .count(),
         volumes,
         counters: core.counters,
         member_bytes_written,
@@ -122,7 +132,11 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
         checksum_errors: members.iter().map(|m| m.counters.checksum_errors).sum(),
         repaired_blocks: members.iter().map(|m| m.counters.repaired_blocks).sum(),
         map_memory_bytes,
-        map_bytes_per_stored_block: if stored_blocks > 0 { map_memory_bytes as f64 / stored_blocks as f64 } else { 0.0 },
+        map_bytes_per_stored_block: if stored_blocks > 0 {
+            map_memory_bytes as f64 / stored_blocks as f64
+        } else {
+            0.0
+        },
         recovery: inner.recovery_report.lock().clone(),
         members,
     }

@@ -27,9 +27,11 @@ pub struct SimPool {
 
 impl SimPool {
     pub fn create(members: usize, parity: u8, member_bytes: u64, fill: f64) -> SimPool {
-        let sims: Vec<Arc<SimMember>> =
-            (0..members).map(|i| Arc::new(SimMember::new(&format!("sim{i}"), member_bytes))).collect();
-        let dyn_members: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect();
+        let sims: Vec<Arc<SimMember>> = (0..members)
+            .map(|i| Arc::new(SimMember::new(&format!("sim{i}"), member_bytes)))
+            .collect();
+        let dyn_members: Vec<Arc<dyn Member>> =
+            sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect();
         let opts = CreateOptions {
             name: "test".into(),
             parity,
@@ -42,7 +44,11 @@ impl SimPool {
         let usable = pool.status().usable_bytes;
         let size = ((usable as f64 * fill) as u64 / 4096).max(16) * 4096;
         let volume = pool.create_volume("vol", size).expect("create volume");
-        SimPool { sims, pool: Some(pool), volume: Some(volume) }
+        SimPool {
+            sims,
+            pool: Some(pool),
+            volume: Some(volume),
+        }
     }
 
     pub fn pool(&self) -> &Pool {
@@ -56,9 +62,13 @@ impl SimPool {
     }
 
     fn reopen_from(images: Vec<Vec<u8>>, rng: Option<&mut SimRng>) -> lograid::Result<SimPool> {
-        let sims: Vec<Arc<SimMember>> =
-            images.into_iter().enumerate().map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img))).collect();
-        let mut order: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect();
+        let sims: Vec<Arc<SimMember>> = images
+            .into_iter()
+            .enumerate()
+            .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)))
+            .collect();
+        let mut order: Vec<Arc<dyn Member>> =
+            sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect();
         if let Some(rng) = rng {
             for i in (1..order.len()).rev() {
                 let j = rng.below(i as u64 + 1) as usize;
@@ -67,7 +77,11 @@ impl SimPool {
         }
         let pool = open_members(order, test_options(), false)?;
         let volume = pool.volume("vol")?;
-        Ok(SimPool { sims, pool: Some(pool), volume: Some(volume) })
+        Ok(SimPool {
+            sims,
+            pool: Some(pool),
+            volume: Some(volume),
+        })
     }
 
     /// Power cut: every member keeps what `mode` says of its unflushed writes.
@@ -134,7 +148,13 @@ pub struct Model {
 impl Model {
     pub fn new(size_bytes: u64) -> Model {
         let n = (size_bytes / SECTOR as u64) as usize;
-        Model { current: vec![0; n], durable: vec![0; n], since_flush: vec![Vec::new(); n], next_tag: 1, last_write: None }
+        Model {
+            current: vec![0; n],
+            durable: vec![0; n],
+            since_flush: vec![Vec::new(); n],
+            next_tag: 1,
+            last_write: None,
+        }
     }
 
     pub fn random_range(&self, rng: &mut SimRng, max_len: u64) -> (u64, u64) {
@@ -160,7 +180,11 @@ impl Model {
         let mut data = vec![0u8; len as usize];
         let before: Vec<u64> = self.current[first..first + n].to_vec();
         for i in 0..n {
-            sector_pattern(tag, (first + i) as u64, &mut data[i * SECTOR..(i + 1) * SECTOR]);
+            sector_pattern(
+                tag,
+                (first + i) as u64,
+                &mut data[i * SECTOR..(i + 1) * SECTOR],
+            );
             self.set(first + i, tag);
         }
         self.last_write = Some((off, len, before));
@@ -220,18 +244,31 @@ impl Model {
         let first = off / SECTOR as u64;
         for (i, bytes) in data.chunks(SECTOR).enumerate() {
             let s = first as usize + i;
-            let tag = sector_tag(bytes, s as u64)
-                .ok_or_else(|| format!("sector {s} (byte {}) holds bytes no write produced", s * SECTOR))?;
+            let tag = sector_tag(bytes, s as u64).ok_or_else(|| {
+                format!(
+                    "sector {s} (byte {}) holds bytes no write produced",
+                    s * SECTOR
+                )
+            })?;
             let want = self.current[s];
             if want == u64::MAX {
-                if tag != 0 && !self.since_flush[s].contains(&tag) && tag != self.durable[s] && !self.was_written(s, tag) {
-                    return Err(format!("sector {s}: unknown value resolved to implausible write {tag}"));
+                if tag != 0
+                    && !self.since_flush[s].contains(&tag)
+                    && tag != self.durable[s]
+                    && !self.was_written(s, tag)
+                {
+                    return Err(format!(
+                        "sector {s}: unknown value resolved to implausible write {tag}"
+                    ));
                 }
                 self.current[s] = tag;
                 continue;
             }
             if tag != want {
-                return Err(format!("sector {s} (byte {}): read write #{tag}, expected write #{want}", s * SECTOR));
+                return Err(format!(
+                    "sector {s} (byte {}): read write #{tag}, expected write #{want}",
+                    s * SECTOR
+                ));
             }
         }
         Ok(())
@@ -244,8 +281,12 @@ impl Model {
     /// After a crash: each sector must hold its last flushed value or a later write.
     pub fn after_crash(&mut self, observed: &[u8]) -> Result<(), String> {
         for (s, bytes) in observed.chunks(SECTOR).enumerate() {
-            let tag = sector_tag(bytes, s as u64)
-                .ok_or_else(|| format!("sector {s} (byte {}) holds bytes no write produced", s * SECTOR))?;
+            let tag = sector_tag(bytes, s as u64).ok_or_else(|| {
+                format!(
+                    "sector {s} (byte {}) holds bytes no write produced",
+                    s * SECTOR
+                )
+            })?;
             if tag != self.durable[s] && !self.since_flush[s].contains(&tag) {
                 return Err(format!(
                     "sector {s} (byte {}): holds write #{tag}; allowed: flushed #{} or one of {:?}",

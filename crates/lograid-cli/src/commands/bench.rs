@@ -1,0 +1,537 @@
+//! `lograid bench`: drives the engine directly on file-backed members and
+//! measures, in the same run with the same I/O engine (positioned O_DIRECT
+//! writes from a pool of threads), a plain file on the same disk. Reports
+//! MB/s, IOPS, latency percentiles and write amplification measured at the
+//! members, and the parity codec's speed.
+
+use crate::size::{human, parse_size};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use lograid::device::{AlignedBuf, FileMember, Member, OpenMode};
+use lograid::{CreateOptions, Pool, PoolOptions, Volume};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Args, Clone)]
+pub struct BenchArgs {
+    /// Folder for the member files (default: a new folder in /var/tmp); removed afterwards.
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Member drives.
+    #[arg(long, default_value_t = 3)]
+    pub members: usize,
+    /// Parity columns.
+    #[arg(long, default_value_t = 1)]
+    pub parity: u8,
+    /// Size of each member file (sparse).
+    #[arg(long, default_value = "4G", value_parser = parse_size)]
+    pub member_size: u64,
+    /// Chunk (column height of a full row).
+    #[arg(long, default_value = "256K", value_parser = parse_size)]
+    pub chunk: u64,
+    /// Seconds per workload.
+    #[arg(long, default_value_t = 10.0)]
+    pub seconds: f64,
+    /// Requests in flight (threads issuing synchronous requests).
+    #[arg(long, default_value_t = 32)]
+    pub queue_depth: usize,
+    /// Workloads to run (comma-separated: seq, rand); default all.
+    #[arg(long, default_value = "seq,rand")]
+    pub workloads: String,
+    /// Write the results as JSON to this file too.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Measure {
+    pub target: String,
+    pub workload: String,
+    pub seconds: f64,
+    pub ops: u64,
+    pub bytes: u64,
+    pub mb_per_s: f64,
+    pub iops: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    /// Member bytes written / bytes the workload wrote (lograid only).
+    pub write_amplification: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    date: String,
+    machine: String,
+    members: usize,
+    parity: u8,
+    member_size: u64,
+    chunk: u64,
+    queue_depth: usize,
+    parity_kernel: String,
+    encode_gb_per_s: Vec<(String, f64)>,
+    results: Vec<Measure>,
+}
+
+/// One workload: each of `qd` threads repeatedly calls `op(i)` until the
+/// deadline; returns (ops, latencies in ns).
+fn drive(
+    qd: usize,
+    seconds: f64,
+    limit_ops: u64,
+    op: Arc<dyn Fn(u64) -> std::io::Result<()> + Send + Sync>,
+) -> Result<(u64, f64, Vec<u64>)> {
+    let counter = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let start = Instant::now();
+    let handles: Vec<_> = (0..qd)
+        .map(|_| {
+            let op = op.clone();
+            let counter = counter.clone();
+            std::thread::spawn(move || -> std::io::Result<Vec<u64>> {
+                let mut lat = Vec::with_capacity(1 << 16);
+                loop {
+                    let i = counter.fetch_add(1, Ordering::Relaxed);
+                    if i >= limit_ops || Instant::now() >= deadline {
+                        return Ok(lat);
+                    }
+                    let t = Instant::now();
+                    op(i)?;
+                    lat.push(t.elapsed().as_nanos() as u64);
+                }
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for h in handles {
+        all.extend(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("benchmark thread panicked"))??,
+        );
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    all.sort_unstable();
+    Ok((all.len() as u64, elapsed, all))
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i] as f64 / 1000.0
+}
+
+fn measure(
+    target: &str,
+    workload: &str,
+    ops: u64,
+    secs: f64,
+    lat: &[u64],
+    op_bytes: u64,
+    wa: Option<f64>,
+) -> Measure {
+    Measure {
+        target: target.into(),
+        workload: workload.into(),
+        seconds: secs,
+        ops,
+        bytes: ops * op_bytes,
+        mb_per_s: (ops * op_bytes) as f64 / secs / 1e6,
+        iops: ops as f64 / secs,
+        p50_us: percentile(lat, 0.5),
+        p99_us: percentile(lat, 0.99),
+        p999_us: percentile(lat, 0.999),
+        write_amplification: wa,
+    }
+}
+
+/// A cheap deterministic hash for picking random offsets.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+fn filled(len: usize, seed: u64) -> AlignedBuf {
+    let mut b = AlignedBuf::zeroed(len);
+    for (i, c) in b.chunks_mut(8).enumerate() {
+        c.copy_from_slice(&mix(seed ^ i as u64).to_le_bytes()[..c.len()]);
+    }
+    b
+}
+
+struct RawFile {
+    path: PathBuf,
+    member: Arc<FileMember>,
+}
+
+impl RawFile {
+    fn new(dir: &Path, size: u64) -> Result<RawFile> {
+        let path = dir.join("raw.img");
+        let _ = std::fs::remove_file(&path);
+        FileMember::create_sparse(&path, size)?;
+        let member = Arc::new(FileMember::open(&path, OpenMode::ReadWrite)?);
+        Ok(RawFile { path, member })
+    }
+}
+
+impl Drop for RawFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+struct BenchPool {
+    pool: Pool,
+    volume: Volume,
+    paths: Vec<PathBuf>,
+}
+
+impl BenchPool {
+    fn new(a: &BenchArgs, dir: &Path) -> Result<BenchPool> {
+        let paths: Vec<PathBuf> = (0..a.members)
+            .map(|i| dir.join(format!("member{i}.img")))
+            .collect();
+        for p in &paths {
+            let _ = std::fs::remove_file(p);
+        }
+        let members = lograid::open_new_members(&paths, Some(a.member_size), true)?;
+        let opts = CreateOptions {
+            name: "bench".into(),
+            parity: a.parity,
+            chunk_bytes: a.chunk as u32,
+            segment_bytes: None,
+            force: true,
+            initial_volume: None,
+        };
+        let pool = lograid::create_pool(members, &opts, PoolOptions::default())?;
+        let size = pool.status().usable_bytes / 4096 * 4096;
+        let volume = pool.create_volume("bench", size)?;
+        Ok(BenchPool {
+            pool,
+            volume,
+            paths,
+        })
+    }
+    fn member_bytes_written(&self) -> u64 {
+        self.pool.status().member_bytes_written
+    }
+}
+
+impl Drop for BenchPool {
+    fn drop(&mut self) {
+        let _ = self.pool.close();
+        for p in &self.paths {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn free_bytes(dir: &Path) -> Result<u64> {
+    let c = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+    // SAFETY: statvfs fills the struct for a valid C path.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("statvfs");
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().next().map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
+        })
+        .unwrap_or(0);
+    format!("{cpu}, {cores} cores, {} RAM", human(mem * 1024))
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    if a.members < 2 || a.parity as usize >= a.members {
+        bail!("need at least parity+1 members");
+    }
+    let dir = match &a.dir {
+        Some(d) => d.clone(),
+        None => PathBuf::from("/var/tmp").join(format!("lograid-bench-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let need = a.member_size * (a.members as u64 + 1);
+    let free = free_bytes(&dir)?;
+    if free < need {
+        bail!(
+            "{} has {} free; the benchmark may write up to {} there",
+            dir.display(),
+            human(free),
+            human(need)
+        );
+    }
+    let result = run_in(&a, &dir);
+    if a.dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn run_in(a: &BenchArgs, dir: &Path) -> Result<()> {
+    let qd = a.queue_depth;
+    let secs = a.seconds;
+    let mut results: Vec<Measure> = Vec::new();
+    let show = |m: &Measure| {
+        eprintln!(
+            "  {:<8} {:<22} {:>9.1} MB/s {:>9.0} IOPS  p50 {:>7.1} us  p99 {:>8.1} us  p99.9 {:>8.1} us{}",
+            m.target,
+            m.workload,
+            m.mb_per_s,
+            m.iops,
+            m.p50_us,
+            m.p99_us,
+            m.p999_us,
+            m.write_amplification.map(|w| format!("  WA {w:.3}")).unwrap_or_default()
+        )
+    };
+    eprintln!("lograid bench: {} members of {}, parity {}, chunk {}, queue depth {qd}, {secs} s per workload, in {}",
+        a.members, human(a.member_size), a.parity, human(a.chunk), dir.display());
+
+    // Sequential 1 MiB writes: raw file, then lograid.
+    let mib = 1usize << 20;
+    let data = Arc::new(filled(mib, 1));
+    let want = |w: &str| a.workloads.split(',').any(|x| x.trim() == w);
+    if want("seq") {
+        let raw = RawFile::new(dir, a.member_size)?;
+        let m = raw.member.clone();
+        let d = data.clone();
+        let blocks = a.member_size / mib as u64;
+        let (ops, t, lat) = drive(
+            qd,
+            secs,
+            blocks,
+            Arc::new(move |i| m.write_at(&d, i * mib as u64)),
+        )?;
+        raw.member.flush()?;
+        let r = measure("raw", "seq-write-1M", ops, t, &lat, mib as u64, None);
+        show(&r);
+        results.push(r);
+    }
+    if want("seq") {
+        let bp = BenchPool::new(a, dir)?;
+        let v = bp.volume.clone();
+        let d = data.clone();
+        let before = bp.member_bytes_written();
+        let blocks = v.size_bytes() / mib as u64;
+        let start = Instant::now();
+        let (ops, _, lat) = drive(
+            qd,
+            secs,
+            blocks,
+            Arc::new(move |i| v.write(i * mib as u64, &d).map_err(Into::into)),
+        )?;
+        bp.volume.flush()?;
+        let elapsed = start.elapsed().as_secs_f64();
+        let wa = (bp.member_bytes_written() - before) as f64 / (ops * mib as u64) as f64;
+        let r = measure(
+            "lograid",
+            "seq-write-1M",
+            ops,
+            elapsed,
+            &lat,
+            mib as u64,
+            Some(wa),
+        );
+        show(&r);
+        show_counters(&bp.pool);
+        results.push(r);
+        // Sequential read back.
+        let v = bp.volume.clone();
+        let written = ops;
+        let (rops, rt, rlat) = drive(
+            qd,
+            secs,
+            written,
+            Arc::new(move |i| {
+                let mut buf = vec![0u8; mib];
+                v.read(i * mib as u64, &mut buf).map_err(Into::into)
+            }),
+        )?;
+        let r = measure("lograid", "seq-read-1M", rops, rt, &rlat, mib as u64, None);
+        show(&r);
+        results.push(r);
+    }
+
+    // Random 4 KiB writes at queue depth `qd` into an empty volume.
+    let block = Arc::new(filled(4096, 2));
+    if want("rand") {
+        let raw = RawFile::new(dir, a.member_size)?;
+        let m = raw.member.clone();
+        let b = block.clone();
+        let blocks = a.member_size / 4096;
+        let (ops, t, lat) = drive(
+            qd,
+            secs,
+            u64::MAX,
+            Arc::new(move |i| m.write_at(&b, (mix(i) % blocks) * 4096)),
+        )?;
+        raw.member.flush()?;
+        let r = measure("raw", "rand-write-4K", ops, t, &lat, 4096, None);
+        show(&r);
+        results.push(r);
+        let m = raw.member.clone();
+        let (ops, t, lat) = drive(
+            qd,
+            secs,
+            u64::MAX,
+            Arc::new(move |i| {
+                let mut buf = AlignedBuf::zeroed(4096);
+                m.read_at(&mut buf, (mix(i) % blocks) * 4096)
+            }),
+        )?;
+        let r = measure("raw", "rand-read-4K", ops, t, &lat, 4096, None);
+        show(&r);
+        results.push(r);
+    }
+    if want("rand") {
+        let bp = BenchPool::new(a, dir)?;
+        let v = bp.volume.clone();
+        let b = block.clone();
+        let blocks = v.size_bytes() / 4096;
+        let before = bp.member_bytes_written();
+        let start = Instant::now();
+        let (ops, _, lat) = drive(
+            qd,
+            secs,
+            u64::MAX,
+            Arc::new(move |i| v.write((mix(i) % blocks) * 4096, &b).map_err(Into::into)),
+        )?;
+        bp.volume.flush()?;
+        let t = start.elapsed().as_secs_f64();
+        let wa = (bp.member_bytes_written() - before) as f64 / (ops * 4096) as f64;
+        let r = measure("lograid", "rand-write-4K", ops, t, &lat, 4096, Some(wa));
+        show(&r);
+        show_counters(&bp.pool);
+        results.push(r);
+        let v = bp.volume.clone();
+        let (rops, rt, rlat) = drive(
+            qd,
+            secs,
+            u64::MAX,
+            Arc::new(move |i| {
+                let mut buf = vec![0u8; 4096];
+                v.read((mix(i) % blocks) * 4096, &mut buf)
+                    .map_err(Into::into)
+            }),
+        )?;
+        let r = measure("lograid", "rand-read-4K", rops, rt, &rlat, 4096, None);
+        show(&r);
+        results.push(r);
+    }
+
+    // Parity codec speed on cached data.
+    let mut encode = Vec::new();
+    for (k, p) in [(2usize, 1usize), (4, 2), (5, 3)] {
+        let gbs = lograid_parity::bench_encode(k, p, 128 * 1024, 1.0);
+        eprintln!(
+            "  parity   encode ({},{}) 128K columns: {gbs:.1} GB/s per core",
+            k + p,
+            p
+        );
+        encode.push((format!("({},{})", k + p, p), gbs));
+    }
+    print_table(a, &results);
+    if let Some(path) = &a.json {
+        let report = Report {
+            date: chrono_like_now(),
+            machine: machine(),
+            members: a.members,
+            parity: a.parity,
+            member_size: a.member_size,
+            chunk: a.chunk,
+            queue_depth: qd,
+            parity_kernel: lograid_parity::kernel_name().to_string(),
+            encode_gb_per_s: encode,
+            results: results.clone(),
+        };
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    Ok(())
+}
+
+fn show_counters(pool: &Pool) {
+    let st = pool.status();
+    eprintln!(
+        "           rows {} (short {}), checkpoints {}, relocated blocks {}, segments free {}/{}",
+        st.counters.rows_written,
+        st.counters.short_rows,
+        st.counters.checkpoints,
+        st.counters.relocated_blocks,
+        st.segments_free,
+        st.segments_total
+    );
+}
+
+fn chrono_like_now() -> String {
+    let out = std::process::Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output();
+    out.ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn print_table(a: &BenchArgs, results: &[Measure]) {
+    println!("| target | workload | MB/s | IOPS | p50 us | p99 us | p99.9 us | WA |");
+    println!("|---|---|--:|--:|--:|--:|--:|--:|");
+    for m in results {
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+            m.target,
+            m.workload,
+            m.mb_per_s,
+            m.iops,
+            m.p50_us,
+            m.p99_us,
+            m.p999_us,
+            m.write_amplification
+                .map(|w| format!("{w:.3}"))
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+    let get = |t: &str, w: &str| results.iter().find(|m| m.target == t && m.workload == w);
+    let k = (a.members - a.parity as usize) as f64 / a.members as f64;
+    if let (Some(r), Some(l)) = (get("raw", "seq-write-1M"), get("lograid", "seq-write-1M")) {
+        println!(
+            "\nsequential write: lograid {:.0} MB/s = {:.2} x raw x (N-P)/N (target >= 0.85)",
+            l.mb_per_s,
+            l.mb_per_s / (r.mb_per_s * k)
+        );
+    }
+    if let (Some(r), Some(l)) = (get("raw", "rand-write-4K"), get("lograid", "rand-write-4K")) {
+        println!(
+            "random 4K write: lograid {:.0} IOPS = {:.2} x raw (target >= 1.0); write amplification {:.3} (target <= 1.6)",
+            l.iops,
+            l.iops / r.iops,
+            l.write_amplification.unwrap_or(0.0)
+        );
+    }
+}

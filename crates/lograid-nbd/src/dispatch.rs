@@ -1,0 +1,539 @@
+//! Runs one validated request against an [`Export`] and encodes the complete reply.
+//!
+//! Owns: the shape of every transmission reply (simple or structured, sparse reads with
+//! `NBD_REPLY_TYPE_OFFSET_HOLE`, `NBD_REPLY_TYPE_BLOCK_STATUS` descriptors) and the policing of
+//! what an export returns (extents that are empty, unaligned or too many). Runs on a blocking
+//! thread; must never touch the socket or the async runtime, and must turn a panicking export
+//! into an `EIO` reply instead of a lost request.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::export::{nbd_error_from_io, Allocation, Export};
+use crate::proto::*;
+
+/// Reads shorter than this are always sent as one data chunk (no block-status lookup).
+pub const SPARSE_READ_MIN_LEN: u32 = 64 * 1024;
+/// Holes shorter than this inside a read are sent as data (not worth a chunk).
+pub const SPARSE_HOLE_MIN_LEN: u64 = 4096;
+/// Most `Export::block_status` calls made to plan one sparse read.
+const SPARSE_PLAN_MAX_CALLS: usize = 16;
+/// Most descriptors in one block-status reply.
+pub const MAX_BLOCK_STATUS_DESCRIPTORS: usize = 1024;
+
+/// How replies are encoded on this connection.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplyOptions {
+    pub structured_replies: bool,
+    /// Use `OFFSET_HOLE` chunks for ranges the export reports as zero.
+    pub sparse_reads: bool,
+}
+
+/// Encodes the error reply for a request the server refused or that failed.
+pub fn error_reply(
+    cookie: u64,
+    command: u16,
+    error: u32,
+    message: &str,
+    options: ReplyOptions,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + message.len().min(1024));
+    // Structured replies are mandatory for READ, and carry the message for BLOCK_STATUS; other
+    // commands get a simple reply, which every client understands.
+    if options.structured_replies && matches!(command, NBD_CMD_READ | NBD_CMD_BLOCK_STATUS) {
+        put_error_chunk(&mut out, cookie, error, message);
+    } else {
+        put_simple_reply(&mut out, cookie, error);
+    }
+    out
+}
+
+fn ok_reply(cookie: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(SIMPLE_REPLY_HEADER_LEN);
+    put_simple_reply(&mut out, cookie, 0);
+    out
+}
+
+/// Runs `command` (already validated against the session) and returns the reply bytes.
+/// `payload` is the data of a WRITE and empty otherwise.
+pub fn execute(
+    export: &dyn Export,
+    cookie: u64,
+    command: Command,
+    payload: &[u8],
+    options: ReplyOptions,
+) -> Vec<u8> {
+    let code = command_code(command);
+    match catch_unwind(AssertUnwindSafe(|| {
+        execute_inner(export, cookie, command, payload, options)
+    })) {
+        Ok(reply) => reply,
+        Err(_) => {
+            tracing::error!(
+                export = export.name(),
+                command = command_name(code),
+                "export panicked"
+            );
+            error_reply(
+                cookie,
+                code,
+                NBD_EIO,
+                "internal error in the export",
+                options,
+            )
+        }
+    }
+}
+
+fn command_code(command: Command) -> u16 {
+    match command {
+        Command::Read { .. } => NBD_CMD_READ,
+        Command::Write { .. } => NBD_CMD_WRITE,
+        Command::Disconnect => NBD_CMD_DISC,
+        Command::Flush => NBD_CMD_FLUSH,
+        Command::Trim { .. } => NBD_CMD_TRIM,
+        Command::Cache { .. } => NBD_CMD_CACHE,
+        Command::WriteZeroes { .. } => NBD_CMD_WRITE_ZEROES,
+        Command::BlockStatus { .. } => NBD_CMD_BLOCK_STATUS,
+    }
+}
+
+fn execute_inner(
+    export: &dyn Export,
+    cookie: u64,
+    command: Command,
+    payload: &[u8],
+    options: ReplyOptions,
+) -> Vec<u8> {
+    let code = command_code(command);
+    let simple = |result: std::io::Result<()>, allow_enotsup: bool| match result {
+        Ok(()) => ok_reply(cookie),
+        Err(error) => {
+            let nbd_error = nbd_error_from_io(&error, allow_enotsup);
+            tracing::debug!(export = export.name(), command = command_name(code), %error, "request failed");
+            error_reply(cookie, code, nbd_error, &error.to_string(), options)
+        }
+    };
+    match command {
+        Command::Read { offset, length, df } => {
+            read_reply(export, cookie, offset, length, df, options)
+        }
+        Command::Write { offset, fua, .. } => {
+            if payload.is_empty() {
+                return ok_reply(cookie);
+            }
+            simple(export.write(offset, payload, fua), false)
+        }
+        Command::Flush => simple(export.flush(), false),
+        Command::Trim {
+            offset,
+            length,
+            fua,
+        } => {
+            if length == 0 {
+                return ok_reply(cookie);
+            }
+            simple(export.trim(offset, u64::from(length), fua), false)
+        }
+        Command::WriteZeroes {
+            offset,
+            length,
+            no_hole,
+            fua,
+            fast,
+        } => {
+            if length == 0 {
+                return ok_reply(cookie);
+            }
+            simple(
+                export.write_zeroes(offset, u64::from(length), no_hole, fua),
+                fast,
+            )
+        }
+        Command::Cache { .. } | Command::Disconnect => ok_reply(cookie),
+        Command::BlockStatus {
+            offset,
+            length,
+            req_one,
+        } => block_status_reply(export, cookie, offset, length, req_one, options),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// READ
+// ---------------------------------------------------------------------------------------------
+
+/// One piece of a planned read: data to read, or a range known to read as zeroes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadPiece {
+    pub offset: u64,
+    pub length: u64,
+    pub hole: bool,
+}
+
+/// Splits `[offset, offset+length)` into data and hole pieces from block-status extents (as an
+/// export returned them, starting at `offset`). Holes that are short or not 512-aligned become
+/// data; what the extents do not cover is data. Pure and total.
+pub fn plan_read(offset: u64, length: u64, extents: &[(u64, Allocation)]) -> Vec<ReadPiece> {
+    let end = offset.saturating_add(length);
+    let mut raw: Vec<ReadPiece> = Vec::new();
+    let mut position = offset;
+    for &(extent_len, allocation) in extents {
+        if position >= end {
+            break;
+        }
+        if extent_len == 0 {
+            break;
+        }
+        let take = extent_len.min(end - position);
+        raw.push(ReadPiece {
+            offset: position,
+            length: take,
+            hole: allocation != Allocation::Data,
+        });
+        position += take;
+    }
+    if position < end {
+        raw.push(ReadPiece {
+            offset: position,
+            length: end - position,
+            hole: false,
+        });
+    }
+    let block = u64::from(MIN_BLOCK_SIZE);
+    let mut pieces: Vec<ReadPiece> = Vec::with_capacity(raw.len());
+    for mut piece in raw {
+        if piece.hole
+            && (piece.length < SPARSE_HOLE_MIN_LEN
+                || piece.offset % block != 0
+                || piece.length % block != 0)
+        {
+            piece.hole = false;
+        }
+        match pieces.last_mut() {
+            Some(last) if last.hole == piece.hole && last.offset + last.length == piece.offset => {
+                last.length += piece.length;
+            }
+            _ => pieces.push(piece),
+        }
+    }
+    pieces
+}
+
+/// Collects block-status extents for a read, calling the export until the range is covered (or a
+/// bound is hit). Errors are not fatal: the uncovered rest is simply read as data.
+fn gather_extents(export: &dyn Export, offset: u64, length: u64) -> Vec<(u64, Allocation)> {
+    let mut extents = Vec::new();
+    let mut covered = 0u64;
+    for _ in 0..SPARSE_PLAN_MAX_CALLS {
+        if covered >= length {
+            break;
+        }
+        let Ok(batch) = export.block_status(offset + covered, length - covered) else {
+            break;
+        };
+        let before = covered;
+        for (extent_len, allocation) in batch {
+            if extent_len == 0 || covered >= length {
+                break;
+            }
+            let take = extent_len.min(length - covered);
+            extents.push((take, allocation));
+            covered += take;
+        }
+        if covered == before {
+            break;
+        }
+        if extents.len() > MAX_BLOCK_STATUS_DESCRIPTORS {
+            break;
+        }
+    }
+    extents
+}
+
+fn read_reply(
+    export: &dyn Export,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+    df: bool,
+    options: ReplyOptions,
+) -> Vec<u8> {
+    let read_error = |error: std::io::Error| {
+        tracing::debug!(export = export.name(), offset, length, %error, "read failed");
+        error_reply(
+            cookie,
+            NBD_CMD_READ,
+            nbd_error_from_io(&error, false),
+            &error.to_string(),
+            options,
+        )
+    };
+    let len = length as usize;
+    if !options.structured_replies {
+        let mut out = vec![0u8; SIMPLE_REPLY_HEADER_LEN + len];
+        if len > 0 {
+            if let Err(error) = export.read(offset, &mut out[SIMPLE_REPLY_HEADER_LEN..]) {
+                return read_error(error);
+            }
+        }
+        let mut header = Vec::with_capacity(SIMPLE_REPLY_HEADER_LEN);
+        put_simple_reply(&mut header, cookie, 0);
+        out[..SIMPLE_REPLY_HEADER_LEN].copy_from_slice(&header);
+        return out;
+    }
+    if length == 0 {
+        let mut out = Vec::with_capacity(STRUCTURED_REPLY_HEADER_LEN);
+        put_done_chunk(&mut out, cookie);
+        return out;
+    }
+    let pieces = if options.sparse_reads && !df && length >= SPARSE_READ_MIN_LEN {
+        plan_read(
+            offset,
+            u64::from(length),
+            &gather_extents(export, offset, u64::from(length)),
+        )
+    } else {
+        vec![ReadPiece {
+            offset,
+            length: u64::from(length),
+            hole: false,
+        }]
+    };
+    let total: usize = pieces
+        .iter()
+        .map(|piece| {
+            STRUCTURED_REPLY_HEADER_LEN
+                + if piece.hole {
+                    12
+                } else {
+                    8 + piece.length as usize
+                }
+        })
+        .sum();
+    let mut out = Vec::with_capacity(total);
+    let last = pieces.len().saturating_sub(1);
+    for (index, piece) in pieces.iter().enumerate() {
+        let flags = if index == last {
+            NBD_REPLY_FLAG_DONE
+        } else {
+            0
+        };
+        // Piece lengths are at most `length`, a u32.
+        let piece_len = piece.length as u32;
+        if piece.hole {
+            put_chunk_header(&mut out, cookie, flags, NBD_REPLY_TYPE_OFFSET_HOLE, 12);
+            out.extend_from_slice(&piece.offset.to_be_bytes());
+            out.extend_from_slice(&piece_len.to_be_bytes());
+        } else {
+            put_chunk_header(
+                &mut out,
+                cookie,
+                flags,
+                NBD_REPLY_TYPE_OFFSET_DATA,
+                8 + piece_len,
+            );
+            out.extend_from_slice(&piece.offset.to_be_bytes());
+            let start = out.len();
+            out.resize(start + piece.length as usize, 0);
+            if let Err(error) = export.read(piece.offset, &mut out[start..]) {
+                return read_error(error);
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// BLOCK_STATUS
+// ---------------------------------------------------------------------------------------------
+
+/// Turns extents from an export into `base:allocation` descriptors for a request of `length`
+/// bytes: zero-length extents end the list, the total is clipped to `length`, neighbours with the
+/// same flags merge, at most `MAX_BLOCK_STATUS_DESCRIPTORS` (1024) are kept, and every descriptor ends
+/// on a 512-byte boundary (a misaligned answer is cut back to its last aligned boundary, or
+/// replaced by one "allocated, contents unknown" descriptor). Always returns at least one
+/// descriptor when `length > 0`. Pure and total.
+pub fn block_status_descriptors(
+    length: u32,
+    extents: &[(u64, Allocation)],
+    req_one: bool,
+) -> Vec<(u32, u32)> {
+    let block = u64::from(MIN_BLOCK_SIZE);
+    let total = u64::from(length);
+    let mut descriptors: Vec<(u32, u32)> = Vec::new();
+    let mut covered = 0u64;
+    for &(extent_len, allocation) in extents {
+        if extent_len == 0 || covered >= total {
+            break;
+        }
+        let take = extent_len.min(total - covered);
+        let flags = allocation.nbd_flags();
+        match descriptors.last_mut() {
+            Some(last) if last.1 == flags => last.0 += take as u32,
+            _ => {
+                if descriptors.len() == MAX_BLOCK_STATUS_DESCRIPTORS {
+                    break;
+                }
+                descriptors.push((take as u32, flags));
+            }
+        }
+        covered += take;
+    }
+    // Keep only descriptors ending on a block boundary.
+    let mut end = 0u64;
+    let mut keep = 0usize;
+    for (index, &(len, _)) in descriptors.iter().enumerate() {
+        end += u64::from(len);
+        if end % block == 0 {
+            keep = index + 1;
+        } else {
+            break;
+        }
+    }
+    descriptors.truncate(keep);
+    if descriptors.is_empty() && total > 0 {
+        // Status 0 ("allocated, contents unknown") is always a truthful answer.
+        let first = extents
+            .first()
+            .map_or(total, |&(len, _)| len.clamp(1, total));
+        let rounded = first.div_ceil(block).saturating_mul(block).min(total);
+        descriptors.push((rounded as u32, 0));
+    }
+    if req_one {
+        descriptors.truncate(1);
+    }
+    descriptors
+}
+
+fn block_status_reply(
+    export: &dyn Export,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+    req_one: bool,
+    options: ReplyOptions,
+) -> Vec<u8> {
+    let extents = match export.block_status(offset, u64::from(length)) {
+        Ok(extents) => extents,
+        Err(error) => {
+            return error_reply(
+                cookie,
+                NBD_CMD_BLOCK_STATUS,
+                nbd_error_from_io(&error, false),
+                &error.to_string(),
+                options,
+            )
+        }
+    };
+    let descriptors = block_status_descriptors(length, &extents, req_one);
+    let payload_len = 4 + 8 * descriptors.len();
+    let mut out = Vec::with_capacity(STRUCTURED_REPLY_HEADER_LEN + payload_len);
+    put_chunk_header(
+        &mut out,
+        cookie,
+        NBD_REPLY_FLAG_DONE,
+        NBD_REPLY_TYPE_BLOCK_STATUS,
+        payload_len as u32,
+    );
+    out.extend_from_slice(&BASE_ALLOCATION_CONTEXT_ID.to_be_bytes());
+    for (len, flags) in descriptors {
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&flags.to_be_bytes());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Allocation::*;
+
+    #[test]
+    fn plan_read_merges_and_demotes() {
+        let pieces = plan_read(
+            0,
+            65536,
+            &[
+                (4096, Data),
+                (8192, Hole),
+                (4096, Zero),
+                (512, Hole),
+                (1 << 20, Data),
+            ],
+        );
+        assert_eq!(
+            pieces,
+            vec![
+                ReadPiece {
+                    offset: 0,
+                    length: 4096,
+                    hole: false
+                },
+                ReadPiece {
+                    offset: 4096,
+                    length: 12288,
+                    hole: true
+                },
+                ReadPiece {
+                    offset: 16384,
+                    length: 65536 - 16384,
+                    hole: false
+                },
+            ]
+        );
+        // Uncovered tail is data; zero-length extents stop the walk.
+        assert_eq!(
+            plan_read(4096, 16384, &[(8192, Hole), (0, Hole), (4096, Hole)]),
+            vec![
+                ReadPiece {
+                    offset: 4096,
+                    length: 8192,
+                    hole: true
+                },
+                ReadPiece {
+                    offset: 12288,
+                    length: 8192,
+                    hole: false
+                },
+            ]
+        );
+        // Unaligned holes become data.
+        assert_eq!(
+            plan_read(0, 16384, &[(100, Data), (8192, Hole)]),
+            vec![ReadPiece {
+                offset: 0,
+                length: 16384,
+                hole: false
+            }]
+        );
+    }
+
+    #[test]
+    fn descriptors_are_clipped_merged_and_aligned() {
+        assert_eq!(
+            block_status_descriptors(
+                8192,
+                &[(4096, Data), (2048, Zero), (2048, Zero), (1 << 30, Hole)],
+                false
+            ),
+            vec![(4096, 0), (4096, NBD_STATE_ZERO)]
+        );
+        assert_eq!(
+            block_status_descriptors(8192, &[(1 << 40, Hole)], false),
+            vec![(8192, 3)]
+        );
+        assert_eq!(block_status_descriptors(8192, &[], false), vec![(8192, 0)]);
+        assert_eq!(
+            block_status_descriptors(8192, &[(100, Hole)], false),
+            vec![(512, 0)]
+        );
+        assert_eq!(
+            block_status_descriptors(8192, &[(512, Hole), (100, Data), (4096, Hole)], false),
+            vec![(512, 3)]
+        );
+        assert_eq!(
+            block_status_descriptors(8192, &[(4096, Data), (4096, Hole)], true),
+            vec![(4096, 0)]
+        );
+    }
+}

@@ -1,0 +1,399 @@
+//! Option haggling as a pure state machine: options in, reply bytes and a next step out.
+//!
+//! Owns: which options this server accepts and how it answers them (export list, INFO/GO with
+//! `NBD_INFO_*`, structured replies, `base:allocation` metadata context), and the transmission
+//! flags it advertises. Must never: do I/O or block (the connection code feeds it whole options
+//! and writes out what it returns), or trust a length it did not check.
+
+use std::sync::Arc;
+
+use crate::export::Export;
+use crate::proto::*;
+
+/// Most options one client may send before the server gives up on it.
+pub const MAX_OPTIONS_PER_HANDSHAKE: u32 = 1024;
+/// Longest oversized option payload the server reads and discards to stay in step with the
+/// client; anything longer ends the connection after the `NBD_REP_ERR_TOO_BIG` reply.
+pub const MAX_DISCARDED_OPTION_LEN: u32 = 1024 * 1024;
+
+/// The exports a server offers; the first one is the default export (empty name).
+#[derive(Clone)]
+pub struct ExportRegistry {
+    exports: Vec<Arc<dyn Export>>,
+}
+
+/// Why a list of exports cannot be served.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RegistryError {
+    #[error("no exports given")]
+    Empty,
+    #[error("export name {0:?} is empty, longer than 4096 bytes or contains NUL")]
+    BadName(String),
+    #[error("export name {0:?} is used twice")]
+    Duplicate(String),
+}
+
+impl ExportRegistry {
+    pub fn new(exports: Vec<Arc<dyn Export>>) -> Result<Self, RegistryError> {
+        if exports.is_empty() {
+            return Err(RegistryError::Empty);
+        }
+        for (index, export) in exports.iter().enumerate() {
+            let name = export.name();
+            if name.is_empty() || name.len() > MAX_STRING_LEN || name.contains('\0') {
+                return Err(RegistryError::BadName(name.to_owned()));
+            }
+            if exports[..index].iter().any(|other| other.name() == name) {
+                return Err(RegistryError::Duplicate(name.to_owned()));
+            }
+        }
+        Ok(ExportRegistry { exports })
+    }
+
+    /// Index of the export a client means by `name` (empty: the default, the first one).
+    pub fn find(&self, name: &str) -> Option<usize> {
+        if name.is_empty() {
+            return Some(0);
+        }
+        self.exports.iter().position(|export| export.name() == name)
+    }
+
+    pub fn get(&self, index: usize) -> Option<&Arc<dyn Export>> {
+        self.exports.get(index)
+    }
+
+    pub fn exports(&self) -> &[Arc<dyn Export>] {
+        &self.exports
+    }
+}
+
+/// Server-wide settings that shape what the handshake advertises.
+#[derive(Clone, Copy, Debug)]
+pub struct NegotiationPolicy {
+    /// Serve every export read-only.
+    pub read_only: bool,
+    /// Maximum block size advertised, and largest READ/WRITE accepted.
+    pub max_payload: u32,
+}
+
+/// What the transmission phase needs to know about the negotiated session.
+#[derive(Clone)]
+pub struct Session {
+    pub export: Arc<dyn Export>,
+    pub limits: SessionLimits,
+    pub transmission_flags: u16,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("export", &self.export.name())
+            .field("limits", &self.limits)
+            .field("transmission_flags", &self.transmission_flags)
+            .finish()
+    }
+}
+
+/// The outcome of one option.
+#[derive(Debug)]
+pub enum Step {
+    /// Send these bytes and read the next option.
+    Reply(Vec<u8>),
+    /// Send these bytes, then enter the transmission phase.
+    Transmit { reply: Vec<u8>, session: Session },
+    /// Send these bytes (possibly none), then close the connection.
+    Close { reply: Vec<u8>, reason: String },
+}
+
+/// Size advertised for an export: rounded down to the minimum block size, so that every byte a
+/// client can address is reachable with aligned requests.
+pub fn advertised_size(export: &dyn Export) -> u64 {
+    export.size_bytes() / u64::from(MIN_BLOCK_SIZE) * u64::from(MIN_BLOCK_SIZE)
+}
+
+/// Transmission flags for a session.
+pub fn transmission_flags(read_only: bool, structured_replies: bool) -> u16 {
+    let mut flags = NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH | NBD_FLAG_CAN_MULTI_CONN;
+    if read_only {
+        flags |= NBD_FLAG_READ_ONLY;
+    } else {
+        flags |= NBD_FLAG_SEND_FUA
+            | NBD_FLAG_SEND_TRIM
+            | NBD_FLAG_SEND_WRITE_ZEROES
+            | NBD_FLAG_SEND_FAST_ZERO;
+    }
+    if structured_replies {
+        flags |= NBD_FLAG_SEND_DF;
+    }
+    flags
+}
+
+/// One client's haggling state.
+pub struct Negotiation {
+    registry: ExportRegistry,
+    policy: NegotiationPolicy,
+    client: ClientFlags,
+    structured_replies: bool,
+    /// Export index for which `base:allocation` is selected.
+    meta_context_export: Option<usize>,
+    options_seen: u32,
+}
+
+impl Negotiation {
+    pub fn new(registry: ExportRegistry, policy: NegotiationPolicy, client: ClientFlags) -> Self {
+        Negotiation {
+            registry,
+            policy,
+            client,
+            structured_replies: false,
+            meta_context_export: None,
+            options_seen: 0,
+        }
+    }
+
+    /// Handles an option whose announced length exceeds [`MAX_OPTION_LEN`]; the data has not been
+    /// read. Returns the step and whether the caller must read and discard `length` bytes before
+    /// continuing (only with `Step::Reply`).
+    pub fn oversized_option(&mut self, header: OptionHeader) -> (Step, bool) {
+        if header.option == NBD_OPT_EXPORT_NAME {
+            // EXPORT_NAME cannot be answered with an error.
+            return (
+                Step::Close {
+                    reply: Vec::new(),
+                    reason: format!("NBD_OPT_EXPORT_NAME of {} bytes", header.length),
+                },
+                false,
+            );
+        }
+        let reply = error_reply(
+            header.option,
+            NBD_REP_ERR_TOO_BIG,
+            &format!(
+                "option data of {} bytes; at most {MAX_OPTION_LEN} accepted",
+                header.length
+            ),
+        );
+        if header.length <= MAX_DISCARDED_OPTION_LEN {
+            (Step::Reply(reply), true)
+        } else {
+            (
+                Step::Close {
+                    reply,
+                    reason: format!("option data of {} bytes", header.length),
+                },
+                false,
+            )
+        }
+    }
+
+    /// Handles one complete option (`data.len() <= MAX_OPTION_LEN`).
+    pub fn handle_option(&mut self, option: u32, data: &[u8]) -> Step {
+        self.options_seen = self.options_seen.saturating_add(1);
+        if self.options_seen > MAX_OPTIONS_PER_HANDSHAKE {
+            return Step::Close {
+                reply: Vec::new(),
+                reason: format!("more than {MAX_OPTIONS_PER_HANDSHAKE} options"),
+            };
+        }
+        let parsed = match parse_option(option, data) {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                if option == NBD_OPT_EXPORT_NAME {
+                    return Step::Close {
+                        reply: Vec::new(),
+                        reason: format!("bad NBD_OPT_EXPORT_NAME: {}", error.message),
+                    };
+                }
+                if option == NBD_OPT_SET_META_CONTEXT {
+                    // A failed SET still replaces the selection.
+                    self.meta_context_export = None;
+                }
+                return Step::Reply(error_reply(option, error.reply, &error.message));
+            }
+        };
+        match parsed {
+            ClientOption::ExportName(name) => self.export_name(&name),
+            ClientOption::Abort => Step::Close {
+                reply: option_reply(option, NBD_REP_ACK, &[]),
+                reason: "client sent NBD_OPT_ABORT".into(),
+            },
+            ClientOption::List => Step::Reply(self.list(option)),
+            ClientOption::StartTls => Step::Reply(error_reply(
+                option,
+                NBD_REP_ERR_UNSUP,
+                "TLS is not supported by this server",
+            )),
+            ClientOption::Info { go, name, requests } => self.info(option, go, &name, &requests),
+            ClientOption::StructuredReply => {
+                self.structured_replies = true;
+                Step::Reply(option_reply(option, NBD_REP_ACK, &[]))
+            }
+            ClientOption::MetaContext {
+                set,
+                export,
+                queries,
+            } => Step::Reply(self.meta_context(option, set, &export, &queries)),
+            ClientOption::Unsupported(code) => Step::Reply(error_reply(
+                code,
+                NBD_REP_ERR_UNSUP,
+                &format!("option {code} ({}) is not supported", option_name(code)),
+            )),
+        }
+    }
+
+    fn session(&self, index: usize) -> Option<Session> {
+        let export = self.registry.get(index)?.clone();
+        let read_only = self.policy.read_only || export.read_only();
+        let limits = SessionLimits {
+            size_bytes: advertised_size(export.as_ref()),
+            read_only,
+            structured_replies: self.structured_replies,
+            block_status: self.structured_replies && self.meta_context_export == Some(index),
+            max_payload: self.policy.max_payload,
+        };
+        Some(Session {
+            export,
+            limits,
+            transmission_flags: transmission_flags(read_only, self.structured_replies),
+        })
+    }
+
+    fn export_name(&self, name: &str) -> Step {
+        let Some(session) = self
+            .registry
+            .find(name)
+            .and_then(|index| self.session(index))
+        else {
+            return Step::Close {
+                reply: Vec::new(),
+                reason: format!("NBD_OPT_EXPORT_NAME for unknown export {name:?}"),
+            };
+        };
+        let mut reply = Vec::with_capacity(134);
+        reply.extend_from_slice(&session.limits.size_bytes.to_be_bytes());
+        reply.extend_from_slice(&session.transmission_flags.to_be_bytes());
+        if !self.client.no_zeroes {
+            reply.extend_from_slice(&[0u8; 124]);
+        }
+        Step::Transmit { reply, session }
+    }
+
+    fn list(&self, option: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        for export in self.registry.exports() {
+            let name = export.name().as_bytes();
+            let description = description_string(export.as_ref());
+            let description = description.as_bytes();
+            let mut data = Vec::with_capacity(4 + name.len() + description.len());
+            data.extend_from_slice(&(name.len() as u32).to_be_bytes());
+            data.extend_from_slice(name);
+            data.extend_from_slice(description);
+            out.extend_from_slice(&option_reply(option, NBD_REP_SERVER, &data));
+        }
+        out.extend_from_slice(&option_reply(option, NBD_REP_ACK, &[]));
+        out
+    }
+
+    fn info(&self, option: u32, go: bool, name: &str, requests: &[u16]) -> Step {
+        let Some(index) = self.registry.find(name) else {
+            return Step::Reply(error_reply(
+                option,
+                NBD_REP_ERR_UNKNOWN,
+                &format!("no export named {name:?}"),
+            ));
+        };
+        let Some(session) = self.session(index) else {
+            return Step::Reply(error_reply(option, NBD_REP_ERR_UNKNOWN, "export vanished"));
+        };
+        let mut out = Vec::new();
+        let mut export_info = Vec::with_capacity(12);
+        export_info.extend_from_slice(&NBD_INFO_EXPORT.to_be_bytes());
+        export_info.extend_from_slice(&session.limits.size_bytes.to_be_bytes());
+        export_info.extend_from_slice(&session.transmission_flags.to_be_bytes());
+        out.extend_from_slice(&option_reply(option, NBD_REP_INFO, &export_info));
+
+        if requests.contains(&NBD_INFO_NAME) {
+            let mut data = NBD_INFO_NAME.to_be_bytes().to_vec();
+            data.extend_from_slice(session.export.name().as_bytes());
+            out.extend_from_slice(&option_reply(option, NBD_REP_INFO, &data));
+        }
+        let description = description_string(session.export.as_ref());
+        if requests.contains(&NBD_INFO_DESCRIPTION) && !description.is_empty() {
+            let mut data = NBD_INFO_DESCRIPTION.to_be_bytes().to_vec();
+            data.extend_from_slice(description.as_bytes());
+            out.extend_from_slice(&option_reply(option, NBD_REP_INFO, &data));
+        }
+        // Always sent: the minimum of 512 is stricter than the protocol default of 1.
+        let mut block_size = NBD_INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+        block_size.extend_from_slice(&MIN_BLOCK_SIZE.to_be_bytes());
+        block_size.extend_from_slice(&PREFERRED_BLOCK_SIZE.to_be_bytes());
+        block_size.extend_from_slice(&self.policy.max_payload.to_be_bytes());
+        out.extend_from_slice(&option_reply(option, NBD_REP_INFO, &block_size));
+
+        out.extend_from_slice(&option_reply(option, NBD_REP_ACK, &[]));
+        if go {
+            Step::Transmit {
+                reply: out,
+                session,
+            }
+        } else {
+            Step::Reply(out)
+        }
+    }
+
+    fn meta_context(
+        &mut self,
+        option: u32,
+        set: bool,
+        export: &str,
+        queries: &[String],
+    ) -> Vec<u8> {
+        if set {
+            self.meta_context_export = None;
+        }
+        if !self.structured_replies {
+            return error_reply(
+                option,
+                NBD_REP_ERR_INVALID,
+                "negotiate NBD_OPT_STRUCTURED_REPLY first",
+            );
+        }
+        let Some(index) = self.registry.find(export) else {
+            return error_reply(
+                option,
+                NBD_REP_ERR_UNKNOWN,
+                &format!("no export named {export:?}"),
+            );
+        };
+        let matches = if set {
+            // Only the full name selects; "base:" is a wildcard for listing only.
+            queries.iter().any(|query| query == BASE_ALLOCATION)
+        } else {
+            queries.is_empty()
+                || queries
+                    .iter()
+                    .any(|query| query == BASE_ALLOCATION || query == "base:")
+        };
+        let mut out = Vec::new();
+        if matches {
+            let context_id = if set { BASE_ALLOCATION_CONTEXT_ID } else { 0 };
+            let mut data = context_id.to_be_bytes().to_vec();
+            data.extend_from_slice(BASE_ALLOCATION.as_bytes());
+            out.extend_from_slice(&option_reply(option, NBD_REP_META_CONTEXT, &data));
+            if set {
+                self.meta_context_export = Some(index);
+            }
+        }
+        out.extend_from_slice(&option_reply(option, NBD_REP_ACK, &[]));
+        out
+    }
+}
+
+/// An export's description as a protocol string: NUL bytes replaced, at most 4096 bytes.
+fn description_string(export: &dyn Export) -> String {
+    bounded_message(export.description()).replace('\0', " ")
+}
+
+fn error_reply(option: u32, reply_type: u32, message: &str) -> Vec<u8> {
+    option_reply(option, reply_type, bounded_message(message).as_bytes())
+}
