@@ -55,6 +55,7 @@ pub fn run(a: CreateArgs) -> Result<()> {
         force: a.force,
         initial_volume,
     };
+    opts.validate(a.drives.len())?;
     let members = lograid::open_new_members(&a.drives, a.size, a.force)?;
     let pool = lograid::create_pool(
         members,

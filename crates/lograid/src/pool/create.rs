@@ -36,6 +36,43 @@ pub struct CreateOptions {
     pub initial_volume: Option<(String, u64)>,
 }
 
+impl CreateOptions {
+    /// Checks the options for `n` drives (before anything is touched).
+    pub fn validate(&self, n: usize) -> Result<()> {
+        if !(2..=MAX_MEMBERS).contains(&n) {
+            return Err(Error::InvalidArgument(format!(
+                "a pool needs 2 to {MAX_MEMBERS} drives, {n} given"
+            )));
+        }
+        if self.parity as usize > MAX_PARITY || self.parity as usize >= n {
+            return Err(Error::InvalidArgument(format!(
+                "parity {} needs more drives than that: at most {} parity for {n} drives (and never more than {MAX_PARITY})",
+                self.parity,
+                (n - 1).min(MAX_PARITY)
+            )));
+        }
+        if self.name.is_empty()
+            || self.name.len() > 64
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(Error::InvalidArgument(format!(
+                "pool name '{}': use 1-64 characters of letters, digits, '-', '_' and '.'",
+                self.name
+            )));
+        }
+        let chunk = self.chunk_bytes as u64;
+        if !chunk.is_power_of_two() || !(4096..=1 << 20).contains(&chunk) {
+            return Err(Error::InvalidArgument(format!(
+                "chunk size {chunk}: must be a power of two from 4 KiB to 1 MiB"
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Default for CreateOptions {
     fn default() -> Self {
         CreateOptions {
@@ -56,6 +93,22 @@ pub fn open_new_members(
     paths: &[PathBuf],
     create_size: Option<u64>,
     force: bool,
+) -> Result<Vec<Arc<dyn Member>>> {
+    let mut created: Vec<PathBuf> = Vec::new();
+    let result = open_new_members_inner(paths, create_size, force, &mut created);
+    if result.is_err() {
+        for p in created {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    result
+}
+
+fn open_new_members_inner(
+    paths: &[PathBuf],
+    create_size: Option<u64>,
+    force: bool,
+    created: &mut Vec<PathBuf>,
 ) -> Result<Vec<Arc<dyn Member>>> {
     let mut seen = std::collections::HashSet::new();
     let mut members: Vec<Arc<dyn Member>> = Vec::new();
@@ -113,36 +166,8 @@ pub fn create_pool(
     options: PoolOptions,
 ) -> Result<Pool> {
     let n = members.len();
-    if !(2..=MAX_MEMBERS).contains(&n) {
-        return Err(Error::InvalidArgument(format!(
-            "a pool needs 2 to {MAX_MEMBERS} drives, {n} given"
-        )));
-    }
-    if opts.parity as usize > MAX_PARITY || opts.parity as usize >= n {
-        return Err(Error::InvalidArgument(format!(
-            "parity {} needs more drives than that: at most {} parity for {n} drives (and never more than {MAX_PARITY})",
-            opts.parity,
-            (n - 1).min(MAX_PARITY)
-        )));
-    }
-    if opts.name.is_empty()
-        || opts.name.len() > 64
-        || !opts
-            .name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    {
-        return Err(Error::InvalidArgument(format!(
-            "pool name '{}': use 1-64 characters of letters, digits, '-', '_' and '.'",
-            opts.name
-        )));
-    }
+    opts.validate(n)?;
     let chunk = opts.chunk_bytes as u64;
-    if !chunk.is_power_of_two() || !(4096..=1 << 20).contains(&chunk) {
-        return Err(Error::InvalidArgument(format!(
-            "chunk size {chunk}: must be a power of two from 4 KiB to 1 MiB"
-        )));
-    }
     let chunk_blocks = (chunk / BLOCK_BYTES) as u32;
     let member_blocks: Vec<u64> = members
         .iter()

@@ -21,6 +21,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Why a pool opened for inspection refuses writes (not a fault).
+pub const OPENED_READ_ONLY: &str = "opened read-only";
+
 /// What recovery did, printed on open.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RecoveryReport {
@@ -226,7 +229,7 @@ pub fn open_members(
     );
     *inner.recovery_report.lock() = Some(report);
     if read_only {
-        inner.core.lock().read_only_reason = Some("opened read-only".into());
+        inner.core.lock().read_only_reason = Some(OPENED_READ_ONLY.into());
     }
     Ok(Pool::from_inner(inner))
 }

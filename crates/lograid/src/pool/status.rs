@@ -30,6 +30,8 @@ pub struct PoolStatus {
     pub name: String,
     pub uuid: String,
     pub state: String,
+    /// Opened for inspection only (writes refused).
+    pub read_only: bool,
     pub members_total: usize,
     pub parity: u8,
     pub chunk_bytes: u64,
@@ -92,7 +94,11 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
     let map_memory_bytes: u64 = volumes.iter().map(|v| v.map_memory_bytes).sum();
     let stored_blocks = core.stored_blocks;
     let missing = members.iter().filter(|m| m.state != "online").count();
-    let state = match (&core.read_only_reason, missing) {
+    let fault = core
+        .read_only_reason
+        .as_ref()
+        .filter(|r| r.as_str() != super::recovery::OPENED_READ_ONLY);
+    let state = match (fault, missing) {
         (Some(r), _) => format!("read-only ({r})"),
         (None, 0) => "online".into(),
         (None, n) => format!("degraded ({n} member(s) unavailable)"),
@@ -101,6 +107,7 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
         name: shape.pool_name.clone(),
         uuid: format!("{:032x}", shape.pool_uuid),
         state,
+        read_only: core.read_only_reason.is_some(),
         members_total: members.len(),
         parity: shape.parity,
         chunk_bytes: shape.geometry.chunk_blocks as u64 * BLOCK_BYTES,

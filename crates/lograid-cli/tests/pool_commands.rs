@@ -1,0 +1,221 @@
+//! The pool commands through the real `lograid` binary on sparse files and
+//! loop devices: create (and every refusal), status, volume management.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn lograid(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_lograid"))
+        .args(args)
+        .output()
+        .expect("run lograid")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = lograid(args);
+    assert!(
+        out.status.success(),
+        "lograid {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs a command that must fail; returns its error output.
+fn refused(args: &[&str]) -> String {
+    let out = lograid(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "lograid {args:?} should have failed; stderr: {err}"
+    );
+    assert!(err.contains("error:"), "no clear error for {args:?}: {err}");
+    assert!(!err.contains("panicked"), "panic for {args:?}: {err}");
+    err
+}
+
+fn drives(dir: &Path, n: usize) -> Vec<String> {
+    (0..n)
+        .map(|i| dir.join(format!("d{i}.img")).display().to_string())
+        .collect()
+}
+
+fn args<'a>(head: &[&'a str], drives: &'a [String]) -> Vec<&'a str> {
+    head.iter()
+        .copied()
+        .chain(drives.iter().map(String::as_str))
+        .collect()
+}
+
+#[test]
+fn create_status_and_volumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = drives(dir.path(), 3);
+    let out = ok(&args(
+        &[
+            "create", "--parity", "1", "--size", "128M", "--volume", "vol0:64M",
+        ],
+        &d,
+    ));
+    assert!(out.contains("created pool"), "{out}");
+    let json = ok(&args(&["status", "--json"], &d));
+    let st: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(st["members_total"], 3);
+    assert_eq!(st["parity"], 1);
+    assert_eq!(st["state"], "online");
+    assert_eq!(st["volumes"][0]["name"], "vol0");
+    assert_eq!(st["volumes"][0]["size_bytes"], 64 << 20);
+    assert!(st["usable_bytes"].as_u64().unwrap() > 128 << 20);
+    let human = ok(&args(&["status"], &d));
+    assert!(
+        human.contains("write amplification") && human.contains("CKSUM"),
+        "{human}"
+    );
+
+    ok(&args(&["volume", "create", "--size", "32M", "vol1"], &d));
+    let list = ok(&args(&["volume", "list"], &d));
+    assert!(list.contains("vol0") && list.contains("vol1"), "{list}");
+    ok(&args(&["volume", "resize", "--size", "96M", "vol1"], &d));
+    let err = refused(&args(&["volume", "resize", "--size", "16M", "vol1"], &d));
+    assert!(err.contains("shrinking"), "{err}");
+    let err = refused(&args(&["volume", "create", "--size", "32M", "vol1"], &d));
+    assert!(err.contains("already exists"), "{err}");
+    ok(&args(&["volume", "delete", "vol1"], &d));
+    let list = ok(&args(&["volume", "list", "--json"], &d));
+    assert!(!list.contains("vol1"), "{list}");
+    let err = refused(&args(&["volume", "delete", "nope"], &d));
+    assert!(err.contains("not found"), "{err}");
+    // Members in any order, and as a directory.
+    let rev: Vec<String> = d.iter().rev().cloned().collect();
+    ok(&args(&["status"], &rev));
+    ok(&["status", dir.path().to_str().unwrap()]);
+}
+
+#[test]
+fn create_refuses_what_it_should() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = drives(dir.path(), 3);
+    // Bad shapes and flags.
+    let err = refused(&args(&["create", "--parity", "3", "--size", "128M"], &d));
+    assert!(err.contains("parity 3"), "{err}");
+    let err = refused(&["create", "--size", "128M", &d[0]]);
+    assert!(err.contains("2 to 24 drives"), "{err}");
+    let err = refused(&args(&["create", "--chunk", "3000", "--size", "128M"], &d));
+    assert!(err.contains("chunk size"), "{err}");
+    let err = refused(&args(&["create", "--size", "banana"], &d));
+    assert!(err.contains("not a size"), "{err}");
+    let err = refused(&args(&["create"], &d));
+    assert!(err.contains("does not exist"), "{err}");
+    // Too small.
+    let small: Vec<String> = drives(&dir.path().join("small"), 3);
+    std::fs::create_dir(dir.path().join("small")).unwrap();
+    let err = refused(&args(&["create", "--size", "2M"], &small));
+    assert!(err.contains("too small"), "{err}");
+    // Already a pool member: refused unless --force.
+    ok(&args(&["create", "--size", "128M"], &d));
+    let err = refused(&args(&["create"], &d));
+    assert!(
+        err.contains("lograid superblock") && err.contains("--force"),
+        "{err}"
+    );
+    ok(&args(&["create", "--force"], &d));
+    // In use by another process holding the drive.
+    let held =
+        lograid::device::FileMember::open(Path::new(&d[0]), lograid::device::OpenMode::ReadWrite)
+            .unwrap();
+    let err = refused(&args(&["create", "--force"], &d));
+    assert!(err.contains("another lograid"), "{err}");
+    let err = refused(&args(&["status"], &d));
+    assert!(err.contains("another lograid"), "{err}");
+    drop(held);
+    // A filesystem on a drive.
+    let fs: PathBuf = dir.path().join("fs.img");
+    std::fs::write(&fs, vec![0u8; 64 << 20]).unwrap();
+    let mk = Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&fs)
+        .output()
+        .expect("mkfs.ext4 (e2fsprogs)");
+    assert!(mk.status.success());
+    let mixed = vec![
+        fs.display().to_string(),
+        dir.path().join("e1.img").display().to_string(),
+    ];
+    let err = refused(&args(&["create", "--size", "128M"], &mixed));
+    assert!(err.contains("ext2/3/4"), "{err}");
+    // The same drive twice.
+    let twice = vec![d[1].clone(), d[1].clone()];
+    let err = refused(&args(&["create", "--force"], &twice));
+    assert!(err.contains("twice"), "{err}");
+}
+
+#[test]
+fn status_refuses_foreign_and_garbage_drives() {
+    let dir = tempfile::tempdir().unwrap();
+    let g = dir.path().join("garbage.img");
+    let bytes: Vec<u8> = (0..(8u32 << 20))
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(&g, bytes).unwrap();
+    let err = refused(&["status", g.to_str().unwrap()]);
+    assert!(err.contains("not a lograid member"), "{err}");
+    let z = dir.path().join("zero.img");
+    std::fs::write(&z, vec![0u8; 8 << 20]).unwrap();
+    let err = refused(&["status", z.to_str().unwrap()]);
+    assert!(err.contains("not a lograid member"), "{err}");
+    let err = refused(&["status", dir.path().join("missing.img").to_str().unwrap()]);
+    assert!(err.contains("No such file"), "{err}");
+    // Two pools mixed.
+    let a = drives(&dir.path().join("a"), 2);
+    let b = drives(&dir.path().join("b"), 2);
+    std::fs::create_dir(dir.path().join("a")).unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    ok(&args(&["create", "--size", "64M", "--parity", "1"], &a));
+    ok(&args(&["create", "--size", "64M", "--parity", "1"], &b));
+    let err = refused(&["status", &a[0], &b[1]]);
+    assert!(err.contains("another pool"), "{err}");
+}
+
+/// A mounted block device is refused (needs root and loop devices).
+#[test]
+fn create_refuses_a_mounted_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("dev.img");
+    std::fs::write(&img, vec![0u8; 64 << 20]).unwrap();
+    let out = Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(&img)
+        .output()
+        .expect("losetup");
+    assert!(
+        out.status.success(),
+        "losetup: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    struct Cleanup(String, PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.1).status();
+            let _ = Command::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let _guard = Cleanup(dev.clone(), mnt.clone());
+    assert!(Command::new("mkfs.ext4")
+        .args(["-q", &dev])
+        .status()
+        .unwrap()
+        .success());
+    assert!(Command::new("mount")
+        .arg(&dev)
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success());
+    let other = dir.path().join("o.img").display().to_string();
+    let err = refused(&["create", "--force", "--size", "128M", &dev, &other]);
+    assert!(err.contains("mounted"), "{err}");
+}
