@@ -122,8 +122,11 @@ fn open_new_members_inner(
         }
         if !path.exists() {
             match create_size {
-                Some(size) => FileMember::create_sparse(path, size)
-                    .map_err(|e| Error::io(format!("creating {}", path.display()), e))?,
+                Some(size) => {
+                    FileMember::create_sparse(path, size)
+                        .map_err(|e| Error::io(format!("creating {}", path.display()), e))?;
+                    created.push(path.clone());
+                }
                 None => {
                     return Err(Error::NotFound(format!(
                         "{} does not exist (give --size to create it as a sparse file)",
