@@ -496,19 +496,19 @@ fn superblock_every_bit_flip_fails() {
 fn sample_superblock(rng: &mut SimRng) -> Superblock {
     let n = 1 + rng.below(24) as usize;
     Superblock {
-        pool_uuid: (rng.next() as u128) << 64 | rng.next() as u128,
+        pool_uuid: (rng.next_u64() as u128) << 64 | rng.next_u64() as u128,
         pool_name: format!("pool-{}", rng.below(1000)),
-        created_unix: rng.next(),
+        created_unix: rng.next_u64(),
         member_index: rng.below(n as u64) as u8,
-        generation: rng.next(),
+        generation: rng.next_u64(),
         parity: rng.below(n.min(4) as u64) as u8,
         chunk_blocks: 32,
         segment_blocks: 32 * 64,
         data_start_block: 256,
         members: (0..n)
             .map(|i| MemberRecord {
-                uuid: rng.next() as u128,
-                size_blocks: (rng.next() >> 20).max(4096),
+                uuid: rng.next_u64() as u128,
+                size_blocks: (rng.next_u64() >> 20).max(4096),
                 state: if i % 3 == 0 {
                     MemberState::Faulted
                 } else {
@@ -517,12 +517,12 @@ fn sample_superblock(rng: &mut SimRng) -> Superblock {
             })
             .collect(),
         checkpoint: CheckpointPointer {
-            checkpoint_id: rng.next(),
-            segment: rng.next() as u32,
-            offset_blocks: rng.next() as u32,
-            first_row_crc: rng.next() as u32,
-            blob_bytes: rng.next(),
-            blob_crc: rng.next() as u32,
+            checkpoint_id: rng.next_u64(),
+            segment: rng.next_u64() as u32,
+            offset_blocks: rng.next_u64() as u32,
+            first_row_crc: rng.next_u64() as u32,
+            blob_bytes: rng.next_u64(),
+            blob_crc: rng.next_u64() as u32,
         },
     }
 }
@@ -785,7 +785,7 @@ fn checkpoint_refuses_unordered_map_runs() {
 fn garbage(rng: &mut SimRng, len: usize) -> Vec<u8> {
     let mut v = vec![0u8; len];
     for chunk in v.chunks_mut(8) {
-        let x = rng.next().to_le_bytes();
+        let x = rng.next_u64().to_le_bytes();
         chunk.copy_from_slice(&x[..chunk.len()]);
     }
     v

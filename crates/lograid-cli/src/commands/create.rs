@@ -12,7 +12,7 @@ pub struct CreateArgs {
     #[arg(short, long, default_value_t = 1)]
     pub parity: u8,
     /// Column height of a full row (power of two, 4K to 1M).
-    #[arg(long, default_value = "256K", value_parser = parse_size)]
+    #[arg(long, default_value = "512K", value_parser = parse_size)]
     pub chunk: u64,
     /// Segment size per drive (allocation and cleaning unit); default from the drive sizes.
     #[arg(long, value_parser = parse_size)]

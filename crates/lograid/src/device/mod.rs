@@ -129,6 +129,9 @@ impl Device {
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
+/// A job for `IoPool::run_all`.
+pub type IoJob<T> = Box<dyn FnOnce() -> T + Send + 'static>;
+
 /// A fixed pool of threads that run I/O jobs, so that the columns of a row
 /// (and several rows) are written to the members in parallel. Bounded: at
 /// most `threads` jobs run at once; submitters wait for their own jobs.

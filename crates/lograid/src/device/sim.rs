@@ -37,7 +37,7 @@ pub struct SimMember {
 /// A small deterministic PRNG (xorshift64*) so crashes replay from a seed.
 pub struct SimRng(pub u64);
 impl SimRng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0.max(1);
         x ^= x >> 12;
         x ^= x << 25;
@@ -49,7 +49,7 @@ impl SimRng {
         if n == 0 {
             0
         } else {
-            self.next() % n
+            self.next_u64() % n
         }
     }
 }

@@ -162,8 +162,7 @@ impl Superblock {
             || chunk_blocks > 256
             || segment_blocks == 0
             || segment_blocks % chunk_blocks != 0
-            || data_start_block < 2
-            || data_start_block > 1 << 20
+            || !(2..=1 << 20).contains(&data_start_block)
         {
             return Err(FormatError::Invalid(format!(
                 "chunk {chunk_blocks} / segment {segment_blocks} blocks"

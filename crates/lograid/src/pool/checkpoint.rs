@@ -7,6 +7,7 @@ use super::log::AppendError;
 use super::state::{Core, SegState, NO_SEGMENT};
 use super::{check_writable, PoolInner};
 use crate::device::AlignedBuf;
+use crate::device::IoJob;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{CheckpointWriter, HeadRecord, SegmentRecord, SegmentStateCode};
 use crate::format::row::{Entry, EntryKind, HeadId, RowKind};
@@ -254,7 +255,7 @@ impl PoolInner {
             core.superblock_generation += 1;
             (core.superblock_generation, self.member_records(&core))
         };
-        let mut jobs: Vec<Box<dyn FnOnce() -> (usize, std::io::Result<()>) + Send>> = Vec::new();
+        let mut jobs: Vec<IoJob<(usize, std::io::Result<()>)>> = Vec::new();
         for (m, dev) in self.devices.iter().enumerate() {
             let Some(dev) = dev.clone() else { continue };
             let sb = Superblock {

@@ -17,7 +17,7 @@ use crate::layout::Geometry;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub const DEFAULT_CHUNK_BYTES: u32 = 256 * 1024;
+pub const DEFAULT_CHUNK_BYTES: u32 = 512 * 1024;
 /// Segment size per member when the drives are large enough.
 const TARGET_SEGMENT_BYTES: u64 = 8 << 20;
 /// Segments the smallest member should hold at least.

@@ -7,6 +7,7 @@ use super::log::AppendError;
 use super::state::{Core, SealedRow, SegState};
 use super::{check_writable, Allocation, PoolInner};
 use crate::device::AlignedBuf;
+use crate::device::IoJob;
 use crate::error::{Error, Result};
 use crate::format::row::{Entry, EntryKind, HeadId};
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
@@ -141,7 +142,10 @@ impl PoolInner {
 
     /// Blocks while too many rows are in flight (bounds memory).
     fn wait_for_inflight_room(&self, core: &mut parking_lot::MutexGuard<'_, Core>) {
-        while core.inflight.len() >= self.options.max_inflight_rows {
+        while core.inflight.len() >= self.options.max_inflight_rows
+            || core.inflight.iter().map(|r| r.buf.len()).sum::<usize>()
+                >= self.options.max_inflight_bytes
+        {
             self.progress.wait(core);
         }
     }
@@ -282,7 +286,7 @@ impl PoolInner {
             lograid_parity::encode(&data, &mut out);
         }
         let parity = Arc::new(parity);
-        let mut jobs: Vec<Box<dyn FnOnce() -> (u8, std::io::Result<()>) + Send>> = Vec::new();
+        let mut jobs: Vec<IoJob<(u8, std::io::Result<()>)>> = Vec::new();
         let columns =
             (0..g.data_columns as usize).chain((0..g.parity as usize).map(|p| g.parity_column(p)));
         for col in columns {
@@ -363,14 +367,14 @@ impl PoolInner {
 
     /// fdatasync of the members in `mask`, in parallel.
     pub(crate) fn sync_members(&self, mask: u32) -> Result<()> {
-        let jobs: Vec<Box<dyn FnOnce() -> (usize, std::io::Result<()>) + Send>> = self
+        let jobs: Vec<IoJob<(usize, std::io::Result<()>)>> = self
             .devices
             .iter()
             .enumerate()
             .filter(|(m, d)| mask & (1 << m) != 0 && d.is_some())
             .map(|(m, d)| {
                 let d = d.clone().expect("device");
-                Box::new(move || (m, d.flush())) as Box<dyn FnOnce() -> _ + Send>
+                Box::new(move || (m, d.flush())) as IoJob<_>
             })
             .collect();
         for (m, r) in self.io.run_all(jobs) {

@@ -46,6 +46,8 @@ pub struct PoolOptions {
     pub checkpoint_interval_blocks: u64,
     /// Rows sealed but not yet written, at most (bounds memory).
     pub max_inflight_rows: usize,
+    /// Bytes of rows sealed but not yet written, at most (bounds memory).
+    pub max_inflight_bytes: usize,
     /// Start a background thread that cleans before space runs low.
     pub background_cleaner: bool,
 }
@@ -56,6 +58,7 @@ impl Default for PoolOptions {
             io_threads: 96,
             checkpoint_interval_blocks: 1 << 18,
             max_inflight_rows: 64,
+            max_inflight_bytes: 256 << 20,
             background_cleaner: true,
         }
     }
@@ -377,7 +380,7 @@ impl Volume {
         if self.inner.closed.load(Ordering::Relaxed) {
             return Err(Error::ReadOnly("pool is closed".into()));
         }
-        if offset % SECTOR != 0 || length % SECTOR != 0 {
+        if !offset.is_multiple_of(SECTOR) || !length.is_multiple_of(SECTOR) {
             return Err(Error::Misaligned { offset, length });
         }
         let size = self
@@ -411,7 +414,7 @@ impl Volume {
         let last = (offset + buf.len() as u64 - 1) / bs;
         let count = (last - first + 1) as usize;
         let head = (offset % bs) as usize;
-        if head == 0 && buf.len() % BLOCK_SIZE == 0 {
+        if head == 0 && buf.len().is_multiple_of(BLOCK_SIZE) {
             return self.inner.read_blocks(self.id, &self.name, first, buf);
         }
         let mut tmp = vec![0u8; count * BLOCK_SIZE];
@@ -487,7 +490,8 @@ fn validate_volume_name(name: &str) -> Result<()> {
 }
 
 fn validate_volume_size(size_bytes: u64) -> Result<()> {
-    if size_bytes == 0 || size_bytes % BLOCK_SIZE as u64 != 0 || size_bytes > (1u64 << 60) {
+    if size_bytes == 0 || !size_bytes.is_multiple_of(BLOCK_SIZE as u64) || size_bytes > (1u64 << 60)
+    {
         return Err(Error::InvalidArgument(format!(
             "volume size {size_bytes}: must be a non-zero multiple of 4096 bytes"
         )));

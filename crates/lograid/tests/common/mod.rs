@@ -14,6 +14,7 @@ pub fn test_options() -> PoolOptions {
         io_threads: 4,
         checkpoint_interval_blocks: 4096,
         max_inflight_rows: 8,
+        max_inflight_bytes: 16 << 20,
         background_cleaner: false,
     }
 }
