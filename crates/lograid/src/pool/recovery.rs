@@ -21,6 +21,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+static ZERO_BLOCK: [u8; BLOCK_SIZE] = [0u8; BLOCK_SIZE];
+
 /// Why a pool opened for inspection refuses writes (not a fault).
 pub const OPENED_READ_ONLY: &str = "opened read-only";
 
@@ -873,8 +875,17 @@ impl PoolInner {
             .map(|e| e.crc)
             .collect();
         let zero_crc = crate::format::zero_block_crc();
+        let columns = self.read_row_columns(&g);
+        let mut parity = vec![vec![0u8; BLOCK_SIZE]; p];
         for blk in 0..g.height as usize {
-            let stripe = self.read_row_stripe(&g, blk);
+            let block_of = |c: usize| -> Option<&[u8]> {
+                if c < k && c >= g.data_columns as usize {
+                    return Some(&ZERO_BLOCK[..]);
+                }
+                columns[c]
+                    .as_deref()
+                    .map(|col| &col[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE])
+            };
             // Which data blocks are wrong?
             let expected = |col: usize, bytes: &[u8]| -> bool {
                 let i = col * g.height as usize + blk;
@@ -886,13 +897,18 @@ impl PoolInner {
                 crc32c(bytes) == want
             };
             let mut bad: Vec<usize> = (0..g.data_columns as usize)
-                .filter(|&c| stripe[c].as_deref().is_none_or(|b| !expected(c, b)))
+                .filter(|&c| block_of(c).is_none_or(|b| !expected(c, b)))
                 .collect();
-            let mut fixed = stripe.clone();
+            let stripe: Vec<Option<Vec<u8>>>;
+            let mut fixed: Vec<Option<Vec<u8>>> = Vec::new();
             if !bad.is_empty() {
                 if bad.len() > p {
                     return false;
                 }
+                stripe = (0..width)
+                    .map(|c| block_of(c).map(<[u8]>::to_vec))
+                    .collect();
+                fixed = stripe.clone();
                 // Rebuild each bad block, accepting only checksum-true results.
                 let mut erased = stripe.clone();
                 for &c in &bad {
@@ -907,30 +923,33 @@ impl PoolInner {
                 }
             }
             // Parity must match the (now good) data.
-            let data: Vec<Vec<u8>> = (0..k)
-                .map(|c| fixed[c].clone().unwrap_or_else(|| vec![0u8; BLOCK_SIZE]))
-                .collect();
-            let mut parity = vec![vec![0u8; BLOCK_SIZE]; p];
             if p > 0 {
-                let d: Vec<&[u8]> = data.iter().map(|v| v.as_slice()).collect();
+                let d: Vec<&[u8]> = (0..k)
+                    .map(|c| match fixed.get(c) {
+                        Some(Some(v)) => v.as_slice(),
+                        _ => block_of(c).unwrap_or(&ZERO_BLOCK[..]),
+                    })
+                    .collect();
                 let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
                 lograid_parity::encode(&d, &mut out);
             }
-            for (j, par) in parity.into_iter().enumerate() {
-                let c = k + j;
-                if fixed[c].as_deref() != Some(par.as_slice()) {
-                    fixed[c] = Some(par);
-                    bad.push(c);
+            let mut repairs: Vec<(usize, Vec<u8>)> = bad
+                .drain(..)
+                .map(|c| (c, fixed[c].clone().expect("rebuilt")))
+                .collect();
+            for (j, par) in parity.iter().enumerate() {
+                if block_of(k + j) != Some(par.as_slice()) {
+                    repairs.push((k + j, par.clone()));
                 }
             }
             if read_only {
                 continue;
             }
-            for c in bad {
+            for (c, bytes) in repairs {
                 let pba = g.pba(geometry, c, blk);
-                if let (Some(dev), Some(bytes)) = (&self.devices[pba.member as usize], &fixed[c]) {
+                if let Some(dev) = &self.devices[pba.member as usize] {
                     let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
-                    buf.copy_from_slice(bytes);
+                    buf.copy_from_slice(&bytes);
                     if dev.write_at(&buf, pba.byte_offset()).is_ok() {
                         dev.counters
                             .repaired_blocks
@@ -939,8 +958,28 @@ impl PoolInner {
                 }
             }
         }
-        let _ = width;
         true
+    }
+
+    /// Every written column of a row, read whole and in parallel (None
+    /// where unreadable; unused data columns are not read).
+    fn read_row_columns(&self, g: &RowGeom) -> Vec<Option<AlignedBuf>> {
+        let k = g.data_capacity_columns();
+        let bytes = g.height as usize * BLOCK_SIZE;
+        let jobs: Vec<crate::device::IoJob<Option<AlignedBuf>>> = (0..g.width())
+            .map(|c| {
+                let pba = g.pba(&self.shape.geometry, c, 0);
+                let dev = self.devices[pba.member as usize].clone();
+                let unused = c < k && c >= g.data_columns as usize;
+                Box::new(move || {
+                    let dev = dev.filter(|_| !unused)?;
+                    let mut buf = AlignedBuf::zeroed(bytes);
+                    dev.read_at(&mut buf, pba.byte_offset()).ok()?;
+                    Some(buf)
+                }) as crate::device::IoJob<Option<AlignedBuf>>
+            })
+            .collect();
+        self.io.run_all(jobs)
     }
 
     fn apply_row(&self, core: &mut Core, head: HeadId, row: FoundRow) -> Result<()> {
