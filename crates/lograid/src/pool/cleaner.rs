@@ -114,7 +114,7 @@ impl PoolInner {
             for (volume, lba, pba, crc) in live {
                 let block = {
                     let _r = self.reuse.read();
-                    match self.read_block_checked(&geom, pba, crc) {
+                    match self.read_data_block(&geom, pba, crc) {
                         Ok(b) => b,
                         Err(detail) => {
                             tracing::error!(
@@ -156,31 +156,6 @@ impl PoolInner {
         self.flush()?;
         self.debug_check("cleaning");
         Ok(true)
-    }
-
-    /// Reads a data block of a row, verifying and rebuilding it if needed.
-    fn read_block_checked(
-        &self,
-        geom: &RowGeom,
-        pba: crate::layout::Pba,
-        crc: u32,
-    ) -> Result<Vec<u8>, String> {
-        if let Some(src) = self.core.lock().inflight_block(&self.shape.geometry, pba) {
-            return Ok(src.to_vec());
-        }
-        if let Some(dev) = &self.devices[pba.member as usize] {
-            let mut buf = crate::device::AlignedBuf::zeroed(crate::format::BLOCK_SIZE);
-            if dev.read_at(&mut buf, pba.byte_offset()).is_ok()
-                && crate::format::crc32c(&buf) == crc
-            {
-                return Ok(buf.to_vec());
-            }
-        }
-        let (col, blk) = geom
-            .locate(&self.shape.geometry, pba)
-            .ok_or("block outside its row")?;
-        let stripe = self.read_row_stripe(geom, blk);
-        super::io::rebuild_from_stripe(geom, stripe, col, |b| crate::format::crc32c(b) == crc)
     }
 }
 

@@ -509,6 +509,31 @@ impl PoolInner {
         }
     }
 
+    /// One data block of a known row, checked against `crc`: from memory if
+    /// its row is still being written, else from its member, else rebuilt
+    /// from the rest of the row.
+    pub(crate) fn read_data_block(
+        &self,
+        geom: &RowGeom,
+        pba: Pba,
+        crc: u32,
+    ) -> Result<Vec<u8>, String> {
+        if let Some(src) = self.core.lock().inflight_block(&self.shape.geometry, pba) {
+            return Ok(src.to_vec());
+        }
+        if let Some(dev) = &self.devices[pba.member as usize] {
+            let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+            if dev.read_at(&mut buf, pba.byte_offset()).is_ok() && crc32c(&buf) == crc {
+                return Ok(buf.to_vec());
+            }
+        }
+        let (col, blk) = geom
+            .locate(&self.shape.geometry, pba)
+            .ok_or("block outside its row")?;
+        let stripe = self.read_row_stripe(geom, blk);
+        rebuild_from_stripe(geom, stripe, col, |b| crc32c(b) == crc)
+    }
+
     /// The row that holds `pba`.
     pub(crate) fn row_of(&self, pba: Pba) -> Option<RowGeom> {
         let (s, off) = self.shape.geometry.segment_of(pba.block)?;

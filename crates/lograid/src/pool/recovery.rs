@@ -415,7 +415,7 @@ impl PoolInner {
             }
             for (slot, e) in found.header.entries.iter().enumerate() {
                 let pba = found.geom.slot_pba(&self.shape.geometry, slot as u32);
-                let block = self.read_verified(&found.geom, pba, e.crc).map_err(|d| {
+                let block = self.read_data_block(&found.geom, pba, e.crc).map_err(|d| {
                     Error::Corrupt(format!(
                         "checkpoint block at segment {seg} offset {off} slot {slot}: {d}"
                     ))
@@ -438,21 +438,6 @@ impl PoolInner {
         let mut core = self.core.lock();
         core.checkpoint_segments = segments;
         Ok(blob)
-    }
-
-    /// Reads a data block and checks it, rebuilding it from parity if needed.
-    fn read_verified(&self, geom: &RowGeom, pba: Pba, crc: u32) -> Result<Vec<u8>, String> {
-        if let Some(dev) = &self.devices[pba.member as usize] {
-            let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
-            if dev.read_at(&mut buf, pba.byte_offset()).is_ok() && crc32c(&buf) == crc {
-                return Ok(buf.to_vec());
-            }
-        }
-        let (col, blk) = geom
-            .locate(&self.shape.geometry, pba)
-            .ok_or("block outside its row")?;
-        let stripe = self.read_row_stripe(geom, blk);
-        super::io::rebuild_from_stripe(geom, stripe, col, |b| crc32c(b) == crc)
     }
 
     /// Finds and verifies the row header at (segment, offset) of a segment
