@@ -4,6 +4,7 @@
 //! any order); a directory stands for the member files (`*.img`) in it.
 
 mod commands;
+mod export;
 mod size;
 
 use anyhow::Result;
@@ -35,6 +36,12 @@ enum Command {
     Volume(commands::volume::VolumeCommand),
     /// Benchmark the engine on file-backed drives beside the raw disk.
     Bench(commands::bench::BenchArgs),
+    /// Serve every volume of a pool over NBD (no drives: a default pool in ./lograid-data).
+    Serve(commands::serve::ServeArgs),
+    /// Attach an NBD export as a /dev/loopN block device (nbdfuse + loop; needs root).
+    Attach(commands::attach::AttachArgs),
+    /// Detach a device made by `lograid attach`.
+    Detach(commands::attach::DetachArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +59,7 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
     let result: Result<()> = match cli.command {
@@ -59,6 +67,9 @@ fn main() -> ExitCode {
         Command::Status(a) => commands::status::run(a),
         Command::Volume(c) => commands::volume::run(c),
         Command::Bench(a) => commands::bench::run(a),
+        Command::Serve(a) => commands::serve::run(a),
+        Command::Attach(a) => commands::attach::run_attach(a),
+        Command::Detach(a) => commands::attach::run_detach(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -308,6 +308,17 @@ fn log_tail(path: &Path) -> String {
     text[start..].trim().to_owned()
 }
 
+/// Is `dir` a mount point (per /proc/self/mountinfo)?
+fn is_mount_point(dir: &Path) -> bool {
+    let want = dir.to_string_lossy();
+    fs::read_to_string("/proc/self/mountinfo")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.split_whitespace().nth(4) == Some(want.as_ref()))
+        })
+        .unwrap_or(false)
+}
+
 fn unmount(mount_dir: &Path) -> Result<(), AttachError> {
     let fusermount = tool("fusermount3")?;
     let deadline = Instant::now() + UNMOUNT_TIMEOUT;
@@ -528,6 +539,9 @@ fn detach_record(
     if process_alive(record.nbdfuse_pid) || child.is_some() {
         unmount(&record.mount_dir)?;
         wait_nbdfuse_exit(record.nbdfuse_pid, child)?;
+    } else if is_mount_point(&record.mount_dir) {
+        // nbdfuse died (its server went away) and left its FUSE mount behind.
+        unmount(&record.mount_dir)?;
     }
     let _ = fs::remove_dir(&record.mount_dir);
     if let Some(name) = record.mount_dir.file_name() {

@@ -5,16 +5,13 @@ use crate::format::FormatError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{context}: {source}")]
+    #[error("{context}: {cause}")]
     Io {
         context: String,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-    #[error("{context}: {source}")]
-    Format {
-        context: String,
-        source: FormatError,
-    },
+    #[error("{context}: {cause}")]
+    Format { context: String, cause: FormatError },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("request [{offset}, +{length}) is not aligned to 512 bytes")]
@@ -49,22 +46,22 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    pub fn io(context: impl Into<String>, source: std::io::Error) -> Error {
+    pub fn io(context: impl Into<String>, cause: std::io::Error) -> Error {
         Error::Io {
             context: context.into(),
-            source,
+            cause,
         }
     }
-    pub fn format(context: impl Into<String>, source: FormatError) -> Error {
+    pub fn format(context: impl Into<String>, cause: FormatError) -> Error {
         Error::Format {
             context: context.into(),
-            source,
+            cause,
         }
     }
     /// The errno a block-device front end should report.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Error::Io { cause, .. } => cause.raw_os_error().unwrap_or(libc::EIO),
             Error::Format { .. } | Error::Unrecoverable { .. } | Error::Corrupt(_) => libc::EIO,
             Error::InvalidArgument(_) | Error::Misaligned { .. } => libc::EINVAL,
             Error::OutOfRange { .. } => libc::EINVAL,

@@ -61,7 +61,7 @@ fn run(plan: &Plan, seed: u64) {
             77..=80 => {
                 let (off, len) = model.random_range(&mut rng, 64 * 1024);
                 pool.volume()
-                    .write_zeroes(off, len)
+                    .write_zeroes(off, len, dice % 2 == 0)
                     .unwrap_or_else(|e| panic!("seed {seed} op {op}: zero: {e}"));
                 model.zero(off, len);
             }

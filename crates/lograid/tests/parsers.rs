@@ -1016,7 +1016,7 @@ fn open_member_with_all_superblock_slots_corrupt_is_an_error() {
     match open(&sims) {
         Err(Error::Format {
             context,
-            source: FormatError::BadChecksum { .. },
+            cause: FormatError::BadChecksum { .. },
         }) => {
             assert!(
                 context.contains("sim1"),
@@ -1591,7 +1591,7 @@ fn format_md_checkpoint_chain_reads_back_by_the_documented_rules() {
         }
         pool.volume().write(8192, &data).unwrap();
         pool.volume()
-            .write_zeroes(2 * 1024 * 1024, 64 * 1024)
+            .write_zeroes(2 * 1024 * 1024, 64 * 1024, false)
             .unwrap();
         pool.pool().close().unwrap();
         let view = corrupt::DiskView::capture(&pool.sims);

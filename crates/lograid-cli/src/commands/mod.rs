@@ -1,7 +1,9 @@
 //! One module per command, plus how commands find and open a pool.
 
+pub mod attach;
 pub mod bench;
 pub mod create;
+pub mod serve;
 pub mod status;
 pub mod volume;
 

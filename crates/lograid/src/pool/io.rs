@@ -16,6 +16,21 @@ use crate::map::Loc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+/// Blocks one trim or zero record covers at most (bounds the time the core
+/// lock is held for one record).
+const MAX_RANGE_RECORD_BLOCKS: u64 = 1 << 16;
+
+/// What a range operation does to the whole blocks it covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeOp {
+    /// Unmap (a hint; reads return zeroes).
+    Trim,
+    /// Read as zero, unmapped (a hole).
+    ZeroUnmapped,
+    /// Read as zero, reported allocated (NBD NO_HOLE).
+    ZeroAllocated,
+}
+
 /// Attempts of an optimistic sub-block write before giving up.
 const PARTIAL_WRITE_ATTEMPTS: usize = 1000;
 
@@ -150,20 +165,20 @@ impl PoolInner {
         }
     }
 
-    /// Trims (or zeroes) the whole blocks of a range; with `zero`, partial
-    /// blocks at the edges are overwritten with zeroes.
-    pub(crate) fn trim_or_zero(
+    /// Trims or zeroes the whole blocks of a range (see `RangeOp`); the
+    /// zeroing ops also overwrite partial blocks at the edges with zeroes.
+    pub(crate) fn range_op(
         &self,
         id: u32,
         name: &str,
         offset: u64,
         length: u64,
-        zero: bool,
+        op: RangeOp,
     ) -> Result<()> {
         let end = offset + length;
         let first = offset.div_ceil(BLOCK_BYTES);
         let last = end / BLOCK_BYTES;
-        if zero {
+        if op != RangeOp::Trim {
             let zeros = vec![0u8; BLOCK_SIZE];
             if first > last {
                 return self.write(id, name, offset, &zeros[..length as usize]);
@@ -194,31 +209,40 @@ impl PoolInner {
                 self.wait_for_inflight_room(&mut core);
                 check_writable(&core)?;
                 let vol = core.volume(id).ok_or_else(|| gone(name))?;
-                // Only mapped blocks need a record; skip to the next one.
-                let Some((next, _, _)) = vol.map.iter_from(lba).next().filter(|e| e.0 < last)
-                else {
-                    break;
-                };
-                // Cover the run of mapped blocks from `next`.
-                let mut run_end = next;
-                for (b, _, _) in vol.map.iter_from(next) {
-                    if b != run_end || b >= last || run_end - next >= u32::MAX as u64 {
+                let (start, run_end, kind) = if op == RangeOp::ZeroAllocated {
+                    // Every block becomes a zero record, in bounded steps.
+                    (
+                        lba,
+                        (lba + MAX_RANGE_RECORD_BLOCKS).min(last),
+                        EntryKind::Zero,
+                    )
+                } else {
+                    // Only mapped blocks need a record: the next run of them.
+                    let Some((next, _, _)) = vol.map.iter_from(lba).next().filter(|e| e.0 < last)
+                    else {
                         break;
+                    };
+                    let mut run_end = next;
+                    for (b, _, _) in vol.map.iter_from(next) {
+                        if b != run_end || b >= last || run_end - next >= MAX_RANGE_RECORD_BLOCKS {
+                            break;
+                        }
+                        run_end += 1;
                     }
-                    run_end += 1;
-                }
+                    (next, run_end, EntryKind::Trim)
+                };
                 match core.append_range_record(
                     id,
-                    next,
-                    (run_end - next) as u32,
-                    EntryKind::Trim,
+                    start,
+                    (run_end - start) as u32,
+                    kind,
                     &self.shape,
                 ) {
-                    Ok(row) => sealed.extend(row),
+                    Ok(row) => {
+                        sealed.extend(row);
+                        lba = run_end;
+                    }
                     Err(AppendError::NeedSegment) => need_segment = true,
-                }
-                if !need_segment {
-                    lba = run_end;
                 }
             }
             self.write_rows(sealed)?;

@@ -450,15 +450,22 @@ impl Volume {
     pub fn trim(&self, offset: u64, length: u64) -> Result<()> {
         self.check(offset, length)?;
         self.inner
-            .trim_or_zero(self.id, &self.name, offset, length, false)
+            .range_op(self.id, &self.name, offset, length, io::RangeOp::Trim)
     }
 
-    /// Makes the range read as zero. Whole blocks become zero records (no
-    /// data stored); partial blocks at the edges are written with zeroes.
-    pub fn write_zeroes(&self, offset: u64, length: u64) -> Result<()> {
+    /// Makes the range read as zero. Partial blocks at the edges are
+    /// written with zeroes; whole blocks are unmapped (reported as holes),
+    /// or with `keep_allocated` become zero records (reported as allocated
+    /// zeroes, NBD's NO_HOLE). Neither stores a data block.
+    pub fn write_zeroes(&self, offset: u64, length: u64, keep_allocated: bool) -> Result<()> {
         self.check(offset, length)?;
+        let mode = if keep_allocated {
+            io::RangeOp::ZeroAllocated
+        } else {
+            io::RangeOp::ZeroUnmapped
+        };
         self.inner
-            .trim_or_zero(self.id, &self.name, offset, length, true)
+            .range_op(self.id, &self.name, offset, length, mode)
     }
 
     /// Allocation of [offset, offset+length) as runs (length, state).

@@ -113,7 +113,7 @@ pub fn open_members(
         refuse_foreign_contents(m.as_ref())?;
         let sb = read_superblock(m.as_ref()).map_err(|e| match e {
             Error::Format {
-                source: crate::format::FormatError::BadMagic,
+                cause: crate::format::FormatError::BadMagic,
                 ..
             } => Error::Refused(format!(
                 "{} is not a lograid member (no lograid superblock)",
@@ -1022,19 +1022,24 @@ impl PoolInner {
                     let Some(vol) = core.volumes.get_mut(&e.volume) else {
                         continue;
                     };
-                    let end = e.lba.saturating_add(e.count as u64);
-                    let mapped: Vec<u64> = vol
-                        .map
-                        .iter_from(e.lba)
-                        .map(|x| x.0)
-                        .take_while(|&b| b < end)
-                        .collect();
+                    let vol_blocks = vol.size_bytes / BLOCK_BYTES;
+                    let end = e.lba.saturating_add(e.count as u64).min(vol_blocks);
                     let new = if e.kind == EntryKind::Zero {
                         Loc::Zero
                     } else {
                         Loc::Unmapped
                     };
-                    for b in mapped {
+                    // Trims touch mapped blocks only; zero records every block.
+                    let blocks: Vec<u64> = if e.kind == EntryKind::Zero {
+                        (e.lba.min(end)..end).collect()
+                    } else {
+                        vol.map
+                            .iter_from(e.lba)
+                            .map(|x| x.0)
+                            .take_while(|&b| b < end)
+                            .collect()
+                    };
+                    for b in blocks {
                         let (old, _) = core
                             .volumes
                             .get_mut(&e.volume)

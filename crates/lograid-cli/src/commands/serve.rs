@@ -1,0 +1,366 @@
+//! `lograid serve`: serve every volume of a pool as an NBD export.
+//!
+//! Owns: the server process's life: hardening it for backing local block
+//! devices, opening (or, with no drives, creating) the pool, binding, telling
+//! the user how to connect, and the orderly end on SIGINT/SIGTERM (stop
+//! accepting, finish requests in flight, flush, close the pool with a final
+//! checkpoint). Must never: exit with writes acknowledged by a flush that is
+//! not durable, or listen beyond loopback unless told to.
+
+use super::open_pool;
+use crate::export::VolumeExport;
+use crate::size::human;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use lograid::{CreateOptions, Pool, PoolOptions};
+use lograid_nbd::{Export, ListenAddr, Server, ServerConfig};
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:10809";
+/// Where `lograid serve` with no drives keeps its pool (relative to the current directory).
+pub const DEFAULT_DATA_DIR: &str = "lograid-data";
+const DEFAULT_MEMBERS: usize = 3;
+const DEFAULT_MEMBER_BYTES: u64 = 4 << 30;
+const DEFAULT_VOLUME: &str = "vol0";
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// TCP address to listen on (default 127.0.0.1:10809, or none when only --socket is given).
+    /// Anything but a loopback address exposes the volumes to the network, unauthenticated.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<String>,
+    /// Also (or, without --listen, only) listen on this Unix socket.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Serve the volumes read-only (the pool is opened read-only: nothing is written).
+    #[arg(long)]
+    pub read_only: bool,
+    /// Serve only TCP clients from these addresses (comma-separated).
+    #[arg(long, value_name = "IP,...", value_delimiter = ',')]
+    pub allow: Vec<IpAddr>,
+    /// The drives (files, block devices, or a directory of *.img files). None: ./lograid-data,
+    /// created on first run as three sparse 4 GiB files with parity 1 and one volume "vol0".
+    pub drives: Vec<PathBuf>,
+}
+
+fn parse_listen(text: &str) -> Result<SocketAddr> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    text.to_socket_addrs()
+        .with_context(|| {
+            format!("--listen '{text}': expected ADDR:PORT (e.g. 127.0.0.1:10809 or [::1]:10809)")
+        })?
+        .next()
+        .with_context(|| format!("--listen '{text}': the name resolves to no address"))
+}
+
+/// How a client on this host reaches a TCP listener (an unspecified address means loopback).
+fn client_uri(addr: &ListenAddr, export: &str) -> String {
+    match addr {
+        ListenAddr::Tcp(a) => {
+            let a = if a.ip().is_unspecified() {
+                let ip = if a.is_ipv4() {
+                    IpAddr::V4(Ipv4Addr::LOCALHOST)
+                } else {
+                    IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+                };
+                SocketAddr::new(ip, a.port())
+            } else {
+                *a
+            };
+            format!("nbd://{a}/{export}")
+        }
+        ListenAddr::Unix(path) => format!("nbd+unix:///{export}?socket={}", path.display()),
+    }
+}
+
+/// Whether opening failed because another process holds a drive's lock.
+fn is_locked(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause.downcast_ref::<lograid::Error>().is_some_and(|le| {
+            matches!(le, lograid::Error::Io { cause, .. } if cause.kind() == std::io::ErrorKind::WouldBlock)
+        })
+    })
+}
+
+/// An engine error as one line: its message already names its cause (so the
+/// cause is not repeated), plus a hint when another server holds the drives.
+fn readable(e: anyhow::Error) -> anyhow::Error {
+    let locked = is_locked(&e);
+    let Some(engine) = e.downcast_ref::<lograid::Error>() else {
+        return e;
+    };
+    let mut message = engine.to_string();
+    if locked {
+        message.push_str(
+            "; is `lograid serve` already running on these drives? A pool is served by one process at a time \
+             (stop the other server first)",
+        );
+    }
+    anyhow::anyhow!(message)
+}
+
+/// Opens the default pool in ./lograid-data, creating it on first run.
+fn open_or_create_default(read_only: bool) -> Result<Pool> {
+    let dir = Path::new(DEFAULT_DATA_DIR);
+    let paths: Vec<PathBuf> = (0..DEFAULT_MEMBERS)
+        .map(|i| dir.join(format!("member{i}.img")))
+        .collect();
+    if dir.exists() && paths.iter().any(|p| p.exists()) {
+        eprintln!("lograid: no drives given: serving the pool in ./{DEFAULT_DATA_DIR}");
+        return open_pool(&[dir.to_path_buf()], read_only).map_err(|e| {
+            let locked = is_locked(&e);
+            let e = readable(e);
+            if locked {
+                e
+            } else {
+                e.context(format!(
+                    "opening the default pool in ./{DEFAULT_DATA_DIR} (remove that directory to start over with an empty pool)"
+                ))
+            }
+        });
+    }
+    let created_dir = !dir.exists();
+    std::fs::create_dir_all(dir).with_context(|| format!("creating ./{DEFAULT_DATA_DIR}"))?;
+    let result = create_default(&paths);
+    if result.is_err() {
+        // Leave nothing half-made behind: the next run would refuse it.
+        for p in &paths {
+            let _ = std::fs::remove_file(p);
+        }
+        if created_dir {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+    result
+}
+
+fn create_default(paths: &[PathBuf]) -> Result<Pool> {
+    let flat = |e: lograid::Error| {
+        anyhow::anyhow!("creating the default pool in ./{DEFAULT_DATA_DIR}: {e}")
+    };
+    let members =
+        lograid::open_new_members(paths, Some(DEFAULT_MEMBER_BYTES), false).map_err(flat)?;
+    let opts = CreateOptions {
+        name: "lograid".into(),
+        parity: 1,
+        ..Default::default()
+    };
+    let pool = lograid::create_pool(members, &opts, PoolOptions::default()).map_err(flat)?;
+    let usable = pool.status().usable_bytes / 4096 * 4096;
+    pool.create_volume(DEFAULT_VOLUME, usable).map_err(flat)?;
+    eprintln!(
+        "lograid: no drives given: created a pool in ./{DEFAULT_DATA_DIR}: {} sparse files of {} ({}), parity 1, \
+         volume '{DEFAULT_VOLUME}' of {}",
+        paths.len(),
+        human(DEFAULT_MEMBER_BYTES),
+        paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
+        human(usable)
+    );
+    Ok(pool)
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    // Before the pool allocates its buffers: lock memory, mark us an I/O flusher.
+    for warning in lograid_nbd::harden_process_for_block_backing() {
+        eprintln!("lograid: warning: {warning}");
+    }
+
+    let mut listen = Vec::new();
+    let tcp = match (&a.listen, &a.socket) {
+        (Some(text), _) => Some(parse_listen(text)?),
+        (None, None) => Some(DEFAULT_LISTEN.parse().expect("default address")),
+        (None, Some(_)) => None,
+    };
+    if let Some(addr) = tcp {
+        if !addr.ip().is_loopback() {
+            eprintln!(
+                "lograid: warning: listening on {addr}, beyond this host: NBD has no authentication here, anyone who \
+                 can reach this address can read and overwrite the volumes{}",
+                if a.allow.is_empty() { " (restrict clients with --allow IP,...)" } else { "" }
+            );
+        }
+        listen.push(ListenAddr::Tcp(addr));
+    }
+    if let Some(path) = &a.socket {
+        listen.push(ListenAddr::Unix(path.clone()));
+    }
+
+    // The pool first: its exclusive locks are what refuses a second server on the same drives.
+    let pool = if a.drives.is_empty() {
+        open_or_create_default(a.read_only)?
+    } else {
+        open_pool(&a.drives, a.read_only).map_err(readable)?
+    };
+    let result = serve_pool(&pool, listen, &a);
+    let close = pool.close().context("closing the pool (final checkpoint)");
+    match (result, close) {
+        (Err(e), _) => Err(e),
+        (Ok(()), Err(e)) => Err(e),
+        (Ok(()), Ok(())) => {
+            eprintln!(
+                "lograid: pool '{}' closed cleanly (final checkpoint written)",
+                pool.name()
+            );
+            Ok(())
+        }
+    }
+}
+
+fn serve_pool(pool: &Pool, listen: Vec<ListenAddr>, a: &ServeArgs) -> Result<()> {
+    let volumes = pool.volumes();
+    if volumes.is_empty() {
+        bail!(
+            "pool '{}' has no volumes to serve; create one with `lograid volume create --size SIZE NAME DRIVE...`",
+            pool.name()
+        );
+    }
+    let exports: Vec<Arc<dyn Export>> = volumes
+        .into_iter()
+        .map(|v| Arc::new(VolumeExport::new(v, pool.name(), a.read_only)) as Arc<dyn Export>)
+        .collect();
+    let config = ServerConfig {
+        listen,
+        allow_list: if a.allow.is_empty() {
+            None
+        } else {
+            Some(a.allow.clone())
+        },
+        read_only: a.read_only,
+        runtime_worker_threads: 2,
+        shutdown_grace: Duration::from_secs(30),
+        ..ServerConfig::default()
+    };
+    let server = Server::bind(config, exports.clone()).context("starting the NBD server")?;
+    let handle = server.shutdown_handle();
+
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("installing the SIGINT/SIGTERM handlers")?;
+    let signals_handle = signals.handle();
+    let signal_thread = std::thread::Builder::new()
+        .name("lograid-signals".into())
+        .spawn(move || {
+            let mut seen = 0;
+            for signal in signals.forever() {
+                seen += 1;
+                let name = if signal == signal_hook::consts::SIGINT { "SIGINT" } else { "SIGTERM" };
+                if seen == 1 {
+                    eprintln!(
+                        "lograid: {name}: shutting down: finishing requests in flight, flushing, writing a checkpoint"
+                    );
+                    handle.shutdown();
+                } else {
+                    eprintln!("lograid: {name}: shutdown already in progress (waits at most 30 s for clients)");
+                }
+            }
+        })
+        .context("starting the signal thread")?;
+
+    print_how_to_connect(pool, server.local_addrs(), &exports, a.read_only);
+    let served = server.serve();
+    signals_handle.close();
+    let _ = signal_thread.join();
+    served.context("NBD server")?;
+    Ok(())
+}
+
+fn print_how_to_connect(
+    pool: &Pool,
+    addrs: &[ListenAddr],
+    exports: &[Arc<dyn Export>],
+    read_only: bool,
+) {
+    let status = pool.status();
+    let mut out = String::new();
+    let where_ = addrs
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(" and ");
+    out.push_str(&format!(
+        "lograid: serving pool '{}' ({} drives, parity {}, {}){} on {where_}\n",
+        status.name,
+        status.members_total,
+        status.parity,
+        status.state,
+        if read_only { ", read-only" } else { "" },
+    ));
+    for e in exports {
+        out.push_str(&format!(
+            "  export '{}': {}\n",
+            e.name(),
+            human(e.size_bytes())
+        ));
+    }
+    let first = exports[0].name();
+    let addr = &addrs[0];
+    let uri = client_uri(addr, first);
+    out.push_str("connect with:\n");
+    out.push_str(&format!(
+        "  nbdinfo --list {}\n",
+        client_uri(addr, "").trim_end_matches('/')
+    ));
+    out.push_str(&format!("  qemu-img info {uri}\n"));
+    match addr {
+        ListenAddr::Tcp(_) => {
+            let server = client_uri(addr, "");
+            let server = server.trim_end_matches('/');
+            out.push_str(&format!(
+                "  lograid attach --server {server} --export {first}      (as root: a /dev/loopN via nbdfuse)\n"
+            ));
+            if let ListenAddr::Tcp(sa) = addr {
+                let host = if sa.ip().is_unspecified() {
+                    "127.0.0.1".to_string()
+                } else {
+                    sa.ip().to_string()
+                };
+                out.push_str(&format!(
+                    "  nbd-client -N {first} {host} {} /dev/nbd0      (kernels with the nbd driver)\n",
+                    sa.port()
+                ));
+            }
+        }
+        ListenAddr::Unix(path) => {
+            out.push_str(&format!(
+                "  lograid attach --socket {} --export {first}      (as root: a /dev/loopN via nbdfuse)\n",
+                path.display()
+            ));
+            out.push_str(&format!(
+                "  nbd-client -unix {} /dev/nbd0 -N {first}      (kernels with the nbd driver)\n",
+                path.display()
+            ));
+        }
+    }
+    out.push_str("stop with Ctrl-C or SIGTERM (flushes and checkpoints before exiting)\n");
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout.write_all(out.as_bytes());
+    let _ = stdout.flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris() {
+        let tcp = ListenAddr::Tcp("0.0.0.0:10809".parse().unwrap());
+        assert_eq!(client_uri(&tcp, "vol0"), "nbd://127.0.0.1:10809/vol0");
+        let v6 = ListenAddr::Tcp("[::1]:1".parse().unwrap());
+        assert_eq!(client_uri(&v6, "a"), "nbd://[::1]:1/a");
+        let unix = ListenAddr::Unix("/run/x.sock".into());
+        assert_eq!(
+            client_uri(&unix, "vol0"),
+            "nbd+unix:///vol0?socket=/run/x.sock"
+        );
+        assert!(parse_listen("127.0.0.1:10809").is_ok());
+        assert!(parse_listen("nonsense").is_err());
+    }
+}
