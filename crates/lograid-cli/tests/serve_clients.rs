@@ -286,6 +286,8 @@ fn nbdcopy_in_out_and_between_volumes_over_many_connections() {
 
 fn fio_job(name: &str, uri: &str, extra: &[&str]) -> Command {
     let mut c = tool("fio");
+    // fio leaves verify state files in its working directory.
+    c.current_dir(std::env::temp_dir());
     c.args([
         &format!("--name={name}"),
         "--ioengine=nbd",

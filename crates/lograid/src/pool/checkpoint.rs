@@ -59,8 +59,9 @@ impl PoolInner {
                 core.free.push_back(s);
             }
             core.checkpoint = pointer;
+            core.checkpoint_next_seq = target_seq;
         }
-        self.finish_flush(gen);
+        self.after_checkpoint(gen);
         self.debug_check("checkpoint");
         Ok(())
     }

@@ -9,6 +9,7 @@ use super::state::SegState;
 use super::PoolInner;
 use crate::error::{Error, Result};
 use crate::format::row::{Entry, EntryKind, HeadId};
+use crate::format::{crc32c, BLOCK_SIZE};
 use crate::layout::RowGeom;
 use crate::map::Loc;
 use parking_lot::Mutex;
@@ -17,17 +18,28 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 impl PoolInner {
-    /// Cleans up to `want` segments; returns how many were freed.
+    /// Cleans up to `want` segments, then, if any emptied segment waits for
+    /// a checkpoint before it may be reused, writes one. Returns how many
+    /// segments were cleaned.
     pub(crate) fn clean_segments(&self, want: usize) -> Result<usize> {
         let _m = self.maintenance.lock();
-        let mut freed = 0;
-        while freed < want {
+        let mut cleaned = 0;
+        while cleaned < want {
             if !self.clean_one()? {
                 break;
             }
-            freed += 1;
+            cleaned += 1;
         }
-        Ok(freed)
+        let waiting = self
+            .core
+            .lock()
+            .segments
+            .iter()
+            .any(|s| matches!(s.state, SegState::PendingFree { .. }));
+        if waiting {
+            self.checkpoint_locked()?;
+        }
+        Ok(cleaned)
     }
 
     /// Free segments below which cleaning starts in the background.
@@ -39,24 +51,25 @@ impl PoolInner {
     /// Called by a writer that found no free segment: flush (which releases
     /// emptied segments) or clean, or report the pool full.
     pub(crate) fn make_space(&self) -> Result<()> {
-        let floor_ok = |inner: &PoolInner| {
+        let shortfall = |inner: &PoolInner| {
             let core = inner.core.lock();
-            core.free.len() > inner.shape.user_floor_segments(&core)
+            (inner.shape.user_floor_segments(&core) + 1).saturating_sub(core.free.len())
         };
-        let pending = self
-            .core
-            .lock()
-            .segments
-            .iter()
-            .any(|s| matches!(s.state, SegState::PendingFree { .. }));
-        if pending {
-            self.flush()?;
-            if floor_ok(self) {
-                return Ok(());
-            }
+        if shortfall(self) == 0 {
+            return Ok(());
         }
-        let freed = self.clean_segments(1)?;
-        if freed == 0 && !floor_ok(self) {
+        // Emptied segments wait for a flush (and, if the log since the last
+        // checkpoint runs through them, for a checkpoint).
+        self.flush()?;
+        if shortfall(self) == 0 {
+            return Ok(());
+        }
+        let want = shortfall(self) + 2;
+        let cleaned = self.clean_segments(want)?;
+        if shortfall(self) == 0 {
+            return Ok(());
+        }
+        if cleaned == 0 {
             return Err(Error::NoSpace);
         }
         Ok(())
@@ -111,10 +124,25 @@ impl PoolInner {
                     }
                 }
             }
+            // One read per column for the whole row; single blocks are
+            // reread (or rebuilt) only where a checksum does not match.
+            let columns = if live.is_empty() {
+                Vec::new()
+            } else {
+                let _r = self.reuse.read();
+                self.read_row_columns(&geom)
+            };
             for (volume, lba, pba, crc) in live {
-                let block = {
-                    let _r = self.reuse.read();
-                    match self.read_data_block(&geom, pba, crc) {
+                let from_columns = geom
+                    .locate(&self.shape.geometry, pba)
+                    .and_then(|(col, blk)| {
+                        let column = columns.get(col)?.as_ref()?;
+                        let bytes = &column[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE];
+                        (crc32c(bytes) == crc).then(|| bytes.to_vec())
+                    });
+                let block = match from_columns {
+                    Some(b) => b,
+                    None => match self.read_data_block(&geom, pba, crc) {
                         Ok(b) => b,
                         Err(detail) => {
                             tracing::error!(
@@ -122,7 +150,7 @@ impl PoolInner {
                             );
                             continue;
                         }
-                    }
+                    },
                 };
                 let sealed = {
                     let mut core = self.core.lock();
@@ -209,9 +237,9 @@ fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
             continue;
         }
         let free = inner.core.lock().free.len();
-        let low = free < inner.clean_watermark();
-        if low {
-            if let Err(e) = inner.clean_segments(1) {
+        let watermark = inner.clean_watermark();
+        if free < watermark {
+            if let Err(e) = inner.clean_segments(watermark - free) {
                 tracing::warn!("background cleaner: {e}");
                 std::thread::sleep(Duration::from_millis(500));
             }

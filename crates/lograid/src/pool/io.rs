@@ -411,37 +411,56 @@ impl PoolInner {
         Ok(())
     }
 
-    /// After flush `gen` completed: segments emptied before it started become free.
+    /// After flush `gen` completed: segments emptied before it started become
+    /// free, except those holding rows written since the durable checkpoint:
+    /// recovery follows the log through them, so they wait for the next
+    /// checkpoint (`after_checkpoint`).
     pub(crate) fn finish_flush(&self, gen: u64) {
-        let ready = {
-            let mut core = self.core.lock();
-            core.flushed_gen = core.flushed_gen.max(gen);
-            core.segments
-                .iter()
-                .any(|s| matches!(s.state, SegState::PendingFree { flush_gen } if flush_gen < gen))
+        self.release_pending(|core, seg, flush_gen| {
+            flush_gen < gen
+                && seg
+                    .rows
+                    .last()
+                    .is_none_or(|r| r.seq < core.checkpoint_next_seq)
+        });
+        let mut core = self.core.lock();
+        core.flushed_gen = core.flushed_gen.max(gen);
+    }
+
+    /// After a checkpoint is durable (it started with flush `gen`): every
+    /// segment emptied before it started becomes free.
+    pub(crate) fn after_checkpoint(&self, gen: u64) {
+        self.release_pending(|_, _, flush_gen| flush_gen < gen);
+    }
+
+    fn release_pending(&self, ready: impl Fn(&Core, &super::state::Segment, u64) -> bool) {
+        let is_ready = |core: &Core, s: usize| match core.segments[s].state {
+            SegState::PendingFree { flush_gen } => ready(core, &core.segments[s], flush_gen),
+            _ => false,
         };
-        if !ready {
-            return;
+        {
+            let core = self.core.lock();
+            if !(0..core.segments.len()).any(|s| is_ready(&core, s)) {
+                return;
+            }
         }
         // Wait for readers that may still read the old contents.
         let _w = self.reuse.write();
         let mut core = self.core.lock();
         for s in 0..core.segments.len() {
-            if let SegState::PendingFree { flush_gen } = core.segments[s].state {
-                if flush_gen < gen {
-                    assert_eq!(
-                        core.segments[s].live_blocks, 0,
-                        "freeing segment {s} with live blocks"
-                    );
-                    core.segments[s].state = SegState::Free;
-                    core.segments[s].rows.clear();
-                    core.free.push_back(s as u32);
-                }
+            if is_ready(&core, s) {
+                assert_eq!(
+                    core.segments[s].live_blocks, 0,
+                    "freeing segment {s} with live blocks"
+                );
+                core.segments[s].state = SegState::Free;
+                core.segments[s].rows.clear();
+                core.free.push_back(s as u32);
             }
         }
         self.progress.notify_all();
         drop(core);
-        self.debug_check("finish_flush");
+        self.debug_check("releasing segments");
     }
 
     /// Reads whole blocks from `lba` into `out`, verifying every checksum.

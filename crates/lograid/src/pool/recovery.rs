@@ -287,6 +287,7 @@ pub(crate) fn new_inner(
         flush_gen: 0,
         flushed_gen: 0,
         flushed_seq: 0,
+        checkpoint_next_seq: 0,
         checkpoint: Default::default(),
         checkpoint_segments: Vec::new(),
         superblock_generation,
@@ -578,6 +579,7 @@ impl PoolInner {
             }
         }
         core.next_seq = image.next_seq;
+        core.checkpoint_next_seq = image.next_seq;
         core.next_volume_id = image.next_volume_id;
         core.counters = image.counters;
         for (s, rec) in image.segments.into_iter().enumerate() {
@@ -948,7 +950,7 @@ impl PoolInner {
 
     /// Every written column of a row, read whole and in parallel (None
     /// where unreadable; unused data columns are not read).
-    fn read_row_columns(&self, g: &RowGeom) -> Vec<Option<AlignedBuf>> {
+    pub(crate) fn read_row_columns(&self, g: &RowGeom) -> Vec<Option<AlignedBuf>> {
         let k = g.data_capacity_columns();
         let bytes = g.height as usize * BLOCK_SIZE;
         let jobs: Vec<crate::device::IoJob<Option<AlignedBuf>>> = (0..g.width())

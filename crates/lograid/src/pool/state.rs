@@ -179,6 +179,9 @@ pub struct Core {
     pub flushed_gen: u64,
     /// Every row with a sequence number up to this one is durable.
     pub flushed_seq: u64,
+    /// Rows with a smaller sequence number are covered by the durable
+    /// checkpoint; recovery replays the ones from here on.
+    pub checkpoint_next_seq: u64,
     pub checkpoint: CheckpointPointer,
     pub checkpoint_segments: Vec<u32>,
     pub superblock_generation: u64,
