@@ -239,7 +239,7 @@ fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
         let free = inner.core.lock().free.len();
         let watermark = inner.clean_watermark();
         if free < watermark {
-            if let Err(e) = inner.clean_segments(watermark - free) {
+            if let Err(e) = inner.guarded("cleaning", || inner.clean_segments(watermark - free)) {
                 tracing::warn!("background cleaner: {e}");
                 std::thread::sleep(Duration::from_millis(500));
             }
@@ -248,7 +248,7 @@ fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
         let due = inner.core.lock().log_blocks_since_checkpoint
             >= inner.options.checkpoint_interval_blocks;
         if due {
-            if let Err(e) = inner.checkpoint() {
+            if let Err(e) = inner.guarded("checkpoint", || inner.checkpoint()) {
                 tracing::warn!("background checkpoint: {e}");
             }
         }

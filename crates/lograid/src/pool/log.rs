@@ -153,7 +153,10 @@ impl Core {
         let (hb, slots) = full_row_shape(k, chunk);
         let (segment, offset, members_mask, parity) =
             (h.segment, h.offset, seg.members_mask, seg.parity);
-        let buf = self.buffer(k * chunk * BLOCK_SIZE);
+        // A row sealed with a smaller header than reserved starts that many
+        // blocks into the buffer, and its columns may then reach that many
+        // blocks past k * chunk: the buffer has room for that shift.
+        let buf = self.buffer((k * chunk + hb as usize) * BLOCK_SIZE);
         self.heads[head.index()].open = Some(OpenRow {
             kind,
             buf,
@@ -327,6 +330,10 @@ impl Core {
             "row geometry"
         );
         let start_block = (row.header_reserve - hb) as usize;
+        assert!(
+            (start_block + (data_columns * height) as usize) * BLOCK_SIZE <= row.buf.len(),
+            "row does not fit its buffer"
+        );
         // Zero the padding after the last data block of the last column.
         let end = (start_block + used as usize) * BLOCK_SIZE;
         let pad_end = (start_block + (data_columns * height) as usize) * BLOCK_SIZE;

@@ -147,6 +147,33 @@ pub(crate) fn paranoid() -> bool {
 }
 
 impl PoolInner {
+    /// Runs `f`; if it panics (a broken invariant: a bug), the pool stops
+    /// writing at once — no flush, no checkpoint — so that what is on disk
+    /// stays what recovery can trust, and the call fails with an error.
+    pub(crate) fn guarded<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            Ok(r) => r,
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown panic".into());
+                let reason = format!(
+                    "internal error during {what}: {msg}; the pool stopped writing to protect its data \
+                     (reopening it replays the log up to the last flush)"
+                );
+                tracing::error!("{reason}");
+                self.core
+                    .lock()
+                    .read_only_reason
+                    .get_or_insert(reason.clone());
+                self.progress.notify_all();
+                Err(Error::ReadOnly(reason))
+            }
+        }
+    }
+
     /// Panics with `context` if an invariant is broken (only when paranoid).
     pub(crate) fn debug_check(&self, context: &str) {
         if paranoid() {
@@ -325,13 +352,14 @@ impl Pool {
 
     /// Flushes everything and writes a checkpoint.
     pub fn checkpoint(&self) -> Result<()> {
-        self.inner.checkpoint()
+        self.inner.guarded("checkpoint", || self.inner.checkpoint())
     }
 
     /// Runs the cleaner until `segments` more segments are free or nothing
     /// more can be gained; returns segments freed.
     pub fn clean(&self, segments: usize) -> Result<usize> {
-        self.inner.clean_segments(segments)
+        self.inner
+            .guarded("cleaning", || self.inner.clean_segments(segments))
     }
 
     /// Verifies the in-memory bookkeeping (free list, live counts, maps);
@@ -352,7 +380,7 @@ impl Pool {
         self._cleaner.stop();
         let read_only = self.inner.core.lock().read_only_reason.is_some();
         if !read_only {
-            self.inner.checkpoint()?;
+            self.inner.guarded("close", || self.inner.checkpoint())?;
         }
         self.inner.closed.store(true, Ordering::SeqCst);
         Ok(())
@@ -414,21 +442,25 @@ impl Volume {
         let last = (offset + buf.len() as u64 - 1) / bs;
         let count = (last - first + 1) as usize;
         let head = (offset % bs) as usize;
-        if head == 0 && buf.len().is_multiple_of(BLOCK_SIZE) {
-            return self.inner.read_blocks(self.id, &self.name, first, buf);
-        }
-        let mut tmp = vec![0u8; count * BLOCK_SIZE];
-        self.inner
-            .read_blocks(self.id, &self.name, first, &mut tmp)?;
-        buf.copy_from_slice(&tmp[head..head + buf.len()]);
-        Ok(())
+        self.inner.guarded("read", || {
+            if head == 0 && buf.len().is_multiple_of(BLOCK_SIZE) {
+                return self.inner.read_blocks(self.id, &self.name, first, buf);
+            }
+            let mut tmp = vec![0u8; count * BLOCK_SIZE];
+            self.inner
+                .read_blocks(self.id, &self.name, first, &mut tmp)?;
+            buf.copy_from_slice(&tmp[head..head + buf.len()]);
+            Ok(())
+        })
     }
 
     /// Writes `data` at `offset` (multiples of 512). Acknowledged from memory
     /// until the next flush, like a drive's write cache.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check(offset, data.len() as u64)?;
-        self.inner.write(self.id, &self.name, offset, data)
+        self.inner.guarded("write", || {
+            self.inner.write(self.id, &self.name, offset, data)
+        })
     }
 
     /// Writes and makes the data durable before returning (FUA).
@@ -442,15 +474,17 @@ impl Volume {
         if self.inner.closed.load(Ordering::Relaxed) {
             return Err(Error::ReadOnly("pool is closed".into()));
         }
-        self.inner.flush()
+        self.inner.guarded("flush", || self.inner.flush())
     }
 
     /// Unmaps whole 4 KiB blocks inside the range (a hint: partial blocks at
     /// the edges are left as they are). Trimmed blocks read as zero.
     pub fn trim(&self, offset: u64, length: u64) -> Result<()> {
         self.check(offset, length)?;
-        self.inner
-            .range_op(self.id, &self.name, offset, length, io::RangeOp::Trim)
+        self.inner.guarded("trim", || {
+            self.inner
+                .range_op(self.id, &self.name, offset, length, io::RangeOp::Trim)
+        })
     }
 
     /// Makes the range read as zero. Partial blocks at the edges are
@@ -464,8 +498,10 @@ impl Volume {
         } else {
             io::RangeOp::ZeroUnmapped
         };
-        self.inner
-            .range_op(self.id, &self.name, offset, length, mode)
+        self.inner.guarded("write zeroes", || {
+            self.inner
+                .range_op(self.id, &self.name, offset, length, mode)
+        })
     }
 
     /// Allocation of [offset, offset+length) as runs (length, state).
