@@ -520,25 +520,35 @@ async fn accept_tcp(
         };
         let _ = stream.set_nodelay(true);
         set_keepalive(&stream);
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            shared
-                .counters
-                .connections_accepted
-                .fetch_add(1, Ordering::Relaxed);
-            shared
-                .counters
-                .connections_active
-                .fetch_add(1, Ordering::Relaxed);
-            let (reader, writer) = stream.into_split();
-            connection::serve(reader, writer, peer.to_string(), shared.clone()).await;
-            shared
-                .counters
-                .connections_active
-                .fetch_sub(1, Ordering::Relaxed);
-            drop(slot);
-        });
+        let (reader, writer) = stream.into_split();
+        spawn_connection(shared.clone(), reader, writer, peer.to_string(), slot);
     }
+}
+
+/// Serves one accepted connection on its own task, counting it while it
+/// lives; `slot` (its place under the connection limit) is released at the end.
+fn spawn_connection<R, W, S>(shared: Arc<Shared>, reader: R, writer: W, peer: String, slot: S)
+where
+    R: tokio::io::AsyncRead + Unpin + Send + 'static,
+    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: Send + 'static,
+{
+    tokio::spawn(async move {
+        shared
+            .counters
+            .connections_accepted
+            .fetch_add(1, Ordering::Relaxed);
+        shared
+            .counters
+            .connections_active
+            .fetch_add(1, Ordering::Relaxed);
+        connection::serve(reader, writer, peer, shared.clone()).await;
+        shared
+            .counters
+            .connections_active
+            .fetch_sub(1, Ordering::Relaxed);
+        drop(slot);
+    });
 }
 
 /// TCP keepalive (idle 60 s, then 6 probes 10 s apart): a peer that vanished without a FIN
@@ -590,23 +600,7 @@ async fn accept_unix(
             tracing::warn!("connection limit reached; closing");
             continue;
         };
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            shared
-                .counters
-                .connections_accepted
-                .fetch_add(1, Ordering::Relaxed);
-            shared
-                .counters
-                .connections_active
-                .fetch_add(1, Ordering::Relaxed);
-            let (reader, writer) = stream.into_split();
-            connection::serve(reader, writer, "unix".to_string(), shared.clone()).await;
-            shared
-                .counters
-                .connections_active
-                .fetch_sub(1, Ordering::Relaxed);
-            drop(slot);
-        });
+        let (reader, writer) = stream.into_split();
+        spawn_connection(shared.clone(), reader, writer, "unix".to_string(), slot);
     }
 }
