@@ -28,6 +28,16 @@ pub struct SimPool {
 
 impl SimPool {
     pub fn create(members: usize, parity: u8, member_bytes: u64, fill: f64) -> SimPool {
+        Self::create_with_options(members, parity, member_bytes, fill, test_options())
+    }
+
+    pub fn create_with_options(
+        members: usize,
+        parity: u8,
+        member_bytes: u64,
+        fill: f64,
+        options: PoolOptions,
+    ) -> SimPool {
         let sims: Vec<Arc<SimMember>> = (0..members)
             .map(|i| Arc::new(SimMember::new(&format!("sim{i}"), member_bytes)))
             .collect();
@@ -41,7 +51,7 @@ impl SimPool {
             force: true,
             initial_volume: None,
         };
-        let pool = create_pool(dyn_members, &opts, test_options()).expect("create pool");
+        let pool = create_pool(dyn_members, &opts, options).expect("create pool");
         let usable = pool.status().usable_bytes;
         let size = ((usable as f64 * fill) as u64 / 4096).max(16) * 4096;
         let volume = pool.create_volume("vol", size).expect("create volume");
