@@ -55,7 +55,7 @@ pub struct PoolOptions {
 impl Default for PoolOptions {
     fn default() -> Self {
         PoolOptions {
-            io_threads: 96,
+            io_threads: 32,
             checkpoint_interval_blocks: 1 << 18,
             max_inflight_rows: 64,
             max_inflight_bytes: 256 << 20,
@@ -568,9 +568,9 @@ pub(crate) fn random_u128() -> u128 {
     ((random_u64() as u128) << 64) | random_u64() as u128
 }
 
-#[allow(dead_code)]
-fn _assert_send_sync() {
-    fn is<T: Send + Sync>() {}
-    is::<Pool>();
-    is::<Volume>();
-}
+// Pools and volumes are shared across threads by every front end.
+const _: () = {
+    const fn is_send_sync<T: Send + Sync>() {}
+    is_send_sync::<Pool>();
+    is_send_sync::<Volume>();
+};

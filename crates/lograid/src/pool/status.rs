@@ -4,7 +4,7 @@ use super::state::SegState;
 use super::PoolInner;
 use crate::device::CounterValues;
 use crate::format::checkpoint::PoolCounters;
-use crate::format::{BLOCK_BYTES, BLOCK_SIZE};
+use crate::format::BLOCK_BYTES;
 use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize)]
@@ -148,6 +148,3 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
         members,
     }
 }
-
-#[allow(dead_code)]
-const _: () = assert!(BLOCK_SIZE == 4096);
