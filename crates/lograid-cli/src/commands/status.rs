@@ -77,8 +77,14 @@ pub fn run(a: StatusArgs) -> Result<()> {
         );
     }
     println!();
+    print_volumes(&st.volumes);
+    Ok(())
+}
+
+/// The volume table of `status` and `volume list`.
+pub fn print_volumes(volumes: &[lograid::pool::VolumeStatus]) {
     println!("{:<24} {:>12} {:>12}", "VOLUME", "SIZE", "STORED");
-    for v in &st.volumes {
+    for v in volumes {
         println!(
             "{:<24} {:>12} {:>12}",
             v.name,
@@ -86,5 +92,4 @@ pub fn run(a: StatusArgs) -> Result<()> {
             human(v.stored_bytes)
         );
     }
-    Ok(())
 }

@@ -55,15 +55,7 @@ pub fn run(c: VolumeCommand) -> Result<()> {
             if json {
                 println!("{}", serde_json::to_string_pretty(&st.volumes)?);
             } else {
-                println!("{:<24} {:>12} {:>12}", "NAME", "SIZE", "STORED");
-                for v in &st.volumes {
-                    println!(
-                        "{:<24} {:>12} {:>12}",
-                        v.name,
-                        human(v.size_bytes),
-                        human(v.stored_bytes)
-                    );
-                }
+                super::status::print_volumes(&st.volumes);
             }
         }
         VolumeCommand::Resize { size, name, drives } => {
