@@ -155,13 +155,6 @@ impl VolumeMap {
                 })
             })
     }
-
-    /// Drops every entry at or past `blocks` (volume shrink is refused; used on delete).
-    pub fn clear(&mut self) {
-        self.pages.clear();
-        self.mapped = 0;
-        self.stored = 0;
-    }
 }
 
 #[cfg(test)]

@@ -294,6 +294,10 @@ impl PoolInner {
             if let Err(e) = self.write_row(&row) {
                 first_error.get_or_insert(e);
             }
+            // The buffer serves the next row unless a reader still holds it.
+            if let Ok(row) = Arc::try_unwrap(row) {
+                self.core.lock().recycle(row.buf);
+            }
         }
         first_error.map_or(Ok(()), Err)
     }
@@ -468,7 +472,8 @@ impl PoolInner {
         let _guard = self.reuse.read();
         let mut plan: Vec<(usize, Pba, u32)> = Vec::new();
         {
-            let core = self.core.lock();
+            let mut core = self.core.lock();
+            core.counters.user_bytes_read += out.len() as u64;
             let vol = core.volume(id).ok_or_else(|| gone(name))?;
             for (i, block) in out.chunks_exact_mut(BLOCK_SIZE).enumerate() {
                 let (loc, crc) = vol.map.get(lba + i as u64);
@@ -488,7 +493,6 @@ impl PoolInner {
                 }
             }
         }
-        self.core.lock().counters.user_bytes_read += out.len() as u64;
         // Coalesce runs of consecutive blocks on one member into one read.
         let mut start = 0;
         while start < plan.len() {

@@ -5,7 +5,7 @@
 
 use crate::device::AlignedBuf;
 use crate::format::checkpoint::PoolCounters;
-use crate::format::row::{entries_capacity, header_blocks_for, Entry, HeadId, RowKind};
+use crate::format::row::{entries_capacity, Entry, HeadId, RowKind};
 use crate::format::superblock::CheckpointPointer;
 use crate::format::BLOCK_SIZE;
 use crate::layout::{Pba, RowGeom};
@@ -222,19 +222,6 @@ impl Core {
         if self.spare_buffers.len() < 16 {
             self.spare_buffers.push(buf);
         }
-    }
-
-    pub fn free_segment_count(&self) -> usize {
-        self.free.len()
-    }
-
-    /// Header blocks needed by the open row of `head` if sealed now.
-    pub fn open_header_blocks(&self, head: HeadId) -> u16 {
-        self.heads[head.index()]
-            .open
-            .as_ref()
-            .map(|r| header_blocks_for(r.entries.len()))
-            .unwrap_or(0)
     }
 }
 
