@@ -18,6 +18,8 @@ fn threads_cleaner_and_checkpoints_together() {
         max_inflight_rows: 8,
         max_inflight_bytes: 16 << 20,
         background_cleaner: true,
+        discard: true,
+        ..Default::default()
     };
     let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.85, options);
     let size = pool.volume_size();

@@ -57,7 +57,7 @@ fn superblock() -> impl Strategy<Value = Superblock> {
                     prop::collection::vec(
                         (
                             any::<u128>(),
-                            (1u64 << 20) + 2..=(1u64 << 48),
+                            (1u64 << 20) + 2..=lograid::format::MAX_MEMBER_BLOCKS,
                             member_state(),
                         ),
                         count,
@@ -508,7 +508,7 @@ fn sample_superblock(rng: &mut SimRng) -> Superblock {
         members: (0..n)
             .map(|i| MemberRecord {
                 uuid: rng.next_u64() as u128,
-                size_blocks: (rng.next_u64() >> 20).max(4096),
+                size_blocks: (rng.next_u64() >> 24).max(4096),
                 state: if i % 3 == 0 {
                     MemberState::Faulted
                 } else {

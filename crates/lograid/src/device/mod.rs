@@ -119,6 +119,11 @@ impl Device {
             self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
         })
     }
+    pub fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.member.discard(offset, len).inspect_err(|_| {
+            self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+        })
+    }
     pub fn flush(&self) -> io::Result<()> {
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
         self.member.flush().inspect_err(|_| {

@@ -182,4 +182,17 @@ impl Member for SimMember {
         }
         Ok(())
     }
+    /// Zeroes the range, like a drive that returns zeroes after discard; the
+    /// zeroing is as volatile as a write until the next flush.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.size_bytes, offset, len as usize)?;
+        let mut s = self.state.lock();
+        if s.dead {
+            return Err(dead_error());
+        }
+        let zeroes = vec![0u8; len as usize];
+        s.current[offset as usize..(offset + len) as usize].copy_from_slice(&zeroes);
+        s.pending.push((offset, zeroes));
+        Ok(())
+    }
 }

@@ -24,8 +24,9 @@ pub const MAX_MEMBERS: usize = 24;
 pub const MAX_PARITY: usize = 3;
 /// Segments per pool, at most (bounds the segment table a superblock can ask for).
 pub const MAX_SEGMENTS: u64 = 1 << 24;
-/// Blocks per member, at most (physical addresses keep 48 bits of block number).
-pub const MAX_MEMBER_BLOCKS: u64 = 1 << 48;
+/// Blocks per member, at most: 4 PiB. Physical addresses on disk keep 48
+/// bits of block number; the in-memory map packs member and block in 46.
+pub const MAX_MEMBER_BLOCKS: u64 = 1 << 40;
 /// First block of a member's data area (1 MiB): blocks before it hold the
 /// superblock slots and stay clear of partition tables.
 pub const DATA_START_BLOCK: u64 = 256;

@@ -30,6 +30,11 @@ impl PoolInner {
             let sealed = self.seal_open_rows(&mut core);
             let checkpoint_id = core.checkpoint.checkpoint_id + 1;
             core.counters.checkpoints += 1;
+            // Pages rewritten in order since the last checkpoint go back to
+            // runs (the map's memory for sequential data).
+            for v in core.volumes.values_mut() {
+                v.map.compact();
+            }
             let blob = self.snapshot(&core, checkpoint_id);
             core.log_blocks_since_checkpoint = 0;
             (sealed, core.next_seq, gen, blob, checkpoint_id)

@@ -450,6 +450,20 @@ impl PoolInner {
         }
         // Wait for readers that may still read the old contents.
         let _w = self.reuse.write();
+        if self.options.discard {
+            let ready: Vec<(u32, u32)> = {
+                let core = self.core.lock();
+                (0..core.segments.len())
+                    .filter(|&s| is_ready(&core, s))
+                    .map(|s| (s as u32, core.segments[s].members_mask))
+                    .collect()
+            };
+            // Still pending (so never handed out) while their blocks are
+            // discarded; `reuse` keeps other releases out meanwhile.
+            for (s, mask) in ready {
+                self.discard_segment(s, mask);
+            }
+        }
         let mut core = self.core.lock();
         for s in 0..core.segments.len() {
             if is_ready(&core, s) {
@@ -465,6 +479,29 @@ impl PoolInner {
         self.progress.notify_all();
         drop(core);
         self.debug_check("releasing segments");
+    }
+
+    /// Tells the members that segment `s` no longer holds anything. Advisory:
+    /// a member that fails it is logged and the segment is freed anyway.
+    fn discard_segment(&self, s: u32, members_mask: u32) {
+        let g = &self.shape.geometry;
+        let offset = g.segment_base(s) * BLOCK_BYTES;
+        let len = g.segment_blocks as u64 * BLOCK_BYTES;
+        for (m, dev) in self.devices.iter().enumerate() {
+            let Some(dev) = dev else { continue };
+            if members_mask & (1 << m) == 0 {
+                continue;
+            }
+            match dev.discard(offset, len) {
+                Ok(()) => {
+                    self.stats.lock().discarded_bytes += len;
+                }
+                Err(e) => tracing::warn!(
+                    "discard of segment {s} on member {m} ({}): {e}",
+                    dev.member.describe()
+                ),
+            }
+        }
     }
 
     /// Reads whole blocks from `lba` into `out`, verifying every checksum.

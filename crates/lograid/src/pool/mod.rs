@@ -25,7 +25,7 @@ pub mod recovery_api {
 }
 
 pub use create::{CreateOptions, DEFAULT_CHUNK_BYTES};
-pub use status::{MemberStatus, PoolStatus, VolumeStatus};
+pub use status::{CleanerState, CleanerStatus, MemberStatus, PoolStatus, VolumeStatus};
 
 use crate::device::{Device, IoPool};
 use crate::error::{Error, Result};
@@ -50,6 +50,41 @@ pub struct PoolOptions {
     pub max_inflight_bytes: usize,
     /// Start a background thread that cleans before space runs low.
     pub background_cleaner: bool,
+    /// How the cleaner picks the segment to empty.
+    pub cleaner_policy: CleanerPolicy,
+    /// Discard segments on the members when they become free (punch holes
+    /// in file members, BLKDISCARD on block devices), so thin or flash
+    /// backing storage gets the space back.
+    pub discard: bool,
+}
+
+/// How the cleaner chooses its victim segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CleanerPolicy {
+    /// The segment with the fewest live blocks.
+    Greedy,
+    /// The segment with the highest (1-u)/u * age: free space gained per
+    /// block moved, weighted by how long the segment has gone unchanged
+    /// since it was sealed (after Rosenblum and Ousterhout's LFS; the
+    /// (1-u)/u form did better than (1-u)/(1+u) in simulation). Cold
+    /// segments are cleaned at a higher utilization than hot ones, which
+    /// are left to empty by themselves.
+    #[default]
+    CostBenefit,
+}
+
+impl std::str::FromStr for CleanerPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "greedy" => Ok(CleanerPolicy::Greedy),
+            "cost-benefit" => Ok(CleanerPolicy::CostBenefit),
+            _ => Err(format!(
+                "unknown cleaner policy '{s}' (greedy, cost-benefit)"
+            )),
+        }
+    }
 }
 
 impl Default for PoolOptions {
@@ -60,6 +95,8 @@ impl Default for PoolOptions {
             max_inflight_rows: 64,
             max_inflight_bytes: 256 << 20,
             background_cleaner: true,
+            cleaner_policy: CleanerPolicy::default(),
+            discard: false,
         }
     }
 }
@@ -200,6 +237,10 @@ pub(crate) struct PoolInner {
     pub capacity_blocks: u64,
     pub usable_blocks: u64,
     pub recovery_report: Mutex<Option<recovery::RecoveryReport>>,
+    /// Counters and samples kept while the pool is open (not persisted).
+    pub stats: Mutex<status::RuntimeStats>,
+    /// Wakes the background cleaner (free space fell below its watermark).
+    pub cleaner_wake: Condvar,
 }
 
 /// An open pool. Cheap to clone; closing writes a final checkpoint.
@@ -358,8 +399,14 @@ impl Pool {
     /// Runs the cleaner until `segments` more segments are free or nothing
     /// more can be gained; returns segments freed.
     pub fn clean(&self, segments: usize) -> Result<usize> {
-        self.inner
-            .guarded("cleaning", || self.inner.clean_segments(segments))
+        self.inner.guarded("cleaning", || {
+            let cleaned = self
+                .inner
+                .clean_segments(segments, self.inner.options.cleaner_policy)?;
+            // Make what was emptied reusable now.
+            self.inner.checkpoint()?;
+            Ok(cleaned)
+        })
     }
 
     /// Verifies the in-memory bookkeeping (free list, live counts, maps);

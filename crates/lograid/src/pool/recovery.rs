@@ -309,6 +309,8 @@ pub(crate) fn new_inner(
         capacity_blocks,
         usable_blocks,
         recovery_report: Mutex::new(None),
+        stats: Mutex::new(Default::default()),
+        cleaner_wake: Default::default(),
     }
 }
 

@@ -38,7 +38,9 @@ pub struct Segment {
     pub parity: u8,
     pub live_blocks: u32,
     pub fill_blocks: u32,
-    /// Sequence number when sealed (age, for the cleaner).
+    /// Sequence number when sealed (its age, for the cleaner; for relocated
+    /// data too: dating it by its blocks' original writes makes cost-benefit
+    /// clean full cold segments over and over).
     pub sealed_seq: u64,
     /// Rows in offset order (this incarnation of the segment).
     pub rows: Vec<RowGeom>,

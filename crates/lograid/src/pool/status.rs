@@ -7,6 +7,69 @@ use crate::format::checkpoint::PoolCounters;
 use crate::format::BLOCK_BYTES;
 use serde::Serialize;
 
+/// What the cleaner is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CleanerState {
+    /// Enough free segments.
+    #[default]
+    Idle,
+    /// Below the watermark: cleaning in the background.
+    Background,
+    /// A writer found no free segment and is cleaning in the foreground.
+    Urgent,
+}
+
+/// Counters kept while a pool is open, and samples for rates.
+#[derive(Debug, Default)]
+pub struct RuntimeStats {
+    pub cleaner_state: CleanerState,
+    pub segments_cleaned: u64,
+    pub discarded_bytes: u64,
+    /// Writes that waited for the cleaner, and how long in total.
+    pub write_stalls: u64,
+    pub write_stall_ns: u64,
+    /// (seconds since open, user bytes, member bytes, relocated blocks),
+    /// one per second at most, the last ~70 s.
+    pub samples: std::collections::VecDeque<(f64, u64, u64, u64)>,
+    pub opened: Option<std::time::Instant>,
+}
+
+impl RuntimeStats {
+    /// Records a sample of the cumulative counters (at most one a second).
+    pub fn sample(&mut self, user_bytes: u64, member_bytes: u64, relocated: u64) {
+        let opened = *self.opened.get_or_insert_with(std::time::Instant::now);
+        let t = opened.elapsed().as_secs_f64();
+        if self.samples.back().is_some_and(|s| t - s.0 < 1.0) {
+            return;
+        }
+        self.samples
+            .push_back((t, user_bytes, member_bytes, relocated));
+        while self.samples.len() > 2 && t - self.samples[1].0 >= 60.0 {
+            self.samples.pop_front();
+        }
+    }
+}
+
+/// The cleaner's state and the write amplification it causes.
+#[derive(Debug, Clone, Serialize)]
+pub struct CleanerStatus {
+    pub state: CleanerState,
+    pub policy: super::CleanerPolicy,
+    pub discard: bool,
+    /// Segments emptied since the pool was opened.
+    pub segments_cleaned: u64,
+    /// Live bytes moved by the cleaner since the pool was created.
+    pub relocated_bytes: u64,
+    pub discarded_bytes: u64,
+    pub write_stalls: u64,
+    pub write_stall_seconds: f64,
+    /// Member bytes written / volume bytes written over the last minute
+    /// (or since opening, if shorter); null while nothing was written.
+    pub write_amplification_last_minute: Option<f64>,
+    pub window_seconds: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct MemberStatus {
     pub index: usize,
@@ -45,6 +108,9 @@ pub struct PoolStatus {
     pub segments_free: usize,
     pub segments_sealed: usize,
     pub segments_pending_free: usize,
+    /// Segments holding data (sealed, open or holding the checkpoint).
+    pub segments_in_use: usize,
+    pub cleaner: CleanerStatus,
     pub volumes: Vec<VolumeStatus>,
     pub counters: PoolCounters,
     pub member_bytes_written: u64,
@@ -128,6 +194,12 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
             .iter()
             .filter(|s| matches!(s.state, SegState::PendingFree { .. }))
             .count(),
+        segments_in_use: core
+            .segments
+            .iter()
+            .filter(|s| !matches!(s.state, SegState::Free | SegState::PendingFree { .. }))
+            .count(),
+        cleaner: cleaner_status(inner, &core, member_bytes_written),
         volumes,
         counters: core.counters,
         member_bytes_written,
@@ -146,5 +218,34 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
         },
         recovery: inner.recovery_report.lock().clone(),
         members,
+    }
+}
+
+fn cleaner_status(
+    inner: &PoolInner,
+    core: &super::state::Core,
+    member_bytes: u64,
+) -> CleanerStatus {
+    let mut stats = inner.stats.lock();
+    let (user, relocated) = (
+        core.counters.user_bytes_written,
+        core.counters.relocated_blocks,
+    );
+    stats.sample(user, member_bytes, relocated);
+    let (t_now, ..) = *stats.samples.back().expect("just sampled");
+    let (t0, user0, member0, _) = *stats.samples.front().expect("just sampled");
+    let user_delta = user.saturating_sub(user0);
+    CleanerStatus {
+        state: stats.cleaner_state,
+        policy: inner.options.cleaner_policy,
+        discard: inner.options.discard,
+        segments_cleaned: stats.segments_cleaned,
+        relocated_bytes: relocated * BLOCK_BYTES,
+        discarded_bytes: stats.discarded_bytes,
+        write_stalls: stats.write_stalls,
+        write_stall_seconds: stats.write_stall_ns as f64 / 1e9,
+        write_amplification_last_minute: (user_delta > 0)
+            .then(|| member_bytes.saturating_sub(member0) as f64 / user_delta as f64),
+        window_seconds: t_now - t0,
     }
 }

@@ -2,7 +2,10 @@
 //! measures, in the same run with the same I/O engine (positioned O_DIRECT
 //! writes from a pool of threads), a plain file on the same disk. Reports
 //! MB/s, IOPS, latency percentiles and write amplification measured at the
-//! members, and the parity codec's speed.
+//! members, and the parity codec's speed. `steady` (not run by default)
+//! measures the cleaner at steady state (see `steady`).
+
+mod steady;
 
 use crate::size::{human, parse_size};
 use anyhow::{bail, Context, Result};
@@ -38,9 +41,24 @@ pub struct BenchArgs {
     /// Requests in flight (threads issuing synchronous requests).
     #[arg(long, default_value_t = 32)]
     pub queue_depth: usize,
-    /// Workloads to run (comma-separated: seq, rand, recovery); default all.
+    /// Workloads to run (comma-separated: seq, rand, recovery, steady).
     #[arg(long, default_value = "seq,rand,recovery")]
     pub workloads: String,
+    /// Steady state: fills of the pool's usable capacity to overwrite at.
+    #[arg(long, default_value = "0.5,0.75,0.9")]
+    pub fills: String,
+    /// Steady state: overwrite patterns (uniform; skewed = 90% of writes on 10% of blocks).
+    #[arg(long, default_value = "uniform,skewed")]
+    pub patterns: String,
+    /// Steady state: cleaner policies to compare (cost-benefit, greedy).
+    #[arg(long, default_value = "cost-benefit,greedy")]
+    pub policies: String,
+    /// Steady state: seconds of random overwrite per fill and pattern.
+    #[arg(long, default_value_t = 120.0)]
+    pub steady_seconds: f64,
+    /// Steady state: folder for one JSON report per policy.
+    #[arg(long)]
+    pub steady_out: Option<PathBuf>,
     /// Write the results as JSON to this file too.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -193,6 +211,11 @@ struct BenchPool {
 
 impl BenchPool {
     fn new(a: &BenchArgs, dir: &Path) -> Result<BenchPool> {
+        Self::with(a, dir, 1.0, PoolOptions::default())
+    }
+
+    /// A fresh pool whose one volume is `fraction` of its usable capacity.
+    fn with(a: &BenchArgs, dir: &Path, fraction: f64, options: PoolOptions) -> Result<BenchPool> {
         let paths: Vec<PathBuf> = (0..a.members)
             .map(|i| dir.join(format!("member{i}.img")))
             .collect();
@@ -208,8 +231,8 @@ impl BenchPool {
             force: true,
             initial_volume: None,
         };
-        let pool = lograid::create_pool(members, &opts, PoolOptions::default())?;
-        let size = pool.status().usable_bytes / 4096 * 4096;
+        let pool = lograid::create_pool(members, &opts, options)?;
+        let size = (pool.status().usable_bytes as f64 * fraction) as u64 / 4096 * 4096;
         let volume = pool.create_volume("bench", size)?;
         Ok(BenchPool {
             pool,
@@ -287,7 +310,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
             human(need)
         );
     }
-    let result = run_in(&a, &dir);
+    let only_steady = a.workloads.split(',').all(|w| w.trim() == "steady");
+    let result = if only_steady {
+        steady::run(&a, &dir)
+    } else {
+        run_in(&a, &dir).and_then(|()| {
+            if a.workloads.split(',').any(|w| w.trim() == "steady") {
+                steady::run(&a, &dir)
+            } else {
+                Ok(())
+            }
+        })
+    };
     if a.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }
