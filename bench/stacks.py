@@ -103,6 +103,7 @@ class BtrfsStack:
         self.direct_io = None      # whether losetup --direct-io=on was accepted
         self.mountpoint = None
         self.mounted = False
+        self.uuid = None           # filesystem UUID, for /sys/fs/btrfs/UUID/
         self.children = []         # subprocess.Popen objects to kill before unmounting
         self._old_handlers = {}
 
@@ -133,6 +134,8 @@ class BtrfsStack:
         os.mkdir(self.mountpoint)
         run(["mount", "-t", "btrfs", self.devices[0], self.mountpoint])
         self.mounted = True
+        m = re.search(r"uuid:\s*([0-9a-f-]{36})", run(["btrfs", "filesystem", "show", self.mountpoint]))
+        self.uuid = m.group(1) if m else None
         log("up: %s on %s (%s, direct-io=%s) at %s" % (self.name, " ".join(self.member_names),
                                                       " ".join(self.mkfs_args),
                                                       "on" if self.direct_io else "off", self.mountpoint))
@@ -192,6 +195,15 @@ class BtrfsStack:
         statvfs is not used: for raid5/6 btrfs reports f_blocks as the raw size
         of all members (12 GiB for 3 x 4 GiB), parity included."""
         return int(self.usage()["Free (estimated)"])
+
+    def commit_stats(self):
+        """Transaction commits so far: /sys/fs/btrfs/UUID/commit_stats as a dict
+        ('commits', 'total_commit_ms', ...); empty if the kernel lacks it."""
+        try:
+            with open("/sys/fs/btrfs/%s/commit_stats" % self.uuid) as f:
+                return {k: int(v) for k, v in (line.split() for line in f if line.strip())}
+        except (OSError, ValueError, TypeError):
+            return {}
 
     def sync(self):
         """Make everything written to this filesystem durable (syncfs via `sync -f`)."""

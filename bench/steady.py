@@ -107,7 +107,8 @@ def fio_json_objects(text):
 
 
 class Sampler(threading.Thread):
-    """Timer thread: (wall time, member bytes written) every SAMPLE_EVERY seconds."""
+    """Timer thread: (wall time, member bytes written, btrfs transaction commits so
+    far) every SAMPLE_EVERY seconds."""
 
     def __init__(self, stack):
         super().__init__(daemon=True)
@@ -116,7 +117,8 @@ class Sampler(threading.Thread):
         self.stop_event = threading.Event()
 
     def sample(self):
-        self.samples.append((time.time(), self.stack.member_bytes_written()))
+        self.samples.append((time.time(), self.stack.member_bytes_written(),
+                             self.stack.commit_stats().get("commits", 0)))
 
     def run(self):
         while not self.stop_event.wait(SAMPLE_EVERY):
@@ -129,8 +131,9 @@ class Sampler(threading.Thread):
 
 
 def run_fio(stack, args, out_path, timeout):
-    """Run fio under the stack (so teardown kills it on a signal); return
-    (status objects, final object, stdout text). Raises if fio produced no JSON."""
+    """Run fio under the stack (so teardown kills it on a signal); keep its final
+    JSON report in out_path; return (status reports, final report, fio's stderr).
+    Raises if fio printed no JSON."""
     cmd = ["fio", "--output-format=json"] + args
     with open(out_path + ".stdout", "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
@@ -190,6 +193,16 @@ def interp(series, t):
     return series[-1][1]
 
 
+def last_before(series, t):
+    """Value of the last sample at or before t in [(t, value), ...] (the first if none)."""
+    v = series[0][1]
+    for ts, vs in series:
+        if ts > t:
+            break
+        v = vs
+    return v
+
+
 def overwrite(stack, path, size, seconds, pattern, engine, fio_dir, tag):
     """Random 4 KiB QD32 overwrites of the first `size` bytes of `path` for
     `seconds`, then syncfs; returns the measured figures (schema of a run)."""
@@ -208,6 +221,7 @@ def overwrite(stack, path, size, seconds, pattern, engine, fio_dir, tag):
     t_fio_end = time.time()
     stack.sync()
     m_end = stack.member_bytes_written()
+    c_end = stack.commit_stats()
     t_sync = time.time() - t_fio_end
 
     job = final["jobs"][0]
@@ -221,7 +235,8 @@ def overwrite(stack, path, size, seconds, pattern, engine, fio_dir, tag):
     fio_series.append((t0 + runtime, user, w["total_ios"]))
     fio_bytes = [(t, b) for t, b, _ in fio_series]
     fio_ios = [(t, n) for t, _, n in fio_series]
-    members = sampler.samples
+    members = [(t, b) for t, b, _ in sampler.samples]
+    commits = [(t, c) for t, _, c in sampler.samples]
     member = m_end - members[0][1]           # from just before fio until after the sync
 
     timeline = []
@@ -231,8 +246,11 @@ def overwrite(stack, path, size, seconds, pattern, engine, fio_dir, tag):
         du = interp(fio_bytes, b) - interp(fio_bytes, a)
         dm = interp(members, b) - interp(members, a)
         dn = interp(fio_ios, b) - interp(fio_ios, a)
+        # commits: btrfs transaction commits that ended in the interval (by the
+        # 0.5 s samples; metadata reaches the members at commits).
+        dc = last_before(commits, b) - last_before(commits, a)
         timeline.append({"t": k * TIMELINE_STEP, "iops": round(dn / TIMELINE_STEP, 1),
-                         "wa": round(dm / du, 4) if du > 0 else None})
+                         "wa": round(dm / du, 4) if du > 0 else None, "commits": dc})
         k += 1
 
     # Last third: from 2/3 of the run to its end (members: to the end of the sync).
@@ -253,6 +271,7 @@ def overwrite(stack, path, size, seconds, pattern, engine, fio_dir, tag):
         "p50_us": us("50.000000"), "p99_us": us("99.000000"), "p999_us": us("99.900000"),
         "seconds": round(runtime, 2),
         "sync_seconds": round(t_sync, 2),
+        "commits": c_end.get("commits", 0) - sampler.samples[0][2],
         "timeline": timeline,
     }
     e = job_error(final)

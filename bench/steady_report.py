@@ -107,11 +107,13 @@ def markdown(results):
             d["stack"], num(e.get("iops")), lat(e.get("p50_us")), lat(e.get("p99_us")),
             lat(e.get("p999_us")), num(e.get("wa"), 2)))
     lines += ["", "Random 4 KiB overwrites, QD32, of one file filled to the given fraction of the "
-              "usable capacity (WA = bytes written to the members / bytes written by the workload; "
-              "x empty = ratio to the same stack's empty baseline):", ""]
-    lines.append("| stack | fill | pattern | WA | WA last third | IOPS | IOPS x empty | p50 µs | "
-                 "p99 µs | p99.9 µs | p99.9 x empty | note |")
-    lines.append("|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+              "usable capacity (GiB written = by the workload during the overwrites; "
+              "WA = bytes written to the members / bytes written by the workload; "
+              "x empty = ratio to the same stack's empty baseline; commits = btrfs transaction commits "
+              "during the overwrites, where the stack reports them):", ""]
+    lines.append("| stack | fill | pattern | GiB written | WA | WA last third | IOPS | IOPS x empty | "
+                 "p50 µs | p99 µs | p99.9 µs | p99.9 x empty | commits | note |")
+    lines.append("|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|")
     notes = []
     for d in results:
         e = d.get("empty") or {}
@@ -121,11 +123,13 @@ def markdown(results):
                 notes.append("%s fill %s %s: %s" % (d["stack"], r.get("fill"), r.get("pattern"),
                                                     r["error"]))
                 note = "[%d]" % len(notes)
-            lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-                d["stack"], r.get("fill"), r.get("pattern"), num(r.get("wa"), 2),
+            ub = r.get("user_bytes")
+            lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                d["stack"], r.get("fill"), r.get("pattern"),
+                num(ub / 2**30 if ub is not None else None, 2), num(r.get("wa"), 2),
                 num(r.get("wa_last_third"), 2), num(r.get("iops")), ratio(r.get("iops"), e.get("iops")),
                 lat(r.get("p50_us")), lat(r.get("p99_us")), lat(r.get("p999_us")),
-                ratio(r.get("p999_us"), e.get("p999_us"), 1), note))
+                ratio(r.get("p999_us"), e.get("p999_us"), 1), num(r.get("commits")), note))
     if notes:
         lines.append("")
         lines += ["[%d] %s" % (i + 1, n) for i, n in enumerate(notes)]

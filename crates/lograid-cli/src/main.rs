@@ -5,6 +5,7 @@
 
 mod commands;
 mod export;
+mod live;
 mod size;
 
 use anyhow::Result;

@@ -1,12 +1,13 @@
 //! Model-based tests: random sequences of writes, reads, trims, zeroes,
-//! flushes and crashes against the engine on simulated drives, checked
+//! flushes, crashes and power cuts inside operations (cleaning included)
+//! against the engine on simulated drives, checked
 //! against a plain in-memory reference. A run is reproduced by its seed:
 //! `LOGRAID_SEED=<seed> cargo test -p lograid --test model`.
 
 mod common;
 
 use common::{Model, SimPool};
-use lograid::device::{CrashMode, SimRng};
+use lograid::device::{CrashMode, PowerCut, SimRng};
 
 struct Plan {
     members: usize,
@@ -85,6 +86,42 @@ fn run(plan: &Plan, seed: u64) {
                     .checkpoint()
                     .unwrap_or_else(|e| panic!("seed {seed} op {op}: checkpoint: {e}"));
                 model.flushed();
+            }
+            99 => {
+                // A power cut at a random instant inside a burst of
+                // overwrites, a cleaning pass and a flush.
+                let cut = PowerCut::after(1 + rng.below(200));
+                for s in &pool.sims {
+                    s.power_cut_after(cut.clone());
+                }
+                for _ in 0..32 {
+                    let (off, len) = model.random_range(&mut rng, 64 * 1024);
+                    let data = model.write(off, len);
+                    match pool.volume().write(off, &data) {
+                        Err(lograid::Error::NoSpace) => model.forget_last_write(),
+                        // Failed for the power cut: in doubt, like any unflushed write.
+                        Ok(()) | Err(_) => {}
+                    }
+                }
+                let _ = pool.pool().clean(2);
+                if pool.volume().flush().is_ok() {
+                    model.flushed();
+                }
+                let mode = match rng.below(3) {
+                    0 => CrashMode::DropAll,
+                    1 => CrashMode::KeepRandomSubset,
+                    _ => CrashMode::TearOne,
+                };
+                let tripped = cut.tripped();
+                pool = pool.crash(mode, &mut rng).unwrap_or_else(|e| {
+                    panic!("seed {seed} op {op}: reopen after a power cut ({tripped}) failed: {e}")
+                });
+                let observed = pool
+                    .read_all()
+                    .unwrap_or_else(|e| panic!("seed {seed} op {op}: read after power cut: {e}"));
+                model.after_crash(&observed).unwrap_or_else(|m| {
+                    panic!("seed {seed} op {op}: after a power cut ({mode:?}): {m}")
+                });
             }
             _ => {
                 let mode = match rng.below(4) {

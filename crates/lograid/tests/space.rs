@@ -107,3 +107,79 @@ fn overwriting_a_volume_that_fits_never_runs_out() {
     let st = pool.pool().status();
     assert!(st.counters.relocated_blocks > 0, "the cleaner never ran");
 }
+
+/// A writer stuck on a full pool (retrying on ENOSPC, as a filesystem's
+/// writeback does) is freed by another volume being deleted, and, after
+/// that space is used up too, by trims: the cleaner must reclaim what they
+/// release with the pool at its floor, never deadlocking for lack of room.
+#[test]
+fn stuck_writer_on_a_full_pool_is_freed_by_delete_and_trim() {
+    let options = lograid::PoolOptions {
+        background_cleaner: true,
+        ..common::test_options()
+    };
+    let pool = SimPool::create_with_options(3, 1, 8 << 20, 0.6, options);
+    let usable = pool.pool().status().usable_bytes / 4096 * 4096;
+    let main = pool.volume().clone();
+    let size = main.size_bytes();
+    // A scratch volume takes the rest of the space.
+    let scratch = pool
+        .pool()
+        .create_volume("scratch", usable)
+        .expect("scratch volume");
+    let block = vec![0x5au8; 64 * 1024];
+    let mut off = 0;
+    while off + block.len() as u64 <= usable {
+        match scratch.write(off, &block) {
+            Ok(()) => off += block.len() as u64,
+            Err(lograid::Error::NoSpace) => break,
+            Err(e) => panic!("scratch write: {e}"),
+        }
+    }
+    scratch.flush().expect("flush scratch");
+    // The writer fills the main volume with a known pattern, retrying while full.
+    let writer = {
+        let main = main.clone();
+        std::thread::spawn(move || {
+            let mut retries = 0u64;
+            let mut off = 0u64;
+            while off < size {
+                let len = (64 * 1024).min(size - off);
+                let data: Vec<u8> = (0..len).map(|i| ((off + i) / 4096 % 251) as u8).collect();
+                match main.write(off, &data) {
+                    Ok(()) => off += data.len() as u64,
+                    Err(lograid::Error::NoSpace) => {
+                        retries += 1;
+                        assert!(retries < 20_000, "writer never got space back");
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    Err(e) => panic!("main write at {off}: {e}"),
+                }
+            }
+            main.flush().expect("flush main");
+            retries
+        })
+    };
+    // Let the writer get stuck, then free space: half by trim, then the rest by delete.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    scratch.trim(0, off / 2).expect("trim scratch");
+    scratch.flush().expect("flush after trim");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    pool.pool()
+        .delete_volume("scratch")
+        .expect("delete scratch");
+    let retries = writer.join().expect("writer thread");
+    assert!(
+        retries > 0,
+        "the writer never found the pool full (test too weak)"
+    );
+    let mut buf = vec![0u8; size as usize];
+    main.read(0, &mut buf).expect("read back");
+    for (i, chunk) in buf.chunks(4096).enumerate() {
+        assert!(
+            chunk.iter().all(|&b| b == (i % 251) as u8),
+            "block {i} holds the wrong data"
+        );
+    }
+    pool.pool().check_invariants().expect("invariants");
+}

@@ -38,9 +38,12 @@ pub fn expand_drives(args: &[PathBuf]) -> Result<Vec<PathBuf>> {
 
 /// Opens the pool on `drives` and reports what recovery did.
 pub fn open_pool(drives: &[PathBuf], read_only: bool) -> Result<Pool> {
+    open_pool_with(drives, read_only, PoolOptions::default())
+}
+
+pub fn open_pool_with(drives: &[PathBuf], read_only: bool, options: PoolOptions) -> Result<Pool> {
     let paths = expand_drives(drives)?;
-    let pool = lograid::open_paths(&paths, PoolOptions::default(), read_only)
-        .map_err(anyhow::Error::new)?;
+    let pool = lograid::open_paths(&paths, options, read_only).map_err(anyhow::Error::new)?;
     if let Some(r) = pool.recovery_report() {
         eprintln!(
             "lograid: opened pool '{}': checkpoint {}, {} rows ({} blocks) replayed, recovery took {:.1} ms{}",

@@ -7,7 +7,7 @@
 //! checkpoint). Must never: exit with writes acknowledged by a flush that is
 //! not durable, or listen beyond loopback unless told to.
 
-use super::open_pool;
+use super::open_pool_with;
 use crate::export::VolumeExport;
 use crate::size::human;
 use anyhow::{bail, Context, Result};
@@ -42,6 +42,14 @@ pub struct ServeArgs {
     /// Serve only TCP clients from these addresses (comma-separated).
     #[arg(long, value_name = "IP,...", value_delimiter = ',')]
     pub allow: Vec<IpAddr>,
+    /// How the cleaner picks segments to empty: cost-benefit (default; best on skewed
+    /// overwrites) or greedy (the emptiest segment; as good on uniform ones).
+    #[arg(long, value_name = "POLICY", default_value = "cost-benefit")]
+    pub cleaner_policy: lograid::CleanerPolicy,
+    /// Discard segments on the drives when the cleaner frees them (punch holes in files,
+    /// BLKDISCARD on block devices), so sparse files and thin or flash storage shrink.
+    #[arg(long)]
+    pub discard: bool,
     /// The drives (files, block devices, or a directory of *.img files). None: ./lograid-data,
     /// created on first run as three sparse 4 GiB files with parity 1 and one volume "vol0".
     pub drives: Vec<PathBuf>,
@@ -80,7 +88,7 @@ fn client_uri(addr: &ListenAddr, export: &str) -> String {
 }
 
 /// Whether opening failed because another process holds a drive's lock.
-fn is_locked(e: &anyhow::Error) -> bool {
+pub fn is_locked(e: &anyhow::Error) -> bool {
     e.chain().any(|cause| {
         cause.downcast_ref::<lograid::Error>().is_some_and(|le| {
             matches!(le, lograid::Error::Io { cause, .. } if cause.kind() == std::io::ErrorKind::WouldBlock)
@@ -106,14 +114,14 @@ fn readable(e: anyhow::Error) -> anyhow::Error {
 }
 
 /// Opens the default pool in ./lograid-data, creating it on first run.
-fn open_or_create_default(read_only: bool) -> Result<Pool> {
+fn open_or_create_default(read_only: bool, options: PoolOptions) -> Result<Pool> {
     let dir = Path::new(DEFAULT_DATA_DIR);
     let paths: Vec<PathBuf> = (0..DEFAULT_MEMBERS)
         .map(|i| dir.join(format!("member{i}.img")))
         .collect();
     if dir.exists() && paths.iter().any(|p| p.exists()) {
         eprintln!("lograid: no drives given: serving the pool in ./{DEFAULT_DATA_DIR}");
-        return open_pool(&[dir.to_path_buf()], read_only).map_err(|e| {
+        return open_pool_with(&[dir.to_path_buf()], read_only, options).map_err(|e| {
             let locked = is_locked(&e);
             let e = readable(e);
             if locked {
@@ -127,7 +135,7 @@ fn open_or_create_default(read_only: bool) -> Result<Pool> {
     }
     let created_dir = !dir.exists();
     std::fs::create_dir_all(dir).with_context(|| format!("creating ./{DEFAULT_DATA_DIR}"))?;
-    let result = create_default(&paths);
+    let result = create_default(&paths, options);
     if result.is_err() {
         // Leave nothing half-made behind: the next run would refuse it.
         for p in &paths {
@@ -140,7 +148,7 @@ fn open_or_create_default(read_only: bool) -> Result<Pool> {
     result
 }
 
-fn create_default(paths: &[PathBuf]) -> Result<Pool> {
+fn create_default(paths: &[PathBuf], options: PoolOptions) -> Result<Pool> {
     let flat = |e: lograid::Error| {
         anyhow::anyhow!("creating the default pool in ./{DEFAULT_DATA_DIR}: {e}")
     };
@@ -151,7 +159,7 @@ fn create_default(paths: &[PathBuf]) -> Result<Pool> {
         parity: 1,
         ..Default::default()
     };
-    let pool = lograid::create_pool(members, &opts, PoolOptions::default()).map_err(flat)?;
+    let pool = lograid::create_pool(members, &opts, options).map_err(flat)?;
     let usable = pool.status().usable_bytes / 4096 * 4096;
     pool.create_volume(DEFAULT_VOLUME, usable).map_err(flat)?;
     eprintln!(
@@ -192,12 +200,26 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
 
     // The pool first: its exclusive locks are what refuses a second server on the same drives.
+    let options = PoolOptions {
+        cleaner_policy: a.cleaner_policy,
+        discard: a.discard,
+        ..Default::default()
+    };
     let pool = if a.drives.is_empty() {
-        open_or_create_default(a.read_only)?
+        open_or_create_default(a.read_only, options)?
     } else {
-        open_pool(&a.drives, a.read_only).map_err(readable)?
+        open_pool_with(&a.drives, a.read_only, options).map_err(readable)?
+    };
+    // `lograid status` on these drives reads what this publishes.
+    let publisher = match crate::live::Publisher::start(pool.clone()) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            eprintln!("lograid: warning: `lograid status` will not see this server: {e:#}");
+            None
+        }
     };
     let result = serve_pool(&pool, listen, &a);
+    drop(publisher);
     let close = pool.close().context("closing the pool (final checkpoint)");
     match (result, close) {
         (Err(e), _) => Err(e),

@@ -4,6 +4,8 @@ use super::open_pool;
 use crate::size::human;
 use anyhow::Result;
 use clap::Args;
+use lograid::device::{FileMember, OpenMode};
+use lograid::PoolStatus;
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -16,12 +18,40 @@ pub struct StatusArgs {
 }
 
 pub fn run(a: StatusArgs) -> Result<()> {
-    let pool = open_pool(&a.drives, true)?;
-    let st = pool.status();
+    let (st, live) = match open_pool(&a.drives, true) {
+        Ok(pool) => (pool.status(), None),
+        // Held by a running server: show what it publishes.
+        Err(e) if super::serve::is_locked(&e) => match served_status(&a.drives)? {
+            Some((doc, age)) => (doc.status, Some((doc.pid, age))),
+            None => return Err(e),
+        },
+        Err(e) => return Err(e),
+    };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&st)?);
         return Ok(());
     }
+    if let Some((pid, age)) = live {
+        println!("(live status from `lograid serve`, pid {pid}, {age:.0} s ago)");
+    }
+    print_human(&st);
+    Ok(())
+}
+
+/// The status published by the server holding `drives`, if any.
+fn served_status(drives: &[PathBuf]) -> Result<Option<(crate::live::Published, f64)>> {
+    for path in super::expand_drives(drives)? {
+        let Ok(member) = FileMember::open(&path, OpenMode::Peek) else {
+            continue;
+        };
+        if let Ok(sb) = lograid::read_superblock(&member) {
+            return Ok(crate::live::read(&format!("{:032x}", sb.pool_uuid)));
+        }
+    }
+    Ok(None)
+}
+
+fn print_human(st: &PoolStatus) {
     println!("pool:      {} ({})", st.name, st.uuid);
     println!("state:     {}", st.state);
     println!(
@@ -39,8 +69,8 @@ pub fn run(a: StatusArgs) -> Result<()> {
         human(st.free_bytes)
     );
     println!(
-        "segments:  {} total, {} free, {} sealed, {} awaiting flush",
-        st.segments_total, st.segments_free, st.segments_sealed, st.segments_pending_free
+        "segments:  {} total, {} free, {} in use, {} awaiting flush",
+        st.segments_total, st.segments_free, st.segments_in_use, st.segments_pending_free
     );
     println!(
         "writes:    {} by volumes, {} to members: write amplification {:.2}",
@@ -51,6 +81,34 @@ pub fn run(a: StatusArgs) -> Result<()> {
     println!(
         "integrity: {} checksum errors found, {} blocks repaired",
         st.checksum_errors, st.repaired_blocks
+    );
+    let c = &st.cleaner;
+    println!(
+        "cleaner:   {} ({}), {} segments cleaned since open, {} relocated in all{}",
+        serde_json::to_value(c.state)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default(),
+        serde_json::to_value(c.policy)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default(),
+        c.segments_cleaned,
+        human(c.relocated_bytes),
+        if c.discard {
+            format!(", {} discarded on the members", human(c.discarded_bytes))
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "           write amplification over the last {:.0} s: {}; writes that waited for the cleaner: {} ({:.1} s)",
+        c.window_seconds,
+        c.write_amplification_last_minute
+            .map(|w| format!("{w:.2}"))
+            .unwrap_or_else(|| "- (no writes)".into()),
+        c.write_stalls,
+        c.write_stall_seconds
     );
     println!(
         "map:       {} in memory, {:.1} bytes per stored block",
@@ -78,7 +136,6 @@ pub fn run(a: StatusArgs) -> Result<()> {
     }
     println!();
     print_volumes(&st.volumes);
-    Ok(())
 }
 
 /// The volume table of `status` and `volume list`.

@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 pub enum OpenMode {
     ReadWrite,
     ReadOnly,
+    /// Read-only without taking the shared lock: for reading the superblock
+    /// of a drive that a running server holds (to find its live status).
+    Peek,
 }
 
 pub struct FileMember {
@@ -63,13 +66,13 @@ impl FileMember {
             }
             Err(e) => return Err(e),
         };
-        let lock = if mode == OpenMode::ReadWrite {
-            libc::LOCK_EX
-        } else {
-            libc::LOCK_SH
+        let lock = match mode {
+            OpenMode::ReadWrite => libc::LOCK_EX,
+            OpenMode::ReadOnly => libc::LOCK_SH,
+            OpenMode::Peek => 0,
         };
         // SAFETY: valid fd owned by `file`.
-        if unsafe { libc::flock(file.as_raw_fd(), lock | libc::LOCK_NB) } != 0 {
+        if lock != 0 && unsafe { libc::flock(file.as_raw_fd(), lock | libc::LOCK_NB) } != 0 {
             let e = io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 return Err(io::Error::new(

@@ -13,7 +13,7 @@ pub use aligned::AlignedBuf;
 pub use file::{
     is_mounted, probe_signature, signature_in, FileMember, OpenMode, LOGRAID_SIGNATURE,
 };
-pub use sim::{CrashMode, SimMember, SimRng};
+pub use sim::{CrashMode, PowerCut, SimMember, SimRng};
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,7 +49,7 @@ pub struct MemberCounters {
 }
 
 /// A plain copy of `MemberCounters`.
-#[derive(Default, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CounterValues {
     pub bytes_read: u64,
     pub bytes_written: u64,

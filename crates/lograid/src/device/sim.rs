@@ -32,6 +32,29 @@ pub struct SimMember {
     name: String,
     size_bytes: u64,
     state: Mutex<SimState>,
+    /// Writes (and discards and flushes) left before a power cut, shared by
+    /// the members of a pool: when it runs out every member stops, so a
+    /// crash can land inside any operation.
+    budget: Mutex<Option<PowerCut>>,
+}
+
+/// A countdown shared by members; see `SimMember::power_cut_after`.
+#[derive(Clone, Default)]
+pub struct PowerCut(std::sync::Arc<std::sync::atomic::AtomicI64>);
+
+impl PowerCut {
+    pub fn after(ios: u64) -> PowerCut {
+        PowerCut(std::sync::Arc::new(std::sync::atomic::AtomicI64::new(
+            ios as i64,
+        )))
+    }
+    /// Takes one I/O from the budget; false once the power is out.
+    fn take(&self) -> bool {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) > 0
+    }
+    pub fn tripped(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst) <= 0
+    }
 }
 
 /// A small deterministic PRNG (xorshift64*) so crashes replay from a seed.
@@ -69,7 +92,26 @@ impl SimMember {
                 pending: Vec::new(),
                 dead: false,
             }),
+            budget: Mutex::new(None),
         }
+    }
+
+    /// After the shared budget of writes, discards and flushes runs out,
+    /// this member fails every I/O (the power is out); `crash_image` then
+    /// gives what a reboot would find.
+    pub fn power_cut_after(&self, cut: PowerCut) {
+        *self.budget.lock() = Some(cut);
+    }
+
+    /// False (and the member dead from now on) if the power just went out.
+    fn powered(&self, s: &mut SimState) -> bool {
+        if let Some(cut) = self.budget.lock().as_ref() {
+            if !cut.take() {
+                s.dead = true;
+                return false;
+            }
+        }
+        true
     }
 
     /// The image a power cut would leave, per `mode`, drawn with `rng`.
@@ -164,7 +206,7 @@ impl Member for SimMember {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_range(self.size_bytes, offset, buf.len())?;
         let mut s = self.state.lock();
-        if s.dead {
+        if s.dead || !self.powered(&mut s) {
             return Err(dead_error());
         }
         s.current[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
@@ -173,7 +215,7 @@ impl Member for SimMember {
     }
     fn flush(&self) -> io::Result<()> {
         let mut s = self.state.lock();
-        if s.dead {
+        if s.dead || !self.powered(&mut s) {
             return Err(dead_error());
         }
         let pending = std::mem::take(&mut s.pending);
@@ -187,7 +229,7 @@ impl Member for SimMember {
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.size_bytes, offset, len as usize)?;
         let mut s = self.state.lock();
-        if s.dead {
+        if s.dead || !self.powered(&mut s) {
             return Err(dead_error());
         }
         let zeroes = vec![0u8; len as usize];

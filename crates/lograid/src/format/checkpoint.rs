@@ -74,7 +74,7 @@ pub struct VolumeRecord {
 }
 
 /// Pool-wide counters kept across restarts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct PoolCounters {
     pub user_bytes_written: u64,
     pub user_bytes_read: u64,

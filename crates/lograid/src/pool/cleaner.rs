@@ -18,14 +18,15 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 impl PoolInner {
-    /// Cleans up to `want` segments with `policy`, then, if space is short
+    /// Cleans up to `want` segments by the pool's policy (`urgent`: for a
+    /// writer out of space, see `pick_victim`), then, if space is short
     /// and an emptied segment waits for a checkpoint before it may be
     /// reused, writes one. Returns how many segments were cleaned.
-    pub(crate) fn clean_segments(&self, want: usize, policy: CleanerPolicy) -> Result<usize> {
+    pub(crate) fn clean_segments(&self, want: usize, urgent: bool) -> Result<usize> {
         let _m = self.maintenance.lock();
         let mut cleaned = 0;
         while cleaned < want {
-            if !self.clean_one(policy)? {
+            if !self.clean_one(urgent)? {
                 break;
             }
             cleaned += 1;
@@ -59,16 +60,13 @@ impl PoolInner {
     }
 
     /// Called by a writer that found no free segment: flush (which releases
-    /// emptied segments) or clean in the foreground, or report the pool
-    /// full. (The pool's policy here too: with greedy foreground cleaning,
-    /// which F2FS uses, a writer-bound workload is cleaned mostly greedily
-    /// and loses what cost-benefit gains on skewed traffic.)
+    /// emptied segments) or clean in the foreground, greedily (see
+    /// `pick_victim`), or report the pool full.
     pub(crate) fn make_space(&self) -> Result<()> {
-        let shortfall = |inner: &PoolInner| {
-            let core = inner.core.lock();
-            (inner.shape.user_floor_segments(&core) + 1).saturating_sub(core.free.len())
+        let shortfall = |core: &super::state::Core| {
+            (self.shape.user_floor_segments(core) + 1).saturating_sub(core.free.len())
         };
-        if shortfall(self) == 0 {
+        if shortfall(&self.core.lock()) == 0 {
             return Ok(());
         }
         let started = std::time::Instant::now();
@@ -76,14 +74,13 @@ impl PoolInner {
             // Emptied segments wait for a flush (and, if the log since the
             // last checkpoint runs through them, for a checkpoint).
             self.flush()?;
-            if shortfall(self) == 0 {
+            if shortfall(&self.core.lock()) == 0 {
                 return Ok(());
             }
             self.stats.lock().cleaner_state = CleanerState::Urgent;
-            self.cleaner_wake.notify_all();
-            let want = shortfall(self) + 2;
-            let cleaned = self.clean_segments(want, self.options.cleaner_policy)?;
-            if shortfall(self) == 0 {
+            let want = shortfall(&self.core.lock()) + 2;
+            let cleaned = self.clean_segments(want, true)?;
+            if shortfall(&self.core.lock()) == 0 {
                 return Ok(());
             }
             if cleaned == 0 {
@@ -100,38 +97,48 @@ impl PoolInner {
         result
     }
 
-    /// Picks the sealed segment to empty next, by the pool's policy. Full
-    /// segments are never picked (cleaning them gains nothing).
-    fn pick_victim(&self, policy: CleanerPolicy) -> Option<u32> {
+    /// Picks the sealed segment to empty next, by the pool's policy; full
+    /// segments are never picked (cleaning them gains nothing). When
+    /// `urgent` (a writer is out of space), greedily: the emptiest segment
+    /// gives the most room for the least work, as in F2FS's foreground
+    /// cleaning. (Cost-benefit here, even limited to segments at most 80%
+    /// live, can spin in a nearly full pool: each pass gains less room than
+    /// the checkpoint that releases it takes.)
+    fn pick_victim(&self, urgent: bool) -> Option<u32> {
         let core = self.core.lock();
+        if urgent || self.options.cleaner_policy == CleanerPolicy::Greedy {
+            return self.pick_victim_greedy(&core);
+        }
         let now = core.next_seq;
-        let candidates = core
-            .segments
+        core.segments
             .iter()
             .enumerate()
             .filter(|(_, s)| s.state == SegState::Sealed)
             .filter_map(|(i, s)| {
-                let capacity = self.shape.segment_capacity(s.members_mask, s.parity);
-                ((s.live_blocks as u64) < capacity).then_some((i as u32, s, capacity))
-            });
-        match policy {
-            CleanerPolicy::Greedy => candidates
-                .min_by_key(|(_, s, _)| s.live_blocks)
-                .map(|(i, ..)| i),
-            CleanerPolicy::CostBenefit => candidates
-                .map(|(i, s, capacity)| {
-                    let live = s.live_blocks as f64;
-                    let age = now.saturating_sub(s.sealed_seq) as f64 + 1.0;
-                    (i, (capacity as f64 - live) * age / (live + 1.0))
-                })
-                .max_by(|a, b| a.1.total_cmp(&b.1))
-                .map(|(i, _)| i),
-        }
+                let capacity = self.shape.segment_capacity(s.members_mask, s.parity) as f64;
+                let live = s.live_blocks as f64;
+                let age = now.saturating_sub(s.sealed_seq) as f64 + 1.0;
+                (live < capacity).then_some((i as u32, (capacity - live) * age / (live + 1.0)))
+            })
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i)
+    }
+
+    fn pick_victim_greedy(&self, core: &super::state::Core) -> Option<u32> {
+        core.segments
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.state == SegState::Sealed)
+            .filter(|(_, s)| {
+                (s.live_blocks as u64) < self.shape.segment_capacity(s.members_mask, s.parity)
+            })
+            .min_by_key(|(_, s)| s.live_blocks)
+            .map(|(i, _)| i as u32)
     }
 
     /// Moves one victim's live blocks; false if there was nothing to clean.
-    fn clean_one(&self, policy: CleanerPolicy) -> Result<bool> {
-        let Some(victim) = self.pick_victim(policy) else {
+    fn clean_one(&self, urgent: bool) -> Result<bool> {
+        let Some(victim) = self.pick_victim(urgent) else {
             return Ok(false);
         };
         let rows = self.core.lock().segments[victim as usize].rows.clone();
@@ -281,8 +288,7 @@ fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
         let watermark = inner.clean_watermark();
         if free < watermark {
             set_state(&inner, CleanerState::Background);
-            let policy = inner.options.cleaner_policy;
-            match inner.guarded("cleaning", || inner.clean_segments(1, policy)) {
+            match inner.guarded("cleaning", || inner.clean_segments(1, false)) {
                 Ok(1) => continue,
                 Ok(_) => {}
                 Err(e) => {

@@ -59,7 +59,7 @@ pub struct PoolOptions {
 }
 
 /// How the cleaner chooses its victim segment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CleanerPolicy {
     /// The segment with the fewest live blocks.
@@ -400,9 +400,7 @@ impl Pool {
     /// more can be gained; returns segments freed.
     pub fn clean(&self, segments: usize) -> Result<usize> {
         self.inner.guarded("cleaning", || {
-            let cleaned = self
-                .inner
-                .clean_segments(segments, self.inner.options.cleaner_policy)?;
+            let cleaned = self.inner.clean_segments(segments, false)?;
             // Make what was emptied reusable now.
             self.inner.checkpoint()?;
             Ok(cleaned)

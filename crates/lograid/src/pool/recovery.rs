@@ -27,7 +27,7 @@ static ZERO_BLOCK: [u8; BLOCK_SIZE] = [0u8; BLOCK_SIZE];
 pub const OPENED_READ_ONLY: &str = "opened read-only";
 
 /// What recovery did, printed on open.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct RecoveryReport {
     pub checkpoint_id: u64,
     pub rows_replayed: u64,

@@ -5,10 +5,10 @@ use super::PoolInner;
 use crate::device::CounterValues;
 use crate::format::checkpoint::PoolCounters;
 use crate::format::BLOCK_BYTES;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What the cleaner is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CleanerState {
     /// Enough free segments.
@@ -52,7 +52,7 @@ impl RuntimeStats {
 }
 
 /// The cleaner's state and the write amplification it causes.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CleanerStatus {
     pub state: CleanerState,
     pub policy: super::CleanerPolicy,
@@ -70,7 +70,7 @@ pub struct CleanerStatus {
     pub window_seconds: f64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MemberStatus {
     pub index: usize,
     pub path: String,
@@ -80,7 +80,7 @@ pub struct MemberStatus {
     pub counters: CounterValues,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VolumeStatus {
     pub name: String,
     pub size_bytes: u64,
@@ -88,7 +88,7 @@ pub struct VolumeStatus {
     pub map_memory_bytes: u64,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PoolStatus {
     pub name: String,
     pub uuid: String,
