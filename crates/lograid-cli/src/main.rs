@@ -32,6 +32,8 @@ enum Command {
     Create(commands::create::CreateArgs),
     /// Show a pool's members, geometry, capacity and counters.
     Status(commands::status::StatusArgs),
+    /// Read and check every block and the parity; repair what can be rebuilt.
+    Scrub(commands::scrub::ScrubArgs),
     /// Create, list, resize or delete volumes.
     #[command(subcommand)]
     Volume(commands::volume::VolumeCommand),
@@ -66,6 +68,7 @@ fn main() -> ExitCode {
     let result: Result<()> = match cli.command {
         Command::Create(a) => commands::create::run(a),
         Command::Status(a) => commands::status::run(a),
+        Command::Scrub(a) => commands::scrub::run(a),
         Command::Volume(c) => commands::volume::run(c),
         Command::Bench(a) => commands::bench::run(a),
         Command::Serve(a) => commands::serve::run(a),

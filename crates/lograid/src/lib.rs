@@ -27,5 +27,6 @@ pub use error::{Error, Result};
 pub use pool::recovery_api::{open_members, read_superblock, RecoveryReport};
 pub use pool::{
     create::{create_pool, open_new_members, open_paths},
-    Allocation, CleanerPolicy, CreateOptions, Pool, PoolOptions, PoolStatus, Volume,
+    Allocation, CleanerPolicy, CreateOptions, LostBlock, Pool, PoolOptions, PoolStatus,
+    ScrubReport, Volume,
 };

@@ -3,6 +3,7 @@
 pub mod attach;
 pub mod bench;
 pub mod create;
+pub mod scrub;
 pub mod serve;
 pub mod status;
 pub mod volume;

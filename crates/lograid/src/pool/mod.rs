@@ -16,6 +16,7 @@ pub mod create;
 mod io;
 mod log;
 mod recovery;
+mod scrub;
 mod state;
 mod status;
 
@@ -25,6 +26,7 @@ pub mod recovery_api {
 }
 
 pub use create::{CreateOptions, DEFAULT_CHUNK_BYTES};
+pub use scrub::{LostBlock, ScrubReport};
 pub use status::{CleanerState, CleanerStatus, MemberStatus, PoolStatus, VolumeStatus};
 
 use crate::device::{Device, IoPool};
@@ -405,6 +407,22 @@ impl Pool {
             self.inner.checkpoint()?;
             Ok(cleaned)
         })
+    }
+
+    /// Reads and checks every row (data, headers, parity), rewrites what is
+    /// wrong and can be rebuilt (unless `repair` is false), and reports the
+    /// live blocks that cannot. `progress(done, total)` is called after each
+    /// row; returning false stops the scrub (the report says so).
+    pub fn scrub(
+        &self,
+        repair: bool,
+        mut progress: impl FnMut(u64, u64) -> bool,
+    ) -> Result<ScrubReport> {
+        if repair {
+            check_writable(&self.inner.core.lock())?;
+        }
+        self.inner
+            .guarded("scrub", || self.inner.scrub(repair, &mut progress))
     }
 
     /// Verifies the in-memory bookkeeping (free list, live counts, maps);

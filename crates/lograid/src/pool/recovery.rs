@@ -315,10 +315,20 @@ pub(crate) fn new_inner(
 }
 
 /// A row found while following a chain.
-struct FoundRow {
-    header: RowHeader,
-    crc: u32,
-    geom: RowGeom,
+pub(crate) struct FoundRow {
+    pub header: RowHeader,
+    pub crc: u32,
+    pub geom: RowGeom,
+}
+
+/// What checking a whole row found (`check_row`).
+#[derive(Debug, Default)]
+pub(crate) struct RowCheck {
+    /// Blocks (data, header or parity) that were wrong and were rewritten
+    /// (or would have been, when only checking).
+    pub repaired: u64,
+    /// Data positions (column, block) that could not be rebuilt.
+    pub unrepairable: Vec<(usize, usize)>,
 }
 
 impl PoolInner {
@@ -503,21 +513,28 @@ impl PoolInner {
                 parity,
                 seq: 0,
             };
-            let mut bytes = first;
-            for i in 1..peek.header_blocks as u32 {
-                let direct = read_at(&geom, i);
-                let block = match direct {
-                    Some(b) => b,
-                    None => {
-                        let pba = geom.data_block_pba(geometry, i);
-                        let (col, blk) = geom.locate(geometry, pba)?;
-                        let stripe = self.read_row_stripe(&geom, blk);
-                        super::io::rebuild_from_stripe(&geom, stripe, col, |_| true).ok()?
-                    }
-                };
-                bytes.extend_from_slice(&block);
-            }
-            let (header, crc) = RowHeader::decode(&bytes).ok()?;
+            // The header's later blocks as read (rebuilt where unreadable),
+            // then, if the whole does not verify, all rebuilt from their
+            // stripes (a later block rotted while staying readable).
+            let rebuilt = |i: u32| -> Option<Vec<u8>> {
+                let pba = geom.data_block_pba(geometry, i);
+                let (col, blk) = geom.locate(geometry, pba)?;
+                let stripe = self.read_row_stripe(&geom, blk);
+                super::io::rebuild_from_stripe(&geom, stripe, col, |_| true).ok()
+            };
+            let assemble = |rebuild_all: bool| -> Option<(RowHeader, u32)> {
+                let mut bytes = first.clone();
+                for i in 1..peek.header_blocks as u32 {
+                    let block = match (rebuild_all, read_at(&geom, i)) {
+                        (false, Some(b)) => b,
+                        _ => rebuilt(i)?,
+                    };
+                    bytes.extend_from_slice(&block);
+                }
+                RowHeader::decode(&bytes).ok()
+            };
+            let (header, crc) = assemble(false)
+                .or_else(|| (peek.header_blocks > 1).then(|| assemble(true)).flatten())?;
             if header.pool_uuid != self.shape.pool_uuid || header.height != peek.height {
                 return None;
             }
@@ -559,9 +576,13 @@ impl PoolInner {
 
     /// The verified header (with entries) of a known row.
     pub(crate) fn load_row_header_pub(&self, geom: &RowGeom) -> Option<RowHeader> {
+        self.load_known_row(geom).map(|f| f.header)
+    }
+
+    /// A known row with its verified header.
+    pub(crate) fn load_known_row(&self, geom: &RowGeom) -> Option<FoundRow> {
         self.load_row_header(geom.segment, geom.offset, geom.members_mask, geom.parity)
             .filter(|f| f.header.seq == geom.seq)
-            .map(|f| f.header)
     }
 
     /// Installs a decoded checkpoint into the (empty) core.
@@ -764,7 +785,7 @@ impl PoolInner {
                 }
                 // A row whose columns did not all reach the members (a crash
                 // before any flush covered it) ends the chain.
-                if !self.verify_row(&row, read_only) {
+                if !self.check_row(&row, !read_only).unrepairable.is_empty() {
                     // Torn (the log ends here) or rotted beyond parity? A
                     // later row of this chain that was sealed after a flush
                     // covering this one proves it was complete once: keep it,
@@ -849,7 +870,13 @@ impl PoolInner {
     /// and every parity block against the data. Repairs what parity can
     /// repair (rewriting it unless `read_only`); false if the row is torn
     /// beyond repair.
-    fn verify_row(&self, row: &FoundRow, read_only: bool) -> bool {
+    /// Reads a whole row and checks every block against the header (its
+    /// own bytes, and each slot's CRC) and the parity against the data;
+    /// rebuilds what is wrong from the rest of the stripe and, with
+    /// `repair`, writes it back. Stripes with more bad data blocks than
+    /// parity are reported and left as they are.
+    pub(crate) fn check_row(&self, row: &FoundRow, repair: bool) -> RowCheck {
+        let mut report = RowCheck::default();
         let g = row.geom;
         let geometry = &self.shape.geometry;
         let width = g.width();
@@ -892,7 +919,8 @@ impl PoolInner {
             let mut fixed: Vec<Option<Vec<u8>>> = Vec::new();
             if !bad.is_empty() {
                 if bad.len() > p {
-                    return false;
+                    report.unrepairable.extend(bad.iter().map(|&c| (c, blk)));
+                    continue;
                 }
                 stripe = (0..width)
                     .map(|c| block_of(c).map(<[u8]>::to_vec))
@@ -903,12 +931,17 @@ impl PoolInner {
                 for &c in &bad {
                     erased[c] = None;
                 }
+                let mut lost = Vec::new();
                 for &c in &bad {
                     match super::io::rebuild_from_stripe(&g, erased.clone(), c, |b| expected(c, b))
                     {
                         Ok(b) => fixed[c] = Some(b),
-                        Err(_) => return false,
+                        Err(_) => lost.push((c, blk)),
                     }
+                }
+                if !lost.is_empty() {
+                    report.unrepairable.extend(lost);
+                    continue;
                 }
             }
             // Parity must match the (now good) data.
@@ -931,7 +964,8 @@ impl PoolInner {
                     repairs.push((k + j, par.clone()));
                 }
             }
-            if read_only {
+            report.repaired += repairs.len() as u64;
+            if !repair {
                 continue;
             }
             for (c, bytes) in repairs {
@@ -947,7 +981,7 @@ impl PoolInner {
                 }
             }
         }
-        true
+        report
     }
 
     /// Every written column of a row, read whole and in parallel (None

@@ -1,0 +1,159 @@
+//! Scrub: reads every row the pool holds (data, headers and parity columns),
+//! checks every block against its row header's checksums and the parity
+//! against the data, rewrites what it can rebuild, and reports by volume
+//! and offset the live blocks it cannot. Rows are immutable once written,
+//! so a row's parity covers its dead blocks too and a clean pool scrubs
+//! with nothing to report.
+
+use super::state::SegState;
+use super::PoolInner;
+use crate::error::Result;
+use crate::format::BLOCK_BYTES;
+use crate::layout::RowGeom;
+use crate::map::Loc;
+use serde::{Deserialize, Serialize};
+use std::time::{Duration, Instant};
+
+/// A live block a scrub could not repair.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LostBlock {
+    pub volume: String,
+    /// Byte offset in the volume (of a 4 KiB block).
+    pub offset: u64,
+}
+
+/// What a scrub did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ScrubReport {
+    pub rows_checked: u64,
+    pub bytes_read: u64,
+    /// Blocks (data, header or parity) found wrong and rewritten.
+    pub repaired_blocks: u64,
+    /// Live blocks that could not be rebuilt (more bad columns than parity).
+    pub lost_blocks: Vec<LostBlock>,
+    /// Rows whose header could not be read or rebuilt.
+    pub unreadable_rows: u64,
+    pub duration: Duration,
+    /// Whether the scrub ran to the end (false: stopped by the caller).
+    pub complete: bool,
+}
+
+impl ScrubReport {
+    pub fn is_clean(&self) -> bool {
+        self.repaired_blocks == 0 && self.lost_blocks.is_empty() && self.unreadable_rows == 0
+    }
+}
+
+impl PoolInner {
+    /// Scrubs every row; `progress(done, total)` is called after each row
+    /// and stops the scrub when it returns false. With `repair` false,
+    /// nothing is written (a check).
+    pub(crate) fn scrub(
+        &self,
+        repair: bool,
+        progress: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Result<ScrubReport> {
+        let started = Instant::now();
+        if repair {
+            // Rows still in memory reach the members first.
+            self.flush()?;
+        }
+        let rows: Vec<RowGeom> = {
+            let core = self.core.lock();
+            core.segments
+                .iter()
+                .filter(|s| {
+                    matches!(
+                        s.state,
+                        SegState::Sealed | SegState::Open(_) | SegState::Checkpoint
+                    )
+                })
+                .flat_map(|s| s.rows.iter().copied())
+                .collect()
+        };
+        let total = rows.len() as u64;
+        let mut report = ScrubReport::default();
+        for (i, geom) in rows.iter().enumerate() {
+            // Hold off segment reuse while this row is read and repaired,
+            // and skip rows whose segment was freed since the list was made.
+            let _r = self.reuse.read();
+            let still_there = {
+                let core = self.core.lock();
+                let seg = &core.segments[geom.segment as usize];
+                !matches!(seg.state, SegState::Free | SegState::PendingFree { .. })
+                    && seg.rows.contains(geom)
+            };
+            if still_there {
+                self.scrub_row(geom, repair, &mut report);
+            }
+            if !progress(i as u64 + 1, total) {
+                report.duration = started.elapsed();
+                return Ok(report);
+            }
+        }
+        if repair && report.repaired_blocks > 0 {
+            // Repairs are plain writes: make them durable.
+            self.sync_members(u32::MAX)?;
+        }
+        report.complete = true;
+        report.duration = started.elapsed();
+        tracing::info!(
+            "scrub: {} rows, {} repaired, {} lost, {} unreadable rows",
+            report.rows_checked,
+            report.repaired_blocks,
+            report.lost_blocks.len(),
+            report.unreadable_rows
+        );
+        Ok(report)
+    }
+
+    fn scrub_row(&self, geom: &RowGeom, repair: bool, report: &mut ScrubReport) {
+        report.rows_checked += 1;
+        report.bytes_read += geom.written_blocks() * BLOCK_BYTES;
+        let Some(row) = self.load_known_row(geom) else {
+            tracing::error!(
+                "scrub: row at segment {} offset {}: header unreadable",
+                geom.segment,
+                geom.offset
+            );
+            report.unreadable_rows += 1;
+            return;
+        };
+        let check = self.check_row(&row, repair);
+        report.repaired_blocks += check.repaired;
+        if check.unrepairable.is_empty() {
+            return;
+        }
+        // Which of the lost positions hold live blocks, and of which volume?
+        let core = self.core.lock();
+        let slots: Vec<_> = row
+            .header
+            .entries
+            .iter()
+            .filter(|e| e.kind.owns_slot())
+            .collect();
+        for (col, blk) in check.unrepairable {
+            let i = col * geom.height as usize + blk;
+            let Some(slot) = i.checked_sub(geom.header_blocks as usize) else {
+                continue; // header block: the header itself was rebuilt
+            };
+            let Some(entry) = slots.get(slot) else {
+                continue; // padding
+            };
+            let pba = geom.pba(&self.shape.geometry, col, blk);
+            if let Some(v) = core.volume(entry.volume) {
+                if v.map.get(entry.lba).0 == Loc::Disk(pba) {
+                    tracing::error!(
+                        "scrub: volume '{}' offset {}: block lost (more bad columns than parity)",
+                        v.name,
+                        entry.lba * BLOCK_BYTES
+                    );
+                    report.lost_blocks.push(LostBlock {
+                        volume: v.name.clone(),
+                        offset: entry.lba * BLOCK_BYTES,
+                    });
+                }
+            }
+        }
+    }
+}
