@@ -32,6 +32,9 @@ pub struct SimMember {
     name: String,
     size_bytes: u64,
     state: Mutex<SimState>,
+    /// Writes and flushes that fail before the member works again (a
+    /// transient fault).
+    transient: std::sync::atomic::AtomicU64,
     /// Writes (and discards and flushes) left before a power cut, shared by
     /// the members of a pool: when it runs out every member stops, so a
     /// crash can land inside any operation.
@@ -93,7 +96,21 @@ impl SimMember {
                 dead: false,
             }),
             budget: Mutex::new(None),
+            transient: Default::default(),
         }
+    }
+
+    /// Makes the next `n` writes or flushes fail with EIO (then it works).
+    pub fn fail_next(&self, n: u64) {
+        self.transient.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Takes one transient failure, if any are left.
+    fn transient_failure(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.transient
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok()
     }
 
     /// After the shared budget of writes, discards and flushes runs out,
@@ -206,7 +223,7 @@ impl Member for SimMember {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_range(self.size_bytes, offset, buf.len())?;
         let mut s = self.state.lock();
-        if s.dead || !self.powered(&mut s) {
+        if s.dead || !self.powered(&mut s) || self.transient_failure() {
             return Err(dead_error());
         }
         s.current[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
@@ -215,7 +232,7 @@ impl Member for SimMember {
     }
     fn flush(&self) -> io::Result<()> {
         let mut s = self.state.lock();
-        if s.dead || !self.powered(&mut s) {
+        if s.dead || !self.powered(&mut s) || self.transient_failure() {
             return Err(dead_error());
         }
         let pending = std::mem::take(&mut s.pending);

@@ -25,6 +25,7 @@ impl PoolInner {
         let (sealed, target_seq, gen, blob, checkpoint_id) = {
             let mut core = self.core.lock();
             check_writable(&core)?;
+            core.checkpoint_wanted = false;
             core.flush_gen += 1;
             let gen = core.flush_gen;
             let sealed = self.seal_open_rows(&mut core);
@@ -261,9 +262,13 @@ impl PoolInner {
             core.superblock_generation += 1;
             (core.superblock_generation, self.member_records(&core))
         };
+        let active = self.core.lock().active_mask;
         let mut jobs: Vec<IoJob<(usize, std::io::Result<()>)>> = Vec::new();
         for (m, dev) in self.devices.iter().enumerate() {
             let Some(dev) = dev.clone() else { continue };
+            if active & (1 << m) == 0 {
+                continue; // faulted: left as it is, recorded as faulted on the others
+            }
             let sb = Superblock {
                 pool_uuid: self.shape.pool_uuid,
                 pool_name: self.shape.pool_name.clone(),

@@ -299,8 +299,11 @@ fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
         } else {
             set_state(&inner, CleanerState::Idle);
         }
-        let due = inner.core.lock().log_blocks_since_checkpoint
-            >= inner.options.checkpoint_interval_blocks;
+        let due = {
+            let core = inner.core.lock();
+            core.checkpoint_wanted
+                || core.log_blocks_since_checkpoint >= inner.options.checkpoint_interval_blocks
+        };
         if due {
             if let Err(e) = inner.guarded("checkpoint", || inner.checkpoint()) {
                 tracing::warn!("background checkpoint: {e}");

@@ -332,22 +332,27 @@ impl PoolInner {
                     let p = col - k;
                     &parity[p * column_bytes..(p + 1) * column_bytes]
                 };
-                (pba.member, dev.write_at(bytes, pba.byte_offset()))
+                (
+                    pba.member,
+                    with_retries(|| dev.write_at(bytes, pba.byte_offset())),
+                )
             }));
         }
         let results = self.io.run_all(jobs);
-        let mut core = self.core.lock();
         let mut error = None;
         for (member, r) in results {
             match r {
-                Ok(()) => core.dirty_members |= 1 << member,
+                Ok(()) => self.core.lock().dirty_members |= 1 << member,
+                // The row stays readable without this column (its parity);
+                // the member is faulted, or the pool stops writing.
                 Err(e) => {
-                    let msg = format!("write to member {member} failed: {e}");
-                    core.read_only_reason.get_or_insert(msg.clone());
-                    error.get_or_insert(Error::io(msg, e));
+                    if let Err(e) = self.fault_member(member as usize, "a write", e) {
+                        error.get_or_insert(e);
+                    }
                 }
             }
         }
+        let mut core = self.core.lock();
         let i = core
             .inflight
             .iter()
@@ -385,7 +390,12 @@ impl PoolInner {
         }
         self.finish_flush(gen);
         self.debug_check("flush");
-        if self.core.lock().log_blocks_since_checkpoint >= self.options.checkpoint_interval_blocks {
+        let due = {
+            let core = self.core.lock();
+            core.checkpoint_wanted
+                || core.log_blocks_since_checkpoint >= self.options.checkpoint_interval_blocks
+        };
+        if due {
             if let Some(_m) = self.maintenance.try_lock() {
                 self.checkpoint_locked()?;
             }
@@ -402,16 +412,49 @@ impl PoolInner {
             .filter(|(m, d)| mask & (1 << m) != 0 && d.is_some())
             .map(|(m, d)| {
                 let d = d.clone().expect("device");
-                Box::new(move || (m, d.flush())) as IoJob<_>
+                Box::new(move || (m, with_retries(|| d.flush()))) as IoJob<_>
             })
             .collect();
         for (m, r) in self.io.run_all(jobs) {
             if let Err(e) = r {
-                let msg = format!("flush of member {m} failed: {e}");
-                self.core.lock().read_only_reason.get_or_insert(msg.clone());
-                return Err(Error::io(msg, e));
+                self.fault_member(m, "a flush", e)?;
             }
         }
+        Ok(())
+    }
+
+    /// A member failed `what` after its retries: fault it (new rows go to
+    /// the others with full parity; reads rebuild its columns), or, if that
+    /// would leave more members lost than the pool has parity, stop writing.
+    pub(crate) fn fault_member(&self, m: usize, what: &str, e: std::io::Error) -> Result<()> {
+        let mut core = self.core.lock();
+        if core.active_mask & (1 << m) == 0 {
+            return Ok(()); // already faulted: its columns are not counted on
+        }
+        let name = self.devices[m]
+            .as_ref()
+            .map(|d| d.member.describe())
+            .unwrap_or_else(|| "-".into());
+        let lost = self.shape.member_uuids.len() as u32 - core.active_mask.count_ones() + 1;
+        if lost > self.shape.parity as u32 {
+            let msg = format!(
+                "member {m} ({name}) failed {what} ({e}) with {} member(s) already lost and parity {}: \
+                 the pool stopped writing; what it holds stays readable where parity allows",
+                lost - 1,
+                self.shape.parity
+            );
+            tracing::error!("{msg}");
+            core.read_only_reason.get_or_insert(msg.clone());
+            return Err(Error::io(msg, e));
+        }
+        tracing::error!(
+            "member {m} ({name}) failed {what} after {WRITE_ATTEMPTS} attempts ({e}): faulted; \
+             the pool goes on degraded, new rows use the other members with full parity"
+        );
+        core.active_mask &= !(1 << m);
+        core.dirty_members &= !(1 << m);
+        core.member_set_changed(&self.shape);
+        core.checkpoint_wanted = true;
         Ok(())
     }
 
@@ -726,4 +769,24 @@ fn combinations(items: &[usize], n: usize) -> Vec<Vec<usize>> {
 
 fn gone(name: &str) -> Error {
     Error::NotFound(format!("volume '{name}' was deleted"))
+}
+
+/// Attempts at a member write or flush before the member is faulted.
+const WRITE_ATTEMPTS: u32 = 3;
+
+/// Runs `op` up to `WRITE_ATTEMPTS` times, backing off a little between
+/// attempts (a transient error: a bus reset, a timeout).
+fn with_retries(mut op: impl FnMut() -> std::io::Result<()>) -> std::io::Result<()> {
+    let mut attempt = 1;
+    loop {
+        match op() {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt >= WRITE_ATTEMPTS => return Err(e),
+            Err(e) => {
+                tracing::warn!("member I/O failed (attempt {attempt} of {WRITE_ATTEMPTS}): {e}");
+                std::thread::sleep(std::time::Duration::from_millis(10 << attempt));
+                attempt += 1;
+            }
+        }
+    }
 }

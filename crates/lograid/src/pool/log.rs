@@ -102,7 +102,13 @@ impl Core {
         for i in 0..2 {
             let (seg, next) = (self.heads[i].segment, self.heads[i].next_segment);
             if seg != NO_SEGMENT && self.segments[seg as usize].members_mask & !active != 0 {
-                self.heads[i].offset = shape.geometry.segment_blocks;
+                // A row being filled there is sealed where it stands (its
+                // lost column is covered by its parity); then the head moves.
+                if self.heads[i].open.is_some() {
+                    self.heads[i].leave_segment = true;
+                } else {
+                    self.heads[i].offset = shape.geometry.segment_blocks;
+                }
             }
             if next != NO_SEGMENT {
                 let seg = &mut self.segments[next as usize];
@@ -383,6 +389,9 @@ impl Core {
         h.last_crc = crc;
         h.last_seq = seq;
         h.offset += height;
+        if std::mem::take(&mut h.leave_segment) {
+            h.offset = shape.geometry.segment_blocks;
+        }
         // Move the map from open slots to disk addresses.
         let mut live = 0u32;
         if row.kind == RowKind::Data {

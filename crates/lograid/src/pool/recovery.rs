@@ -295,6 +295,7 @@ pub(crate) fn new_inner(
         read_only_reason: None,
         stored_blocks: 0,
         spare_buffers: Vec::new(),
+        checkpoint_wanted: false,
     };
     PoolInner {
         io: IoPool::new(options.io_threads.max(devices.len()).max(2)),

@@ -140,6 +140,9 @@ pub struct Head {
     pub last_crc: u32,
     pub last_seq: u64,
     pub open: Option<OpenRow>,
+    /// Move to a new segment once the open row is sealed (the member set
+    /// changed under it).
+    pub leave_segment: bool,
 }
 
 impl Head {
@@ -152,6 +155,7 @@ impl Head {
             last_crc: 0,
             last_seq: 0,
             open: None,
+            leave_segment: false,
         }
     }
 }
@@ -195,6 +199,9 @@ pub struct Core {
     pub stored_blocks: u64,
     /// Spare aligned buffers for rows, by length.
     pub spare_buffers: Vec<AlignedBuf>,
+    /// A checkpoint should be written soon (a member was faulted: the
+    /// superblocks must say so).
+    pub checkpoint_wanted: bool,
 }
 
 impl Core {

@@ -244,11 +244,12 @@ impl Model {
 
     pub fn flushed(&mut self) {
         for s in 0..self.current.len() {
-            if !self.since_flush[s].is_empty() {
-                self.since_flush[s].clear();
+            // A sector of unknown value (a failed write) keeps its
+            // candidates until a read tells which one the engine holds.
+            if self.current[s] == u64::MAX {
+                continue;
             }
-        }
-        for s in 0..self.current.len() {
+            self.since_flush[s].clear();
             self.durable[s] = self.current[s];
         }
     }
