@@ -85,14 +85,8 @@ fn print_human(st: &PoolStatus) {
     let c = &st.cleaner;
     println!(
         "cleaner:   {} ({}), {} segments cleaned since open, {} relocated in all{}",
-        serde_json::to_value(c.state)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default(),
-        serde_json::to_value(c.policy)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default(),
+        c.state.name(),
+        c.policy.name(),
         c.segments_cleaned,
         human(c.relocated_bytes),
         if c.discard {

@@ -106,34 +106,31 @@ impl PoolInner {
     /// the checkpoint that releases it takes.)
     fn pick_victim(&self, urgent: bool) -> Option<u32> {
         let core = self.core.lock();
-        if urgent || self.options.cleaner_policy == CleanerPolicy::Greedy {
-            return self.pick_victim_greedy(&core);
-        }
         let now = core.next_seq;
-        core.segments
+        // Sealed segments with something to gain: (index, live, capacity).
+        let candidates = core
+            .segments
             .iter()
             .enumerate()
             .filter(|(_, s)| s.state == SegState::Sealed)
-            .filter_map(|(i, s)| {
-                let capacity = self.shape.segment_capacity(s.members_mask, s.parity) as f64;
+            .map(|(i, s)| {
+                let capacity = self.shape.segment_capacity(s.members_mask, s.parity);
+                (i as u32, s, capacity)
+            })
+            .filter(|(_, s, capacity)| (s.live_blocks as u64) < *capacity);
+        if urgent || self.options.cleaner_policy == CleanerPolicy::Greedy {
+            return candidates
+                .min_by_key(|(_, s, _)| s.live_blocks)
+                .map(|(i, ..)| i);
+        }
+        candidates
+            .map(|(i, s, capacity)| {
                 let live = s.live_blocks as f64;
                 let age = now.saturating_sub(s.sealed_seq) as f64 + 1.0;
-                (live < capacity).then_some((i as u32, (capacity - live) * age / (live + 1.0)))
+                (i, (capacity as f64 - live) * age / (live + 1.0))
             })
             .max_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(i, _)| i)
-    }
-
-    fn pick_victim_greedy(&self, core: &super::state::Core) -> Option<u32> {
-        core.segments
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.state == SegState::Sealed)
-            .filter(|(_, s)| {
-                (s.live_blocks as u64) < self.shape.segment_capacity(s.members_mask, s.parity)
-            })
-            .min_by_key(|(_, s)| s.live_blocks)
-            .map(|(i, _)| i as u32)
     }
 
     /// Moves one victim's live blocks; false if there was nothing to clean.
@@ -310,10 +307,8 @@ fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
             }
         }
         sample(&inner);
-        let mut stats = inner.stats.lock();
-        inner
-            .cleaner_wake
-            .wait_for(&mut stats, Duration::from_millis(20));
+        drop(inner);
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -76,6 +76,15 @@ pub enum CleanerPolicy {
     CostBenefit,
 }
 
+impl CleanerPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            CleanerPolicy::Greedy => "greedy",
+            CleanerPolicy::CostBenefit => "cost-benefit",
+        }
+    }
+}
+
 impl std::str::FromStr for CleanerPolicy {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
@@ -241,8 +250,6 @@ pub(crate) struct PoolInner {
     pub recovery_report: Mutex<Option<recovery::RecoveryReport>>,
     /// Counters and samples kept while the pool is open (not persisted).
     pub stats: Mutex<status::RuntimeStats>,
-    /// Wakes the background cleaner (free space fell below its watermark).
-    pub cleaner_wake: Condvar,
 }
 
 /// An open pool. Cheap to clone; closing writes a final checkpoint.

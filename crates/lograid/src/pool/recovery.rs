@@ -311,7 +311,6 @@ pub(crate) fn new_inner(
         usable_blocks,
         recovery_report: Mutex::new(None),
         stats: Mutex::new(Default::default()),
-        cleaner_wake: Default::default(),
     }
 }
 

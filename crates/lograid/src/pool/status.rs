@@ -20,6 +20,16 @@ pub enum CleanerState {
     Urgent,
 }
 
+impl CleanerState {
+    pub fn name(self) -> &'static str {
+        match self {
+            CleanerState::Idle => "idle",
+            CleanerState::Background => "background",
+            CleanerState::Urgent => "urgent",
+        }
+    }
+}
+
 /// Counters kept while a pool is open, and samples for rates.
 #[derive(Debug, Default)]
 pub struct RuntimeStats {

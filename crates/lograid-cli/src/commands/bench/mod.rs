@@ -123,6 +123,15 @@ fn drive(
             })
         })
         .collect();
+    let all = join_latencies(handles)?;
+    let elapsed = start.elapsed().as_secs_f64();
+    Ok((all.len() as u64, elapsed, all))
+}
+
+/// Joins benchmark threads and returns all their latencies, sorted.
+fn join_latencies<E: std::error::Error + Send + Sync + 'static>(
+    handles: Vec<std::thread::JoinHandle<std::result::Result<Vec<u64>, E>>>,
+) -> Result<Vec<u64>> {
     let mut all = Vec::new();
     for h in handles {
         all.extend(
@@ -130,9 +139,8 @@ fn drive(
                 .map_err(|_| anyhow::anyhow!("benchmark thread panicked"))??,
         );
     }
-    let elapsed = start.elapsed().as_secs_f64();
     all.sort_unstable();
-    Ok((all.len() as u64, elapsed, all))
+    Ok(all)
 }
 
 fn percentile(sorted: &[u64], p: f64) -> f64 {
@@ -295,6 +303,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.members < 2 || a.parity as usize >= a.members {
         bail!("need at least parity+1 members");
     }
+    if let Some(w) = a
+        .workloads
+        .split(',')
+        .map(str::trim)
+        .find(|w| !["seq", "rand", "recovery", "steady"].contains(w))
+    {
+        bail!("--workloads: unknown workload '{w}' (seq, rand, recovery, steady)");
+    }
     let dir = match &a.dir {
         Some(d) => d.clone(),
         None => PathBuf::from("/var/tmp").join(format!("lograid-bench-{}", std::process::id())),
@@ -310,18 +326,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
             human(need)
         );
     }
-    let only_steady = a.workloads.split(',').all(|w| w.trim() == "steady");
-    let result = if only_steady {
-        steady::run(&a, &dir)
-    } else {
-        run_in(&a, &dir).and_then(|()| {
-            if a.workloads.split(',').any(|w| w.trim() == "steady") {
-                steady::run(&a, &dir)
-            } else {
-                Ok(())
-            }
-        })
-    };
+    let wants = |w: &str| a.workloads.split(',').any(|x| x.trim() == w);
+    let result = (|| {
+        if ["seq", "rand", "recovery"].iter().any(|w| wants(w)) {
+            run_in(&a, &dir)?;
+        }
+        if wants("steady") {
+            steady::run(&a, &dir)?;
+        }
+        Ok(())
+    })();
     if a.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -8,7 +8,9 @@
 //! random overwrite. One JSON file per cleaner policy, in the schema that
 //! bench/steady_report.py reads (shared with the peer stacks' script).
 
-use super::{chrono_like_now, drive, filled, machine, mix, percentile, BenchArgs, BenchPool};
+use super::{
+    chrono_like_now, drive, filled, join_latencies, machine, mix, percentile, BenchArgs, BenchPool,
+};
 use anyhow::{bail, Result};
 use lograid::{CleanerPolicy, PoolOptions};
 use serde::Serialize;
@@ -118,11 +120,7 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<()> {
             cleaner_policy: policy,
             ..Default::default()
         };
-        let name = match policy {
-            CleanerPolicy::Greedy => "greedy",
-            CleanerPolicy::CostBenefit => "cost-benefit",
-        };
-        let stack = format!("lograid-p{}-{name}", a.parity);
+        let stack = format!("lograid-p{}-{}", a.parity, policy.name());
         done += 1;
         eprintln!("[{done}/{total}] {stack}: empty volume, random 4K writes");
         let empty = empty_run(a, dir, &options)?;
@@ -289,17 +287,10 @@ fn steady_run(
         }
     }
     stop.store(true, Ordering::Relaxed);
-    let mut lat = Vec::new();
-    for w in workers {
-        lat.extend(
-            w.join()
-                .map_err(|_| anyhow::anyhow!("benchmark thread panicked"))??,
-        );
-    }
+    let lat = join_latencies(workers)?;
     let elapsed = start.elapsed().as_secs_f64();
     let total_ops = ops.load(Ordering::Relaxed);
     bp.volume.flush()?;
-    lat.sort_unstable();
     bp.pool.checkpoint()?;
     let st = bp.pool.status();
     let (user, member) = (st.counters.user_bytes_written, st.member_bytes_written);
