@@ -3,7 +3,9 @@
 //! which column, where parity goes, where each data block lands). Pure
 //! arithmetic, no I/O; docs/FORMAT.md, "Data area, segments and rows".
 
-use crate::format::{BLOCK_BYTES, TAIL_BLOCKS};
+use crate::format::{BLOCK_BYTES, MAX_MEMBERS, TAIL_BLOCKS};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// A physical block address: member index and absolute block on that member.
 /// Encoded in a u64 as `member << 48 | block`; never 0 for a data block
@@ -31,10 +33,38 @@ impl Pba {
     }
 }
 
-/// Sizes fixed when the pool is created (members may differ in size).
+/// Sizes of the pool's members, by index, in blocks (0: no member at that
+/// index). Shared by every clone of a `Geometry`: a member added to an open
+/// pool gets its size here before any segment is laid over it, and sizes
+/// never change otherwise.
+#[derive(Debug, Clone, Default)]
+pub struct MemberSizes(Arc<[AtomicU64; MAX_MEMBERS]>);
+
+impl MemberSizes {
+    pub fn new(sizes: &[u64]) -> MemberSizes {
+        assert!(
+            sizes.len() <= MAX_MEMBERS,
+            "more than {MAX_MEMBERS} members"
+        );
+        let t = MemberSizes::default();
+        for (m, &b) in sizes.iter().enumerate() {
+            t.set(m, b);
+        }
+        t
+    }
+    pub fn get(&self, m: usize) -> u64 {
+        self.0.get(m).map_or(0, |a| a.load(Ordering::Acquire))
+    }
+    pub fn set(&self, m: usize, blocks: u64) {
+        self.0[m].store(blocks, Ordering::Release);
+    }
+}
+
+/// Sizes fixed when the pool is created (members may differ in size; a
+/// member added later brings its own).
 #[derive(Debug, Clone)]
 pub struct Geometry {
-    pub member_blocks: Vec<u64>,
+    pub member_blocks: MemberSizes,
     pub data_start_block: u64,
     pub segment_blocks: u32,
     pub chunk_blocks: u32,
@@ -43,14 +73,14 @@ pub struct Geometry {
 impl Geometry {
     /// Segments the largest member can hold.
     pub fn segment_count(&self) -> u32 {
-        (0..self.member_blocks.len())
+        (0..MAX_MEMBERS)
             .map(|m| self.member_segments(m))
             .max()
             .unwrap_or(0)
     }
     /// Segments member `m` holds (its data area divided into slices).
     pub fn member_segments(&self, m: usize) -> u32 {
-        let end = self.member_blocks[m].saturating_sub(TAIL_BLOCKS);
+        let end = self.member_blocks.get(m).saturating_sub(TAIL_BLOCKS);
         (end.saturating_sub(self.data_start_block) / self.segment_blocks as u64) as u32
     }
     /// First block of segment `s` on every member that holds it.
@@ -60,7 +90,7 @@ impl Geometry {
     /// Members (bit mask) that hold segment `s`, among `eligible`.
     pub fn segment_members(&self, s: u32, eligible: u32) -> u32 {
         let mut mask = 0;
-        for m in 0..self.member_blocks.len() {
+        for m in 0..MAX_MEMBERS {
             if eligible & (1 << m) != 0 && s < self.member_segments(m) {
                 mask |= 1 << m;
             }
@@ -185,7 +215,7 @@ mod tests {
     #[test]
     fn columns_rotate_and_invert() {
         let g = Geometry {
-            member_blocks: vec![10_000; 5],
+            member_blocks: MemberSizes::new(&[10_000; 5]),
             data_start_block: 256,
             segment_blocks: 64,
             chunk_blocks: 16,

@@ -34,7 +34,13 @@ use std::sync::Arc;
 // ---------------------------------------------------------------- strategies
 
 fn member_state() -> impl Strategy<Value = MemberState> {
-    prop_oneof![Just(MemberState::Active), Just(MemberState::Faulted)]
+    prop_oneof![
+        Just(MemberState::Active),
+        Just(MemberState::Faulted),
+        Just(MemberState::Joining),
+        Just(MemberState::Removing),
+        Just(MemberState::Removed),
+    ]
 }
 
 fn superblock() -> impl Strategy<Value = Superblock> {
@@ -1452,7 +1458,13 @@ fn format_md_superblock_offsets_match_the_encoder() {
                 ("size_blocks", le(m.size_blocks as u128, 8)),
                 (
                     "state",
-                    vec![if m.state == MemberState::Active { 0 } else { 1 }],
+                    vec![match m.state {
+                        MemberState::Active => 0,
+                        MemberState::Faulted => 1,
+                        MemberState::Joining => 2,
+                        MemberState::Removing => 3,
+                        MemberState::Removed => 4,
+                    }],
                 ),
             ],
             &format!("member record {i}"),

@@ -2,17 +2,21 @@
 //! trait (positioned block I/O plus flush and discard), its implementations
 //! (`FileMember` for files and block devices with O_DIRECT; `SimMember`, an
 //! in-memory drive with a volatile write cache that can be crashed, for
-//! tests), 4 KiB-aligned buffers, per-member counters and the I/O worker pool
-//! that writes a row's columns in parallel. It never interprets the bytes.
+//! tests; `RecordingMember`, a wrapper that logs every write, flush and
+//! discard, for crash-replay tests), 4 KiB-aligned buffers, per-member
+//! counters and the I/O worker pool that writes a row's columns in parallel.
+//! It never interprets the bytes.
 
 mod aligned;
 mod file;
+mod record;
 mod sim;
 
 pub use aligned::AlignedBuf;
 pub use file::{
     is_mounted, probe_signature, signature_in, FileMember, OpenMode, LOGRAID_SIGNATURE,
 };
+pub use record::{IoLog, Record, RecordingMember};
 pub use sim::{CrashMode, PowerCut, SimMember, SimRng};
 
 use std::io;

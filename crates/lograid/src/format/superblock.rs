@@ -17,21 +17,42 @@ const CRC_AT: usize = BLOCK_SIZE - 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MemberState {
+    /// Holds rows; new segments are laid over it.
     Active,
+    /// Failed; its columns are rebuilt from parity on read. No new segments.
     Faulted,
+    /// Added: segments taken after the checkpoint this superblock points at
+    /// may or may not include it (it becomes active once a superblock that
+    /// records it is durable on every member).
+    Joining,
+    /// Being replaced or removed: no new segments; the rows that use it are
+    /// being moved to the other members. Still read while present.
+    Removing,
+    /// An empty slot: no row uses it; a later member may take the index.
+    Removed,
 }
 
 impl MemberState {
+    /// Rows may have columns on a member in this state.
+    pub fn may_hold_rows(self) -> bool {
+        self != MemberState::Removed
+    }
     fn code(self) -> u8 {
         match self {
             MemberState::Active => 0,
             MemberState::Faulted => 1,
+            MemberState::Joining => 2,
+            MemberState::Removing => 3,
+            MemberState::Removed => 4,
         }
     }
     fn from_code(c: u8) -> Result<Self, FormatError> {
         match c {
             0 => Ok(MemberState::Active),
             1 => Ok(MemberState::Faulted),
+            2 => Ok(MemberState::Joining),
+            3 => Ok(MemberState::Removing),
+            4 => Ok(MemberState::Removed),
             _ => Err(FormatError::Invalid(format!("member state {c}"))),
         }
     }
@@ -172,14 +193,15 @@ impl Superblock {
         for _ in 0..count {
             let uuid = r.u128()?;
             let size_blocks = r.u64()?;
+            let state = MemberState::from_code(r.u8()?)?;
+            // A removed slot records no size.
             if size_blocks > super::MAX_MEMBER_BLOCKS
-                || size_blocks < data_start_block + super::TAIL_BLOCKS
+                || (state.may_hold_rows() && size_blocks < data_start_block + super::TAIL_BLOCKS)
             {
                 return Err(FormatError::Invalid(format!(
                     "member size {size_blocks} blocks"
                 )));
             }
-            let state = MemberState::from_code(r.u8()?)?;
             members.push(MemberRecord {
                 uuid,
                 size_blocks,

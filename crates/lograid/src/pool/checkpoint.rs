@@ -54,7 +54,8 @@ impl PoolInner {
             let mut core = self.core.lock();
             core.flushed_seq = core.flushed_seq.max(target_seq - 1);
         }
-        self.write_superblocks(pointer)?;
+        let recorded = self.write_superblocks(pointer)?;
+        self.members_recorded(&recorded);
         {
             let mut core = self.core.lock();
             // The previous checkpoint's segments are no longer referenced.
@@ -76,6 +77,7 @@ impl PoolInner {
     fn snapshot(&self, core: &Core, checkpoint_id: u64) -> Vec<u8> {
         let member_counters: Vec<_> = self
             .devices
+            .read()
             .iter()
             .map(|d| d.as_ref().map(|d| d.counters.values()).unwrap_or_default())
             .collect();
@@ -256,17 +258,22 @@ impl PoolInner {
     }
 
     /// Writes generation+1 of the superblock, pointing at `pointer`, to every member.
-    pub(crate) fn write_superblocks(&self, pointer: CheckpointPointer) -> Result<()> {
+    /// Returns the member table it recorded.
+    pub(crate) fn write_superblocks(
+        &self,
+        pointer: CheckpointPointer,
+    ) -> Result<Vec<MemberRecord>> {
         let (generation, members) = {
             let mut core = self.core.lock();
             core.superblock_generation += 1;
             (core.superblock_generation, self.member_records(&core))
         };
-        let active = self.core.lock().active_mask;
         let mut jobs: Vec<IoJob<(usize, std::io::Result<()>)>> = Vec::new();
-        for (m, dev) in self.devices.iter().enumerate() {
-            let Some(dev) = dev.clone() else { continue };
-            if active & (1 << m) == 0 {
+        for (m, dev) in self.open_devices() {
+            if !matches!(
+                members[m].state,
+                MemberState::Active | MemberState::Joining | MemberState::Removing
+            ) {
                 continue; // faulted: left as it is, recorded as faulted on the others
             }
             let sb = Superblock {
@@ -282,7 +289,7 @@ impl PoolInner {
                 members: members.clone(),
                 checkpoint: pointer,
             };
-            let size_blocks = self.shape.geometry.member_blocks[m];
+            let size_blocks = members[m].size_blocks;
             jobs.push(Box::new(move || {
                 let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
                 buf.copy_from_slice(&sb.encode());
@@ -300,20 +307,10 @@ impl PoolInner {
                 return Err(Error::io(msg, e));
             }
         }
-        Ok(())
+        Ok(members)
     }
 
     pub(crate) fn member_records(&self, core: &Core) -> Vec<MemberRecord> {
-        (0..self.shape.member_uuids.len())
-            .map(|m| MemberRecord {
-                uuid: self.shape.member_uuids[m],
-                size_blocks: self.shape.geometry.member_blocks[m],
-                state: if core.active_mask & (1 << m) != 0 {
-                    MemberState::Active
-                } else {
-                    MemberState::Faulted
-                },
-            })
-            .collect()
+        core.members.clone()
     }
 }

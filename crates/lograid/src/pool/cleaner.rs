@@ -138,6 +138,15 @@ impl PoolInner {
         let Some(victim) = self.pick_victim(urgent) else {
             return Ok(false);
         };
+        self.relocate_segment(victim)?;
+        Ok(true)
+    }
+
+    /// Moves every live block of sealed segment `victim` to the cleaner's
+    /// head (new rows over the current members) and flushes; the segment is
+    /// then empty and becomes free after the next checkpoint. Returns the
+    /// blocks moved. The caller holds `maintenance`.
+    pub(crate) fn relocate_segment(&self, victim: u32) -> Result<u64> {
         let rows = self.core.lock().segments[victim as usize].rows.clone();
         let mut moved = 0u64;
         for geom in rows {
@@ -227,7 +236,7 @@ impl PoolInner {
         tracing::debug!("cleaner: segment {victim}: moved {moved} blocks");
         self.flush()?;
         self.debug_check("cleaning");
-        Ok(true)
+        Ok(moved)
     }
 }
 
@@ -295,6 +304,9 @@ fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
             }
         } else {
             set_state(&inner, CleanerState::Idle);
+            if !inner.reshape_paused.load(Ordering::SeqCst) && reshape_and_throttle(&inner, &stop) {
+                continue;
+            }
         }
         let due = {
             let core = inner.core.lock();
@@ -310,6 +322,36 @@ fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
         drop(inner);
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// One reshape step (rebuild or rebalance) if there is one to do; while
+/// users are doing I/O, then sleeps so that it takes at most
+/// `reshape_share` of the time. True if it moved something.
+fn reshape_and_throttle(inner: &PoolInner, stop: &AtomicBool) -> bool {
+    let user_io = |inner: &PoolInner| {
+        let core = inner.core.lock();
+        core.counters.user_bytes_written + core.counters.user_bytes_read
+    };
+    let before = user_io(inner);
+    let started = std::time::Instant::now();
+    match inner.guarded("reshape", || inner.reshape_step()) {
+        Ok(true) => {}
+        Ok(false) => return false,
+        Err(e) => {
+            tracing::warn!("rebuild/rebalance: {e}");
+            std::thread::sleep(Duration::from_millis(500));
+            return false;
+        }
+    }
+    if user_io(inner) != before {
+        let share = inner.options.reshape_share.clamp(0.05, 1.0);
+        let pause = started.elapsed().mul_f64((1.0 - share) / share);
+        let until = std::time::Instant::now() + pause;
+        while std::time::Instant::now() < until && !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(10).min(pause));
+        }
+    }
+    true
 }
 
 /// The background state; a foreground (urgent) pass sets and clears its own.
@@ -330,10 +372,9 @@ fn sample(inner: &PoolInner) {
         )
     };
     let member: u64 = inner
-        .devices
+        .open_devices()
         .iter()
-        .flatten()
-        .map(|d| d.counters.bytes_written.load(Ordering::Relaxed))
+        .map(|(_, d)| d.counters.bytes_written.load(Ordering::Relaxed))
         .sum();
     inner.stats.lock().sample(user, member, relocated);
 }

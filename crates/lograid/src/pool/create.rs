@@ -10,10 +10,11 @@ use crate::device::{
 };
 use crate::error::{Error, Result};
 use crate::format::row::HeadId;
+use crate::format::superblock::{MemberRecord, MemberState};
 use crate::format::{
     BLOCK_BYTES, BLOCK_SIZE, DATA_START_BLOCK, MAX_MEMBERS, MAX_PARITY, TAIL_BLOCKS,
 };
-use crate::layout::Geometry;
+use crate::layout::{Geometry, MemberSizes};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -219,7 +220,7 @@ pub fn create_pool(
         }
     }
     let geometry = Geometry {
-        member_blocks: member_blocks.clone(),
+        member_blocks: MemberSizes::new(&member_blocks),
         data_start_block: DATA_START_BLOCK,
         segment_blocks: segment_blocks as u32,
         chunk_blocks,
@@ -231,8 +232,14 @@ pub fn create_pool(
         pool_name: opts.name.clone(),
         created_unix: now_unix(),
         nonce: random_u64(),
-        member_uuids: (0..n).map(|_| random_u128()).collect(),
-        recorded_active_mask: (1u32 << n) - 1,
+        recorded_members: member_blocks
+            .iter()
+            .map(|&size_blocks| MemberRecord {
+                uuid: random_u128(),
+                size_blocks,
+                state: MemberState::Active,
+            })
+            .collect(),
     };
     // Wipe every superblock slot so no older pool's generation can win.
     let zero = AlignedBuf::zeroed(BLOCK_SIZE);
@@ -247,8 +254,9 @@ pub fn create_pool(
         .into_iter()
         .map(|m| Some(Arc::new(Device::new(m))))
         .collect();
-    let inner = Arc::new(new_inner(shape, devices, options, all, 0));
-    if inner.usable_blocks == 0 {
+    let records = shape.recorded_members.clone();
+    let inner = Arc::new(new_inner(shape, records, devices, options, all, 0));
+    if inner.core.lock().usable_blocks == 0 {
         return Err(Error::Refused(
             "the drives are too small to hold any data after the reserve".into(),
         ));

@@ -10,6 +10,7 @@ use crate::device::AlignedBuf;
 use crate::device::IoJob;
 use crate::error::{Error, Result};
 use crate::format::row::{Entry, EntryKind, HeadId};
+use crate::format::superblock::MemberState;
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
 use crate::layout::{Pba, RowGeom};
 use crate::map::Loc;
@@ -117,7 +118,7 @@ impl PoolInner {
                 while i < n {
                     let b = lba + i as u64;
                     let (old, _) = core.volume(id).expect("volume").map.get(b);
-                    if !old.is_stored() && core.stored_blocks >= self.usable_blocks {
+                    if !old.is_stored() && core.stored_blocks >= core.usable_blocks {
                         outcome = Err(Error::NoSpace);
                         break;
                     }
@@ -319,7 +320,7 @@ impl PoolInner {
             (0..g.data_columns as usize).chain((0..g.parity as usize).map(|p| g.parity_column(p)));
         for col in columns {
             let pba = g.pba(&self.shape.geometry, col, 0);
-            let Some(dev) = self.devices[pba.member as usize].clone() else {
+            let Some(dev) = self.device(pba.member as usize) else {
                 continue;
             };
             let row = row.clone();
@@ -406,14 +407,10 @@ impl PoolInner {
     /// fdatasync of the members in `mask`, in parallel.
     pub(crate) fn sync_members(&self, mask: u32) -> Result<()> {
         let jobs: Vec<IoJob<(usize, std::io::Result<()>)>> = self
-            .devices
-            .iter()
-            .enumerate()
-            .filter(|(m, d)| mask & (1 << m) != 0 && d.is_some())
-            .map(|(m, d)| {
-                let d = d.clone().expect("device");
-                Box::new(move || (m, with_retries(|| d.flush()))) as IoJob<_>
-            })
+            .open_devices()
+            .into_iter()
+            .filter(|(m, _)| mask & (1 << m) != 0)
+            .map(|(m, d)| Box::new(move || (m, with_retries(|| d.flush()))) as IoJob<_>)
             .collect();
         for (m, r) in self.io.run_all(jobs) {
             if let Err(e) = r {
@@ -427,15 +424,20 @@ impl PoolInner {
     /// the others with full parity; reads rebuild its columns), or, if that
     /// would leave more members lost than the pool has parity, stop writing.
     pub(crate) fn fault_member(&self, m: usize, what: &str, e: std::io::Error) -> Result<()> {
-        let mut core = self.core.lock();
-        if core.active_mask & (1 << m) == 0 {
-            return Ok(()); // already faulted: its columns are not counted on
-        }
-        let name = self.devices[m]
-            .as_ref()
+        let name = self
+            .device(m)
             .map(|d| d.member.describe())
             .unwrap_or_else(|| "-".into());
-        let lost = self.shape.member_uuids.len() as u32 - core.active_mask.count_ones() + 1;
+        let mut core = self.core.lock();
+        let state = core.members.get(m).map(|r| r.state);
+        if !matches!(
+            state,
+            Some(MemberState::Active | MemberState::Joining | MemberState::Removing)
+        ) || (state == Some(MemberState::Removing) && self.device(m).is_none())
+        {
+            return Ok(()); // already faulted: its columns are not counted on
+        }
+        let lost = self.lost_members(&core) + 1;
         if lost > self.shape.parity as u32 {
             let msg = format!(
                 "member {m} ({name}) failed {what} ({e}) with {} member(s) already lost and parity {}: \
@@ -451,11 +453,33 @@ impl PoolInner {
             "member {m} ({name}) failed {what} after {WRITE_ATTEMPTS} attempts ({e}): faulted; \
              the pool goes on degraded, new rows use the other members with full parity"
         );
+        if state == Some(MemberState::Removing) {
+            // Already leaving: its rows are rebuilt from parity from now on.
+            drop(core);
+            self.devices.write()[m] = None;
+            core = self.core.lock();
+        } else {
+            core.members[m].state = MemberState::Faulted;
+        }
+        self.event(format!("member {m} ({name}) faulted: {what} failed: {e}"));
         core.active_mask &= !(1 << m);
         core.dirty_members &= !(1 << m);
         core.member_set_changed(&self.shape);
         core.checkpoint_wanted = true;
         Ok(())
+    }
+
+    /// Members that may hold rows but cannot be read: faulted, or being
+    /// removed and gone.
+    pub(crate) fn lost_members(&self, core: &Core) -> u32 {
+        core.members
+            .iter()
+            .enumerate()
+            .filter(|(m, r)| {
+                r.state == MemberState::Faulted
+                    || (r.state.may_hold_rows() && self.device(*m).is_none())
+            })
+            .count() as u32
     }
 
     /// After flush `gen` completed: segments emptied before it started become
@@ -530,8 +554,7 @@ impl PoolInner {
         let g = &self.shape.geometry;
         let offset = g.segment_base(s) * BLOCK_BYTES;
         let len = g.segment_blocks as u64 * BLOCK_BYTES;
-        for (m, dev) in self.devices.iter().enumerate() {
-            let Some(dev) = dev else { continue };
+        for (m, dev) in self.open_devices() {
             if members_mask & (1 << m) == 0 {
                 continue;
             }
@@ -588,7 +611,7 @@ impl PoolInner {
             let run = &plan[start..end];
             let mut buf = AlignedBuf::zeroed(run.len() * BLOCK_SIZE);
             let first = run[0].1;
-            let read_ok = match &self.devices[first.member as usize] {
+            let read_ok = match self.device(first.member as usize) {
                 Some(dev) => dev.read_at(&mut buf, first.byte_offset()).is_ok(),
                 None => false,
             };
@@ -600,7 +623,7 @@ impl PoolInner {
                     continue;
                 }
                 if read_ok {
-                    if let Some(dev) = &self.devices[pba.member as usize] {
+                    if let Some(dev) = self.device(pba.member as usize) {
                         dev.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
                     }
                 }
@@ -622,7 +645,7 @@ impl PoolInner {
     /// Writes a repaired block back where it belongs (its row's parity is
     /// unchanged, since the block is restored to what the parity covers).
     fn rewrite_block(&self, pba: Pba, block: &[u8]) {
-        let Some(dev) = &self.devices[pba.member as usize] else {
+        let Some(dev) = self.device(pba.member as usize) else {
             return;
         };
         if self.core.lock().read_only_reason.is_some() {
@@ -648,7 +671,7 @@ impl PoolInner {
         if let Some(src) = self.core.lock().inflight_block(&self.shape.geometry, pba) {
             return Ok(src.to_vec());
         }
-        if let Some(dev) = &self.devices[pba.member as usize] {
+        if let Some(dev) = self.device(pba.member as usize) {
             let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
             if dev.read_at(&mut buf, pba.byte_offset()).is_ok() && crc32c(&buf) == crc {
                 return Ok(buf.to_vec());
@@ -691,7 +714,7 @@ impl PoolInner {
                     return Some(vec![0u8; BLOCK_SIZE]);
                 }
                 let pba = geom.pba(&self.shape.geometry, c, blk);
-                let dev = self.devices[pba.member as usize].as_ref()?;
+                let dev = self.device(pba.member as usize)?;
                 let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
                 dev.read_at(&mut buf, pba.byte_offset()).ok()?;
                 Some(buf.to_vec())

@@ -101,7 +101,8 @@ impl Core {
         let active = self.active_mask;
         for i in 0..2 {
             let (seg, next) = (self.heads[i].segment, self.heads[i].next_segment);
-            if seg != NO_SEGMENT && self.segments[seg as usize].members_mask & !active != 0 {
+            let target = shape.geometry.segment_members(seg, active);
+            if seg != NO_SEGMENT && self.segments[seg as usize].members_mask != target {
                 // A row being filled there is sealed where it stands (its
                 // lost column is covered by its parity); then the head moves.
                 if self.heads[i].open.is_some() {
@@ -124,6 +125,31 @@ impl Core {
         let segments = &self.segments;
         self.free
             .retain(|&s| shape.segment_usable(segments[s as usize].members_mask, active));
+        // Segments that became usable (members added) join the free list.
+        let mut listed = vec![false; self.segments.len()];
+        for &s in &self.free {
+            listed[s as usize] = true;
+        }
+        for (s, seg) in self.segments.iter().enumerate() {
+            if seg.state == SegState::Free
+                && !listed[s]
+                && shape.segment_usable(seg.members_mask, active)
+            {
+                self.free.push_back(s as u32);
+            }
+        }
+    }
+
+    /// Moves `head` out of its segment now if it has no open row (a head
+    /// left in a segment over a member that is leaving keeps the member in
+    /// use until its next row otherwise).
+    pub fn move_head_off(&mut self, head: HeadId, shape: &Shape) -> Result<(), AppendError> {
+        let h = &mut self.heads[head.index()];
+        if h.segment == NO_SEGMENT || h.open.is_some() {
+            return Ok(());
+        }
+        h.offset = shape.geometry.segment_blocks;
+        self.ensure_head_room(head, shape)
     }
 
     /// Gives a head its first segment and the reserved next one (at creation).

@@ -15,6 +15,7 @@ mod cleaner;
 pub mod create;
 mod io;
 mod log;
+mod members;
 mod recovery;
 mod scrub;
 mod state;
@@ -26,6 +27,7 @@ pub mod recovery_api {
 }
 
 pub use create::{CreateOptions, DEFAULT_CHUNK_BYTES};
+pub use members::ReshapeStatus;
 pub use scrub::{LostBlock, ScrubReport};
 pub use status::{CleanerState, CleanerStatus, MemberStatus, PoolStatus, VolumeStatus};
 
@@ -58,6 +60,9 @@ pub struct PoolOptions {
     /// in file members, BLKDISCARD on block devices), so thin or flash
     /// backing storage gets the space back.
     pub discard: bool,
+    /// Share of the time a rebuild or rebalance may take while users are
+    /// doing I/O (0.05 to 1; it runs flat out when they are idle).
+    pub reshape_share: f64,
 }
 
 /// How the cleaner chooses its victim segment.
@@ -108,6 +113,7 @@ impl Default for PoolOptions {
             background_cleaner: true,
             cleaner_policy: CleanerPolicy::default(),
             discard: false,
+            reshape_share: 0.5,
         }
     }
 }
@@ -121,11 +127,10 @@ pub struct Shape {
     pub created_unix: u64,
     /// Random per opening; stamped in every row header.
     pub nonce: u64,
-    /// Member UUIDs by index.
-    pub member_uuids: Vec<u128>,
-    /// Members recorded as active in the superblock this pool was opened
-    /// from: the members of segments written since its checkpoint.
-    pub recorded_active_mask: u32,
+    /// The member table of the superblock this pool was opened from:
+    /// recovery lays segments taken after its checkpoint over these members
+    /// (see `recovery::segment_mask_candidates`).
+    pub recorded_members: Vec<crate::format::superblock::MemberRecord>,
 }
 
 impl Shape {
@@ -222,6 +227,21 @@ impl PoolInner {
         }
     }
 
+    /// The open member at index `m`, if any.
+    pub(crate) fn device(&self, m: usize) -> Option<Arc<Device>> {
+        self.devices.read().get(m).cloned().flatten()
+    }
+
+    /// Every open member, with its index.
+    pub(crate) fn open_devices(&self) -> Vec<(usize, Arc<Device>)> {
+        self.devices
+            .read()
+            .iter()
+            .enumerate()
+            .filter_map(|(m, d)| Some((m, d.clone()?)))
+            .collect()
+    }
+
     /// Panics with `context` if an invariant is broken (only when paranoid).
     pub(crate) fn debug_check(&self, context: &str) {
         if paranoid() {
@@ -234,7 +254,9 @@ impl PoolInner {
 
 pub(crate) struct PoolInner {
     pub shape: Shape,
-    pub devices: Vec<Option<Arc<Device>>>,
+    /// Open members by index (None: missing, or removed). Written only
+    /// when a member joins or leaves; `device` hands out a clone.
+    pub devices: RwLock<Vec<Option<Arc<Device>>>>,
     pub core: Mutex<Core>,
     /// Signalled when rows complete or segments are freed.
     pub progress: Condvar,
@@ -244,12 +266,11 @@ pub(crate) struct PoolInner {
     pub io: IoPool,
     pub options: PoolOptions,
     pub closed: AtomicBool,
-    /// Total data capacity and what writes may use (blocks).
-    pub capacity_blocks: u64,
-    pub usable_blocks: u64,
     pub recovery_report: Mutex<Option<recovery::RecoveryReport>>,
     /// Counters and samples kept while the pool is open (not persisted).
     pub stats: Mutex<status::RuntimeStats>,
+    pub reshape: Mutex<members::ReshapeStats>,
+    pub reshape_paused: AtomicBool,
 }
 
 /// An open pool. Cheap to clone; closing writes a final checkpoint.

@@ -11,9 +11,9 @@ use crate::device::{AlignedBuf, Device, IoPool, Member};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{CheckpointImage, SegmentStateCode};
 use crate::format::row::{EntryKind, HeadId, RowHeader, RowKind};
-use crate::format::superblock::{MemberState, Superblock};
+use crate::format::superblock::{MemberRecord, MemberState, Superblock};
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
-use crate::layout::{Geometry, Pba, RowGeom};
+use crate::layout::{Geometry, MemberSizes, Pba, RowGeom};
 use crate::map::{Loc, VolumeMap};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::{BTreeMap, VecDeque};
@@ -140,6 +140,16 @@ pub fn open_members(
             )));
         }
         let i = sb.member_index as usize;
+        if i < n
+            && newest.members[i].uuid == sb.member_uuid()
+            && newest.members[i].state == MemberState::Removed
+        {
+            return Err(Error::Refused(format!(
+                "{} was removed from pool '{}'",
+                m.describe(),
+                newest.pool_name
+            )));
+        }
         if i >= n || newest.members[i].uuid != sb.member_uuid() {
             return Err(Error::Refused(format!(
                 "{} is not a current member of pool '{}'",
@@ -161,9 +171,19 @@ pub fn open_members(
         }
         slots[i] = Some(m);
     }
-    let missing: Vec<usize> = (0..n).filter(|&i| slots[i].is_none()).collect();
-    let active_mask = newest
-        .members
+    // Members that may hold rows and are not here.
+    let missing: Vec<usize> = (0..n)
+        .filter(|&i| slots[i].is_none() && newest.members[i].state.may_hold_rows())
+        .collect();
+    // A joining member that is here is active from now on (the checkpoint
+    // recovery writes records it so).
+    let mut members = newest.members.clone();
+    for (i, r) in members.iter_mut().enumerate() {
+        if r.state == MemberState::Joining && slots[i].is_some() {
+            r.state = MemberState::Active;
+        }
+    }
+    let active_mask = members
         .iter()
         .enumerate()
         .filter(|(i, r)| r.state == MemberState::Active && slots[*i].is_some())
@@ -182,7 +202,19 @@ pub fn open_members(
         )));
     }
     let geometry = Geometry {
-        member_blocks: newest.members.iter().map(|r| r.size_blocks).collect(),
+        member_blocks: MemberSizes::new(
+            &newest
+                .members
+                .iter()
+                .map(|r| {
+                    if r.state.may_hold_rows() {
+                        r.size_blocks
+                    } else {
+                        0
+                    }
+                })
+                .collect::<Vec<_>>(),
+        ),
         data_start_block: newest.data_start_block,
         segment_blocks: newest.segment_blocks,
         chunk_blocks: newest.chunk_blocks,
@@ -201,26 +233,25 @@ pub fn open_members(
         pool_name: newest.pool_name.clone(),
         created_unix: newest.created_unix,
         nonce: random_u64(),
-        member_uuids: newest.members.iter().map(|r| r.uuid).collect(),
-        recorded_active_mask: newest
-            .members
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.state == MemberState::Active)
-            .fold(0u32, |m, (i, _)| m | 1 << i),
+        recorded_members: newest.members.clone(),
     };
     let devices: Vec<Option<Arc<Device>>> = slots
         .into_iter()
         .map(|m| m.map(|m| Arc::new(Device::new(m))))
         .collect();
+    let joining = newest
+        .members
+        .iter()
+        .any(|r| r.state == MemberState::Joining);
     let inner = Arc::new(new_inner(
         shape,
+        members,
         devices,
         options,
         active_mask,
         newest.generation,
     ));
-    let report = inner.recover(&newest, started, missing, read_only)?;
+    let report = inner.recover(&newest, started, missing, joining, read_only)?;
     tracing::info!(
         "pool '{}': checkpoint {} loaded, {} rows ({} blocks) replayed in {:.3} s",
         inner.shape.pool_name,
@@ -238,38 +269,15 @@ pub fn open_members(
 
 pub(crate) fn new_inner(
     shape: Shape,
+    members: Vec<MemberRecord>,
     devices: Vec<Option<Arc<Device>>>,
     options: PoolOptions,
     active_mask: u32,
     superblock_generation: u64,
 ) -> PoolInner {
     let segment_count = shape.geometry.segment_count();
-    let segments: Vec<Segment> = (0..segment_count)
-        .map(|s| Segment {
-            state: SegState::Free,
-            members_mask: shape.geometry.segment_members(s, active_mask),
-            parity: shape.parity,
-            live_blocks: 0,
-            fill_blocks: 0,
-            sealed_seq: 0,
-            rows: Vec::new(),
-        })
-        .collect();
-    // Capacity is that of the whole pool (all members): a degraded pool
-    // keeps its data where it is, and runs out of free segments, not of
-    // accounting, if new rows hold less.
-    let all = (1u32 << shape.member_uuids.len()) - 1;
-    let full_mask = shape.geometry.segment_members(0, all);
-    let capacity_blocks: u64 = (0..segment_count)
-        .map(|s| shape.geometry.segment_members(s, all))
-        .filter(|&m| shape.segment_usable(m, all))
-        .map(|m| shape.segment_capacity(m, shape.parity))
-        .sum();
-    let per_segment = shape.segment_capacity(full_mask, shape.parity);
-    // Reserve: two segments per head, two for the cleaner, 5% slack, and a checkpoint.
-    let reserve_segments = 8 + (segment_count as u64).div_ceil(20);
-    let usable_blocks = capacity_blocks.saturating_sub(reserve_segments * per_segment) * 97 / 100;
-    let core = Core {
+    let segments: Vec<Segment> = (0..segment_count).map(|_| Segment::free()).collect();
+    let mut core = Core {
         volumes: BTreeMap::new(),
         segments,
         free: VecDeque::new(),
@@ -291,27 +299,125 @@ pub(crate) fn new_inner(
         checkpoint: Default::default(),
         checkpoint_segments: Vec::new(),
         superblock_generation,
+        members,
         active_mask,
+        capacity_blocks: 0,
+        usable_blocks: 0,
         read_only_reason: None,
         stored_blocks: 0,
         spare_buffers: Vec::new(),
         checkpoint_wanted: false,
     };
+    for (s, seg) in core.segments.iter_mut().enumerate() {
+        seg.members_mask = shape.geometry.segment_members(s as u32, active_mask);
+        seg.parity = shape.parity;
+    }
+    core.update_capacity(&shape);
     PoolInner {
         io: IoPool::new(options.io_threads.max(devices.len()).max(2)),
         shape,
-        devices,
+        devices: RwLock::new(devices),
         core: Mutex::new(core),
         progress: Condvar::new(),
         reuse: RwLock::new(()),
         maintenance: Mutex::new(()),
         options,
         closed: AtomicBool::new(false),
-        capacity_blocks,
-        usable_blocks,
         recovery_report: Mutex::new(None),
         stats: Mutex::new(Default::default()),
+        reshape: Mutex::new(Default::default()),
+        reshape_paused: AtomicBool::new(false),
     }
+}
+
+impl Core {
+    /// Recomputes the pool's capacity from its member table. Capacity is
+    /// that of the whole pool: faulted members count (a degraded pool
+    /// keeps its data where it is, and runs out of free segments, not of
+    /// accounting, if new rows hold less), members being removed do not.
+    pub(crate) fn update_capacity(&mut self, shape: &Shape) {
+        let all = self.members_in(MemberState::Active)
+            | self.members_in(MemberState::Faulted)
+            | self.members_in(MemberState::Joining);
+        let segment_count = shape.geometry.segment_count();
+        let full_mask = shape.geometry.segment_members(0, all);
+        let capacity_blocks: u64 = (0..segment_count)
+            .map(|s| shape.geometry.segment_members(s, all))
+            .filter(|&m| shape.segment_usable(m, all))
+            .map(|m| shape.segment_capacity(m, shape.parity))
+            .sum();
+        let per_segment = shape.segment_capacity(full_mask, shape.parity);
+        // Reserve: two segments per head, two for the cleaner, 5% slack, and a checkpoint.
+        let reserve_segments = 8 + (segment_count as u64).div_ceil(20);
+        self.capacity_blocks = capacity_blocks;
+        self.usable_blocks =
+            capacity_blocks.saturating_sub(reserve_segments * per_segment) * 97 / 100;
+    }
+}
+
+/// The members (masks) a segment taken after the checkpoint may have been
+/// laid over, most likely first. The superblock records the member table as
+/// it was when it was written; since then, members may have failed (up to
+/// `parity` of them, taken out of new segments at once), and members it
+/// records as joining or being removed may or may not have been used yet
+/// (they enter and leave new segments only after a superblock that says so
+/// is durable). Recovery accepts a row under a mask only if it continues
+/// its chain, so a wrong guess is never taken for a row.
+pub(crate) fn segment_mask_candidates(shape: &Shape) -> Vec<u32> {
+    let in_state = |state: MemberState| {
+        shape
+            .recorded_members
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.state == state)
+            .fold(0u32, |m, (i, _)| m | 1 << i)
+    };
+    let active = in_state(MemberState::Active);
+    let optional = in_state(MemberState::Joining) | in_state(MemberState::Removing);
+    let mut out: Vec<u32> = Vec::new();
+    for extra in submasks(optional) {
+        let base = active | extra;
+        for failed in submasks_up_to(base, shape.parity as u32) {
+            if !out.contains(&(base & !failed)) {
+                out.push(base & !failed);
+            }
+        }
+    }
+    // Fewest failures first, then the recorded table.
+    out.sort_by_key(|&m| ((m ^ active).count_ones(), m));
+    out
+}
+
+/// Every subset of `mask`, the empty one first.
+fn submasks(mask: u32) -> Vec<u32> {
+    submasks_up_to(mask, u32::BITS)
+}
+
+/// Every subset of `mask` with at most `bits` members, smallest first.
+fn submasks_up_to(mask: u32, bits: u32) -> Vec<u32> {
+    let mut out = vec![0u32];
+    let mut frontier = vec![0u32];
+    for _ in 0..bits.min(mask.count_ones()) {
+        let mut next = Vec::new();
+        for &sub in &frontier {
+            // Extend by members above the highest one taken, so each subset
+            // is produced once.
+            let above = if sub == 0 {
+                mask
+            } else {
+                mask & !(((2u64 << (31 - sub.leading_zeros())) - 1) as u32)
+            };
+            let mut rest = above;
+            while rest != 0 {
+                let bit = rest & rest.wrapping_neg();
+                next.push(sub | bit);
+                rest &= rest - 1;
+            }
+        }
+        out.extend(&next);
+        frontier = next;
+    }
+    out
 }
 
 /// A row found while following a chain.
@@ -337,6 +443,7 @@ impl PoolInner {
         sb: &Superblock,
         started: Instant,
         missing: Vec<usize>,
+        joining: bool,
         read_only: bool,
     ) -> Result<RecoveryReport> {
         let ptr = sb.checkpoint;
@@ -359,11 +466,9 @@ impl PoolInner {
             // What was replayed may sit in a volatile cache: make it durable
             // before any segment it emptied is reused, then checkpoint.
             let all = self
-                .devices
+                .open_devices()
                 .iter()
-                .enumerate()
-                .filter(|(_, d)| d.is_some())
-                .fold(0u32, |m, (i, _)| m | 1 << i);
+                .fold(0u32, |mask, (i, _)| mask | 1 << i);
             self.sync_members(all)?;
             let gen = {
                 let mut core = self.core.lock();
@@ -371,12 +476,12 @@ impl PoolInner {
                 core.flush_gen
             };
             self.finish_flush(gen);
-            if !missing.is_empty() {
+            if !missing.is_empty() || joining {
                 // New rows go only to the members present, with full parity.
                 let mut core = self.core.lock();
                 core.member_set_changed(&self.shape);
             }
-            if rows > 0 || !missing.is_empty() {
+            if rows > 0 || !missing.is_empty() || joining {
                 self.checkpoint()?;
             }
         }
@@ -392,40 +497,28 @@ impl PoolInner {
     /// Reads the checkpoint blob the superblock points at.
     fn read_checkpoint(&self, sb: &Superblock) -> Result<Vec<u8>> {
         let ptr = sb.checkpoint;
-        let mask_of = |s: u32| {
-            self.shape
-                .geometry
-                .segment_members(s, self.shape.recorded_active_mask)
-        };
         let mut blob = Vec::with_capacity(ptr.blob_bytes.min(1 << 30) as usize);
         let (mut seg, mut off) = (ptr.segment, ptr.offset_blocks);
         let mut expect_crc: Option<u32> = None;
         let mut segments = Vec::new();
         while (blob.len() as u64) < ptr.blob_bytes {
+            let gathered = blob.len() as u64;
             let found = self
-                .load_row_header(
-                    seg,
-                    off,
-                    mask_of(seg),
-                    self.shape.segment_parity(mask_of(seg)),
-                )
+                .find_row(seg, off, |found| {
+                    found.header.kind == RowKind::Checkpoint
+                        && found.header.checkpoint_id == ptr.checkpoint_id
+                        && found.header.checkpoint_offset == gathered
+                        && match expect_crc {
+                            None => found.crc == ptr.first_row_crc,
+                            Some(c) => found.header.prev_crc == c,
+                        }
+                })
                 .ok_or_else(|| {
                     Error::Corrupt(format!(
-                        "checkpoint row at segment {seg} offset {off} is unreadable"
+                        "checkpoint row at segment {seg} offset {off} is unreadable \
+                         or not the next of its chain"
                     ))
                 })?;
-            let ok = found.header.kind == RowKind::Checkpoint
-                && found.header.checkpoint_id == ptr.checkpoint_id
-                && found.header.checkpoint_offset == blob.len() as u64
-                && match expect_crc {
-                    None => found.crc == ptr.first_row_crc,
-                    Some(c) => found.header.prev_crc == c,
-                };
-            if !ok {
-                return Err(Error::Corrupt(format!(
-                    "checkpoint chain broken at segment {seg} offset {off}"
-                )));
-            }
             for (slot, e) in found.header.entries.iter().enumerate() {
                 let pba = found.geom.slot_pba(&self.shape.geometry, slot as u32);
                 let block = self.read_data_block(&found.geom, pba, e.crc).map_err(|d| {
@@ -485,7 +578,7 @@ impl PoolInner {
         let k = mask.count_ones() as u8 - parity;
         let read_at = |geom: &RowGeom, i: u32| -> Option<Vec<u8>> {
             let pba = geom.data_block_pba(geometry, i);
-            let dev = self.devices[pba.member as usize].as_ref()?;
+            let dev = self.device(pba.member as usize)?;
             let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
             dev.read_at(&mut buf, pba.byte_offset()).ok()?;
             Some(buf.to_vec())
@@ -597,7 +690,7 @@ impl PoolInner {
             )));
         }
         for (i, c) in image.member_counters.iter().enumerate() {
-            if let Some(Some(d)) = self.devices.get(i) {
+            if let Some(d) = self.device(i) {
                 d.counters.restore(c);
             }
         }
@@ -644,7 +737,7 @@ impl PoolInner {
                             .segment_of(pba.block)
                             .filter(|(s, _)| {
                                 (*s as usize) < core.segments.len()
-                                    && (pba.member as usize) < self.devices.len()
+                                    && (pba.member as usize) < self.devices.read().len()
                             })
                             .ok_or_else(|| {
                                 Error::Corrupt(format!(
@@ -716,13 +809,19 @@ impl PoolInner {
             if seg == NO_SEGMENT || seg >= geometry.segment_count() {
                 return false;
             }
-            let (mask, parity) = self.expected_segment_shape(seg);
-            let Some(n) = self.load_row_header(seg, off, mask, parity) else {
+            let accept = |n: &FoundRow| n.header.head == head && n.header.prev_crc == prev_crc;
+            let Some((n, at)) = self
+                .find_row(seg, off, accept)
+                .map(|r| (r, (seg, off)))
+                .or_else(|| {
+                    (off > 0 && next != NO_SEGMENT && next < geometry.segment_count())
+                        .then(|| self.find_row(next, 0, accept).map(|r| (r, (next, 0))))
+                        .flatten()
+                })
+            else {
                 return false;
             };
-            if n.header.head != head || n.header.prev_crc != prev_crc {
-                return false;
-            }
+            (seg, off) = at;
             if n.header.flushed_seq >= row.header.seq {
                 return true;
             }
@@ -733,23 +832,36 @@ impl PoolInner {
         false
     }
 
-    /// Members and parity a head's rows in segment `s` were written with:
-    /// as recorded in the checkpoint, or, for a segment taken after it, the
-    /// members recorded active in the superblock.
-    fn expected_segment_shape(&self, s: u32) -> (u32, u8) {
+    /// The row header at (segment, offset) that `accept` takes, trying each
+    /// shape the segment may have been written with (`segment_shapes`).
+    fn find_row(&self, s: u32, off: u32, accept: impl Fn(&FoundRow) -> bool) -> Option<FoundRow> {
+        self.segment_shapes(s)
+            .into_iter()
+            .find_map(|(mask, parity)| {
+                self.load_row_header(s, off, mask, parity)
+                    .filter(|row| accept(row))
+            })
+    }
+
+    /// Members and parity rows in segment `s` may have been written with,
+    /// most likely first: as recorded in the checkpoint; for a segment taken
+    /// after it, see `segment_mask_candidates`.
+    fn segment_shapes(&self, s: u32) -> Vec<(u32, u8)> {
         let core = self.core.lock();
         match core.segments.get(s as usize) {
-            Some(seg) if seg.state != SegState::Free => (seg.members_mask, seg.parity),
+            Some(seg) if seg.state != SegState::Free => vec![(seg.members_mask, seg.parity)],
             _ => {
-                let mask = self
-                    .shape
-                    .geometry
-                    .segment_members(s, self.shape.recorded_active_mask);
-                (mask, self.shape.segment_parity(mask))
+                let mut shapes: Vec<(u32, u8)> = Vec::new();
+                for eligible in segment_mask_candidates(&self.shape) {
+                    let mask = self.shape.geometry.segment_members(s, eligible);
+                    if !shapes.iter().any(|&(m, _)| m == mask) {
+                        shapes.push((mask, self.shape.segment_parity(mask)));
+                    }
+                }
+                shapes
             }
         }
     }
-
     /// Follows each head's chain from its checkpointed position, then applies
     /// the rows found in global sequence order. Returns (rows, blocks).
     fn roll_forward(&self, read_only: bool) -> Result<(u64, u64)> {
@@ -771,18 +883,29 @@ impl PoolInner {
                         break;
                     }
                 }
-                let (mask, parity) = self.expected_segment_shape(seg);
-                let Some(row) = self.load_row_header(seg, off, mask, parity) else {
+                let accept = |row: &FoundRow| {
+                    let h = &row.header;
+                    h.head == head
+                        && h.kind == RowKind::Data
+                        && h.prev_crc == last_crc
+                        && h.seq > last_seq
+                };
+                // A head leaves a segment early when the member set changes
+                // (`member_set_changed`): its chain then goes on at offset 0
+                // of the next segment the last row named.
+                let Some((row, at)) = self
+                    .find_row(seg, off, accept)
+                    .map(|r| (r, (seg, off)))
+                    .or_else(|| {
+                        (off > 0 && next != NO_SEGMENT && next < geometry.segment_count())
+                            .then(|| self.find_row(next, 0, accept).map(|r| (r, (next, 0))))
+                            .flatten()
+                    })
+                else {
                     break;
                 };
+                (seg, off) = at;
                 let h = &row.header;
-                if h.head != head
-                    || h.kind != RowKind::Data
-                    || h.prev_crc != last_crc
-                    || h.seq <= last_seq
-                {
-                    break;
-                }
                 // A row whose columns did not all reach the members (a crash
                 // before any flush covered it) ends the chain.
                 if !self.check_row(&row, !read_only).unrepairable.is_empty() {
@@ -970,7 +1093,7 @@ impl PoolInner {
             }
             for (c, bytes) in repairs {
                 let pba = g.pba(geometry, c, blk);
-                if let Some(dev) = &self.devices[pba.member as usize] {
+                if let Some(dev) = self.device(pba.member as usize) {
                     let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
                     buf.copy_from_slice(&bytes);
                     if dev.write_at(&buf, pba.byte_offset()).is_ok() {
@@ -992,7 +1115,7 @@ impl PoolInner {
         let jobs: Vec<crate::device::IoJob<Option<AlignedBuf>>> = (0..g.width())
             .map(|c| {
                 let pba = g.pba(&self.shape.geometry, c, 0);
-                let dev = self.devices[pba.member as usize].clone();
+                let dev = self.device(pba.member as usize);
                 let unused = c < k && c >= g.data_columns as usize;
                 Box::new(move || {
                     let dev = dev.filter(|_| !unused)?;

@@ -6,7 +6,7 @@
 use crate::device::AlignedBuf;
 use crate::format::checkpoint::PoolCounters;
 use crate::format::row::{entries_capacity, Entry, HeadId, RowKind};
-use crate::format::superblock::CheckpointPointer;
+use crate::format::superblock::{CheckpointPointer, MemberRecord, MemberState};
 use crate::format::BLOCK_SIZE;
 use crate::layout::{Pba, RowGeom};
 use crate::map::VolumeMap;
@@ -47,6 +47,17 @@ pub struct Segment {
 }
 
 impl Segment {
+    pub fn free() -> Segment {
+        Segment {
+            state: SegState::Free,
+            members_mask: 0,
+            parity: 0,
+            live_blocks: 0,
+            fill_blocks: 0,
+            sealed_seq: 0,
+            rows: Vec::new(),
+        }
+    }
     pub fn row_at(&self, offset: u32) -> Option<&RowGeom> {
         let i = self.rows.partition_point(|r| r.offset <= offset);
         let r = self.rows.get(i.checked_sub(1)?)?;
@@ -191,8 +202,13 @@ pub struct Core {
     pub checkpoint: CheckpointPointer,
     pub checkpoint_segments: Vec<u32>,
     pub superblock_generation: u64,
-    /// Members eligible for new segments.
+    /// The member table, by index (as the superblocks record it).
+    pub members: Vec<MemberRecord>,
+    /// Members eligible for new segments (state Active, present, working).
     pub active_mask: u32,
+    /// Data blocks of the whole pool, and what writes may use.
+    pub capacity_blocks: u64,
+    pub usable_blocks: u64,
     /// Why the pool refuses writes, if it does.
     pub read_only_reason: Option<String>,
     /// Blocks stored (open or on disk) over all volumes.
@@ -205,6 +221,15 @@ pub struct Core {
 }
 
 impl Core {
+    /// Members (mask) in `state`.
+    pub fn members_in(&self, state: MemberState) -> u32 {
+        self.members
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.state == state)
+            .fold(0, |mask, (i, _)| mask | 1 << i)
+    }
+
     pub fn volume(&self, id: u32) -> Option<&VolumeState> {
         self.volumes.get(&id)
     }

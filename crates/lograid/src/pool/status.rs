@@ -4,6 +4,7 @@ use super::state::SegState;
 use super::PoolInner;
 use crate::device::CounterValues;
 use crate::format::checkpoint::PoolCounters;
+use crate::format::superblock::MemberState;
 use crate::format::BLOCK_BYTES;
 use serde::{Deserialize, Serialize};
 
@@ -43,6 +44,8 @@ pub struct RuntimeStats {
     /// one per second at most, the last ~70 s.
     pub samples: std::collections::VecDeque<(f64, u64, u64, u64)>,
     pub opened: Option<std::time::Instant>,
+    /// State changes (faults, replacements, repairs): (unix time, message).
+    pub events: std::collections::VecDeque<(u64, String)>,
 }
 
 impl RuntimeStats {
@@ -131,27 +134,49 @@ pub struct PoolStatus {
     pub map_memory_bytes: u64,
     pub map_bytes_per_stored_block: f64,
     pub recovery: Option<super::recovery::RecoveryReport>,
+    /// Faults, replacements and repairs since the pool was opened.
+    #[serde(default)]
+    pub events: Vec<Event>,
+    /// A rebuild or rebalance under way.
+    #[serde(default)]
+    pub reshape: Option<super::ReshapeStatus>,
+}
+
+/// A state change worth telling the user about.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Event {
+    pub unix_time: u64,
+    pub message: String,
 }
 
 pub fn collect(inner: &PoolInner) -> PoolStatus {
+    let reshape = inner.reshape_status();
     let core = inner.core.lock();
     let shape = &inner.shape;
-    let members: Vec<MemberStatus> = (0..shape.member_uuids.len())
-        .map(|i| {
-            let dev = inner.devices[i].as_ref();
-            let state = match dev {
-                None => "missing".to_string(),
-                Some(_) if core.active_mask & (1 << i) == 0 => "faulted".to_string(),
-                Some(_) => "online".to_string(),
+    let members: Vec<MemberStatus> = core
+        .members
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.state != MemberState::Removed)
+        .map(|(i, r)| {
+            let dev = inner.device(i);
+            let state = match (r.state, &dev) {
+                (MemberState::Removing, None) => "replacing (missing)",
+                (MemberState::Removing, Some(_)) => "replacing",
+                (_, None) => "missing",
+                (MemberState::Faulted, _) => "faulted",
+                (MemberState::Joining, _) => "joining",
+                _ => "online",
             };
             MemberStatus {
                 index: i,
                 path: dev
+                    .as_ref()
                     .map(|d| d.member.describe())
                     .unwrap_or_else(|| "-".into()),
-                uuid: format!("{:032x}", shape.member_uuids[i]),
-                state,
-                size_bytes: shape.geometry.member_blocks[i] * BLOCK_BYTES,
+                uuid: format!("{:032x}", r.uuid),
+                state: state.to_string(),
+                size_bytes: r.size_blocks * BLOCK_BYTES,
                 counters: dev.map(|d| d.counters.values()).unwrap_or_default(),
             }
         })
@@ -169,7 +194,7 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
     let member_bytes_written: u64 = members.iter().map(|m| m.counters.bytes_written).sum();
     let map_memory_bytes: u64 = volumes.iter().map(|v| v.map_memory_bytes).sum();
     let stored_blocks = core.stored_blocks;
-    let missing = members.iter().filter(|m| m.state != "online").count();
+    let missing = inner.lost_members(&core);
     let fault = core
         .read_only_reason
         .as_ref()
@@ -188,10 +213,10 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
         parity: shape.parity,
         chunk_bytes: shape.geometry.chunk_blocks as u64 * BLOCK_BYTES,
         segment_bytes_per_member: shape.geometry.segment_blocks as u64 * BLOCK_BYTES,
-        capacity_bytes: inner.capacity_blocks * BLOCK_BYTES,
-        usable_bytes: inner.usable_blocks * BLOCK_BYTES,
+        capacity_bytes: core.capacity_blocks * BLOCK_BYTES,
+        usable_bytes: core.usable_blocks * BLOCK_BYTES,
         stored_bytes: stored_blocks * BLOCK_BYTES,
-        free_bytes: inner.usable_blocks.saturating_sub(stored_blocks) * BLOCK_BYTES,
+        free_bytes: core.usable_blocks.saturating_sub(stored_blocks) * BLOCK_BYTES,
         segments_total: core.segments.len(),
         segments_free: core.free.len(),
         segments_sealed: core
@@ -227,7 +252,18 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
             0.0
         },
         recovery: inner.recovery_report.lock().clone(),
+        events: inner
+            .stats
+            .lock()
+            .events
+            .iter()
+            .map(|(t, m)| Event {
+                unix_time: *t,
+                message: m.clone(),
+            })
+            .collect(),
         members,
+        reshape,
     }
 }
 

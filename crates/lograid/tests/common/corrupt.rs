@@ -87,7 +87,13 @@ impl DiskView {
             .map(|i| i.unwrap_or_default())
             .collect();
         let geometry = Geometry {
-            member_blocks: superblock.members.iter().map(|m| m.size_blocks).collect(),
+            member_blocks: lograid::layout::MemberSizes::new(
+                &superblock
+                    .members
+                    .iter()
+                    .map(|m| m.size_blocks)
+                    .collect::<Vec<_>>(),
+            ),
             data_start_block: superblock.data_start_block,
             segment_blocks: superblock.segment_blocks,
             chunk_blocks: superblock.chunk_blocks,

@@ -1,0 +1,493 @@
+//! Changing the member set of an open pool: adding members, replacing one
+//! (a failed member, a healthy one, or a member that came back, re-added as
+//! new), and the reshape that follows. Rows are never rewritten in place:
+//! live rows laid over a member that is leaving, or narrower than the
+//! current members allow, are moved by the cleaner's relocation into new
+//! rows over the current members, a segment at a time, in the background.
+//! Rebuild after a replace and rebalance after an add are that one reshape;
+//! only live data moves. Which segments still need it follows from their
+//! masks and the member table, so a reshape resumes by itself when the pool
+//! is reopened.
+//!
+//! Member states and their order on disk (docs/FORMAT.md, "Member states"):
+//! a new member is recorded `Joining` in superblocks first, and only then
+//! used for new segments; a leaving member is recorded `Removing` first, and
+//! only then left out of new segments. Recovery can thus tell the members a
+//! segment taken after its checkpoint may have been laid over.
+
+use super::state::{Core, SegState, Segment};
+use super::{check_writable, Pool, PoolInner};
+use crate::device::{AlignedBuf, Device, Member};
+use crate::error::{Error, Result};
+use crate::format::row::HeadId;
+use crate::format::superblock::{MemberRecord, MemberState};
+use crate::format::{BLOCK_BYTES, BLOCK_SIZE, MAX_MEMBERS, TAIL_BLOCKS};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Segments a member must hold at least to be added.
+const MIN_MEMBER_SEGMENTS: u64 = 8;
+
+/// Progress of the reshape (rebuild or rebalance), for `lograid status`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReshapeStatus {
+    /// "rebuild" while a member is being replaced, else "rebalance".
+    pub kind: String,
+    pub paused: bool,
+    /// Segments still to move, and the live bytes they hold.
+    pub segments_left: u64,
+    pub bytes_left: u64,
+    /// Since this pool was opened.
+    pub segments_done: u64,
+    pub bytes_moved: u64,
+    pub seconds: f64,
+    /// Bytes moved per second since it started (null before the first segment).
+    pub rate_bytes_per_second: Option<f64>,
+    pub eta_seconds: Option<f64>,
+    /// Share of the time left to user I/O while it runs and users are busy.
+    pub user_share: f64,
+}
+
+/// Reshape counters kept while the pool is open.
+#[derive(Debug, Default)]
+pub(crate) struct ReshapeStats {
+    pub started: Option<Instant>,
+    pub segments_done: u64,
+    pub bytes_moved: u64,
+    /// Time spent moving (not throttled).
+    pub busy_seconds: f64,
+    /// When removals were last tried while segments still used the member.
+    pub last_finish_attempt: Option<Instant>,
+    /// Segments whose live blocks could not all be read: not tried again.
+    pub stuck: std::collections::BTreeSet<u32>,
+}
+
+impl Pool {
+    /// Adds members; new rows use them once the pool's superblocks record
+    /// them (at once: this writes a checkpoint). Rows written before are
+    /// moved to the new width in the background (rebalance). Returns the
+    /// new members' indices.
+    pub fn add_members(&self, members: Vec<Arc<dyn Member>>) -> Result<Vec<usize>> {
+        if members.is_empty() {
+            return Err(Error::InvalidArgument("no drives to add".into()));
+        }
+        self.inner.guarded("adding members", || {
+            let _m = self.inner.maintenance.lock();
+            let mut added = Vec::new();
+            for m in members {
+                added.push(self.inner.join_member(m, None)?);
+            }
+            self.inner.checkpoint_locked()?;
+            let names: Vec<String> = added.iter().map(|&i| self.inner.member_name(i)).collect();
+            self.inner
+                .event(format!("added member(s) {}; rebalancing", names.join(", ")));
+            Ok(added)
+        })
+    }
+
+    /// Replaces member `old` (failed, missing or healthy) by `new`: `new`
+    /// joins the pool, `old` stops getting new rows, and the rows that use
+    /// `old` are moved in the background (rebuilt from parity where `old`
+    /// cannot be read). `new` may be the drive `old` was, back again: it is
+    /// added as a new member and gets the live data again. Returns the
+    /// index of the new member.
+    pub fn replace_member(&self, old: usize, new: Arc<dyn Member>) -> Result<usize> {
+        self.inner.guarded("replacing a member", || {
+            let _m = self.inner.maintenance.lock();
+            let state = self.inner.core.lock().members.get(old).map(|r| r.state);
+            match state {
+                Some(MemberState::Active | MemberState::Faulted | MemberState::Joining) => {}
+                Some(MemberState::Removing) => {
+                    return Err(Error::Refused(format!(
+                        "member {old} is already being replaced or removed"
+                    )))
+                }
+                _ => return Err(Error::NotFound(format!("member {old} in this pool"))),
+            }
+            let old_name = self.inner.member_name(old);
+            let index = self.inner.join_member(new, Some(old))?;
+            {
+                let mut core = self.inner.core.lock();
+                let was = core.members[old].state;
+                core.members[old].state = MemberState::Removing;
+                if was == MemberState::Faulted {
+                    drop(core);
+                    // Its columns are rebuilt from parity; it is not read.
+                    self.inner.devices.write()[old] = None;
+                }
+            }
+            self.inner.checkpoint_locked()?;
+            self.inner.event(format!(
+                "replacing member {old} ({old_name}) by member {index} ({}); rebuilding",
+                self.inner.member_name(index)
+            ));
+            Ok(index)
+        })
+    }
+
+    /// Pauses or resumes the reshape (it also resumes when reopened).
+    pub fn set_reshape_paused(&self, paused: bool) {
+        self.inner.reshape_paused.store(paused, Ordering::SeqCst);
+    }
+
+    /// Moves reshape segments in the foreground until none is left and
+    /// leaving members are removed (for tests and offline use; an open pool
+    /// with its background cleaner does this by itself). `progress(done,
+    /// left)` after each segment; returning false stops early.
+    pub fn reshape(&self, mut progress: impl FnMut(u64, u64) -> bool) -> Result<()> {
+        self.inner.guarded("reshape", || {
+            let mut idle_tries = 0;
+            loop {
+                let moved = self.inner.reshape_step()?;
+                let left = self.inner.reshape_left().0;
+                let done = self.inner.reshape.lock().segments_done;
+                if !progress(done, left) {
+                    return Ok(());
+                }
+                if !moved {
+                    let leaving = self.inner.core.lock().members_in(MemberState::Removing);
+                    idle_tries += 1;
+                    if (leaving == 0 && left == 0) || idle_tries > 4 {
+                        return Ok(());
+                    }
+                    // Removal waits for heads to move and checkpoints: retry now.
+                    self.inner.reshape.lock().last_finish_attempt = None;
+                }
+            }
+        })
+    }
+}
+
+impl PoolInner {
+    /// Takes `member` into the member table as `Joining` (not yet used for
+    /// new segments). `replacing`: the member it replaces (its own drive may
+    /// come back as its replacement). The caller holds `maintenance` and
+    /// writes a checkpoint next.
+    fn join_member(&self, member: Arc<dyn Member>, replacing: Option<usize>) -> Result<usize> {
+        check_writable(&self.core.lock())?;
+        let name = member.describe();
+        let blocks = member.size_bytes() / BLOCK_BYTES;
+        let g = &self.shape.geometry;
+        let min = g.data_start_block + TAIL_BLOCKS + g.segment_blocks as u64 * MIN_MEMBER_SEGMENTS;
+        if blocks < min {
+            return Err(Error::Refused(format!(
+                "{name} is too small: {} bytes, at least {} needed",
+                blocks * BLOCK_BYTES,
+                min * BLOCK_BYTES
+            )));
+        }
+        if blocks > crate::format::MAX_MEMBER_BLOCKS
+            || (blocks - g.data_start_block) / g.segment_blocks as u64 > crate::format::MAX_SEGMENTS
+        {
+            return Err(Error::Refused(format!(
+                "{name} is too large for this pool's segment size"
+            )));
+        }
+        if self
+            .open_devices()
+            .iter()
+            .any(|(i, d)| d.member.describe() == name && Some(*i) != replacing)
+        {
+            return Err(Error::Refused(format!(
+                "{name} is already a member of this pool"
+            )));
+        }
+        if let Ok(sb) = super::recovery::read_superblock(member.as_ref()) {
+            let core = self.core.lock();
+            let current = core
+                .members
+                .iter()
+                .enumerate()
+                .find(|(_, r)| r.uuid == sb.member_uuid() && r.state != MemberState::Removed);
+            if sb.pool_uuid == self.shape.pool_uuid {
+                if let Some((i, _)) = current {
+                    if Some(i) != replacing {
+                        return Err(Error::Refused(format!("{name} is member {i} of this pool")));
+                    }
+                }
+            } else {
+                return Err(Error::Refused(format!(
+                    "{name} belongs to pool '{}' ({:032x}); wipe it first to use it here",
+                    sb.pool_name, sb.pool_uuid
+                )));
+            }
+        }
+        // Wipe its superblock slots: until the checkpoint records it, it
+        // is not a member of anything.
+        let zero = AlignedBuf::zeroed(BLOCK_SIZE);
+        for b in [0, 1, blocks - TAIL_BLOCKS, blocks - TAIL_BLOCKS + 1] {
+            member
+                .write_at(&zero, b * BLOCK_BYTES)
+                .and_then(|_| member.flush())
+                .map_err(|e| Error::io(format!("wiping the superblocks of {name}"), e))?;
+        }
+        let mut core = self.core.lock();
+        let index = match core
+            .members
+            .iter()
+            .position(|r| r.state == MemberState::Removed)
+        {
+            Some(i) => i,
+            None if core.members.len() < MAX_MEMBERS => {
+                core.members.push(MemberRecord {
+                    uuid: 0,
+                    size_blocks: 0,
+                    state: MemberState::Removed,
+                });
+                core.members.len() - 1
+            }
+            None => {
+                return Err(Error::Refused(format!(
+                    "the pool has {MAX_MEMBERS} members, the most it can have"
+                )))
+            }
+        };
+        g.member_blocks.set(index, blocks);
+        core.members[index] = MemberRecord {
+            uuid: super::random_u128(),
+            size_blocks: blocks,
+            state: MemberState::Joining,
+        };
+        while core.segments.len() < g.segment_count() as usize {
+            core.segments.push(Segment::free());
+        }
+        core.update_capacity(&self.shape);
+        drop(core);
+        let mut devices = self.devices.write();
+        if devices.len() <= index {
+            devices.resize(index + 1, None);
+        }
+        devices[index] = Some(Arc::new(Device::new(member)));
+        Ok(index)
+    }
+
+    /// After superblocks recording `recorded` are durable on every member:
+    /// members recorded joining get new segments from now on, members
+    /// recorded leaving no longer do.
+    pub(crate) fn members_recorded(&self, recorded: &[MemberRecord]) {
+        let mut core = self.core.lock();
+        let before = core.active_mask;
+        for (m, r) in recorded.iter().enumerate() {
+            match (r.state, core.members[m].state) {
+                (MemberState::Joining, MemberState::Joining) => {
+                    core.members[m].state = MemberState::Active;
+                    core.active_mask |= 1 << m;
+                    core.checkpoint_wanted = true; // to record it active
+                }
+                (MemberState::Removing, MemberState::Removing) => core.active_mask &= !(1 << m),
+                _ => {}
+            }
+        }
+        if core.active_mask != before {
+            core.member_set_changed(&self.shape);
+            core.update_capacity(&self.shape);
+        }
+    }
+
+    /// The path of member `m`, or "-".
+    pub(crate) fn member_name(&self, m: usize) -> String {
+        self.device(m)
+            .map(|d| d.member.describe())
+            .unwrap_or_else(|| "-".into())
+    }
+
+    /// Does sealed segment `seg` need moving? Yes if it uses a member that
+    /// is leaving, or (when no member is faulted) if the current members
+    /// would lay it wider.
+    fn needs_reshape(&self, core: &Core, s: usize, leaving: u32, faulted: u32) -> bool {
+        let seg = &core.segments[s];
+        if seg.state != SegState::Sealed || self.reshape.lock().stuck.contains(&(s as u32)) {
+            return false;
+        }
+        if seg.members_mask & leaving != 0 {
+            return true;
+        }
+        let target = self
+            .shape
+            .geometry
+            .segment_members(s as u32, core.active_mask);
+        faulted == 0 && seg.members_mask & !core.active_mask == 0 && seg.members_mask != target
+    }
+
+    /// (segments, live bytes) the reshape has left to move.
+    pub(crate) fn reshape_left(&self) -> (u64, u64) {
+        let core = self.core.lock();
+        let leaving = core.members_in(MemberState::Removing);
+        let faulted = core.members_in(MemberState::Faulted);
+        let mut left = (0, 0);
+        for s in 0..core.segments.len() {
+            if self.needs_reshape(&core, s, leaving, faulted) {
+                left.0 += 1;
+                left.1 += core.segments[s].live_blocks as u64 * BLOCK_BYTES;
+            }
+        }
+        left
+    }
+
+    /// Moves one segment that needs it; when none is left, finishes the
+    /// removal of members no segment uses any more. False when there is
+    /// nothing (more) to do now.
+    pub(crate) fn reshape_step(&self) -> Result<bool> {
+        let _m = self.maintenance.lock();
+        let victim = {
+            let core = self.core.lock();
+            check_writable(&core)?;
+            let leaving = core.members_in(MemberState::Removing);
+            let faulted = core.members_in(MemberState::Faulted);
+            // Segments over a leaving member that cannot be read first
+            // (they are the ones at risk), then the rest in order.
+            let at_risk = |s: usize| {
+                let mask = core.segments[s].members_mask & leaving;
+                (0..MAX_MEMBERS).any(|m| mask & (1 << m) != 0 && self.device(m).is_none())
+            };
+            (0..core.segments.len())
+                .filter(|&s| self.needs_reshape(&core, s, leaving, faulted))
+                .min_by_key(|&s| (!at_risk(s), s))
+        };
+        let Some(victim) = victim else {
+            return self.finish_removals();
+        };
+        let started = Instant::now();
+        self.reshape.lock().started.get_or_insert(started);
+        let moved = self.relocate_segment(victim as u32)?;
+        let left = self.core.lock().segments[victim].live_blocks;
+        if left > 0 {
+            // Blocks beyond what parity can rebuild stay where they are
+            // (reads of them fail loudly); the segment is not tried again
+            // while the pool is open.
+            self.reshape.lock().stuck.insert(victim as u32);
+            self.event(format!(
+                "rebuild: segment {victim}: {left} block(s) could not be read or rebuilt; left in place"
+            ));
+        }
+        let mut r = self.reshape.lock();
+        r.segments_done += 1;
+        r.bytes_moved += moved * BLOCK_BYTES;
+        r.busy_seconds += started.elapsed().as_secs_f64();
+        Ok(true)
+    }
+
+    /// Members being removed that no segment uses any more become empty
+    /// slots: recorded as removed, their superblocks wiped (if they can be
+    /// written), dropped. Writes a checkpoint first so that segments
+    /// emptied by the reshape are released. True if it did anything.
+    fn finish_removals(&self) -> Result<bool> {
+        let leaving = self.core.lock().members_in(MemberState::Removing);
+        if leaving == 0 {
+            return Ok(false);
+        }
+        let in_use = |core: &Core| {
+            core.segments
+                .iter()
+                .filter(|s| !matches!(s.state, SegState::Free))
+                .fold(0u32, |m, s| m | s.members_mask)
+        };
+        if in_use(&self.core.lock()) & leaving != 0 {
+            {
+                let mut r = self.reshape.lock();
+                if r.last_finish_attempt
+                    .is_some_and(|t| t.elapsed().as_secs() < 5)
+                {
+                    return Ok(false);
+                }
+                r.last_finish_attempt = Some(Instant::now());
+            }
+            // Open rows are sealed; heads still in segments over leaving
+            // members move on (what they leave behind is sealed and moved
+            // by the next step); emptied segments wait for a checkpoint,
+            // the previous checkpoint's segments for the next one.
+            self.checkpoint_locked()?;
+            {
+                let mut core = self.core.lock();
+                for head in [HeadId::User, HeadId::Cleaner] {
+                    if core
+                        .segments
+                        .get(core.heads[head.index()].segment as usize)
+                        .is_some_and(|seg| seg.members_mask & leaving != 0)
+                    {
+                        // No free segment now: tried again later.
+                        let _ = core.move_head_off(head, &self.shape);
+                    }
+                }
+            }
+            self.checkpoint_locked()?;
+            self.checkpoint_locked()?;
+        }
+        let done = {
+            let mut core = self.core.lock();
+            let done = leaving & !in_use(&core);
+            for m in 0..MAX_MEMBERS {
+                if done & (1 << m) != 0 {
+                    core.members[m].state = MemberState::Removed;
+                    core.members[m].size_blocks = 0;
+                    self.shape.geometry.member_blocks.set(m, 0);
+                }
+            }
+            core.update_capacity(&self.shape);
+            done
+        };
+        if done == 0 {
+            return Ok(false);
+        }
+        self.checkpoint_locked()?;
+        for m in 0..MAX_MEMBERS {
+            if done & (1 << m) == 0 {
+                continue;
+            }
+            let dev = self.devices.write()[m].take();
+            let name = dev.as_ref().map(|d| d.member.describe());
+            if let Some(dev) = dev {
+                // So that it is not taken for a member when given again.
+                let blocks = dev.member.size_bytes() / BLOCK_BYTES;
+                let zero = AlignedBuf::zeroed(BLOCK_SIZE);
+                for b in [0, 1, blocks - TAIL_BLOCKS, blocks - TAIL_BLOCKS + 1] {
+                    let _ = dev.write_at(&zero, b * BLOCK_BYTES);
+                }
+                let _ = dev.flush();
+            }
+            self.event(format!(
+                "member {m} ({}) removed: no row uses it any more",
+                name.unwrap_or_else(|| "missing".into())
+            ));
+        }
+        Ok(true)
+    }
+
+    /// The reshape's progress, if one is under way.
+    pub(crate) fn reshape_status(&self) -> Option<ReshapeStatus> {
+        let (segments_left, bytes_left) = self.reshape_left();
+        let leaving = self.core.lock().members_in(MemberState::Removing) != 0;
+        if segments_left == 0 && !leaving {
+            return None;
+        }
+        let r = self.reshape.lock();
+        let seconds = r.started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let rate = (seconds > 0.0 && r.bytes_moved > 0).then(|| r.bytes_moved as f64 / seconds);
+        Some(ReshapeStatus {
+            kind: if leaving { "rebuild" } else { "rebalance" }.into(),
+            paused: self.reshape_paused.load(Ordering::Relaxed),
+            segments_left,
+            bytes_left,
+            segments_done: r.segments_done,
+            bytes_moved: r.bytes_moved,
+            seconds,
+            rate_bytes_per_second: rate,
+            eta_seconds: rate.map(|x| bytes_left as f64 / x),
+            user_share: 1.0 - self.options.reshape_share,
+        })
+    }
+
+    /// Logs a state change (fault, replace, add, repair) and keeps it for
+    /// `lograid status` (the last few).
+    pub(crate) fn event(&self, message: String) {
+        tracing::warn!("{message}");
+        let mut stats = self.stats.lock();
+        let when = super::now_unix();
+        stats.events.push_back((when, message));
+        while stats.events.len() > 32 {
+            stats.events.pop_front();
+        }
+    }
+}

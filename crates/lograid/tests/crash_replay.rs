@@ -1,0 +1,1050 @@
+//! Crash replay: a pool runs a random workload on recording members, which
+//! log every write, flush and discard the drives receive, in one global
+//! order. Then, for many cut points in that log, the members' images are
+//! rebuilt as a power cut at that instant could have left them, the pool is
+//! opened from them, and what it holds is checked against a model of what
+//! the workload had acknowledged and flushed by then.
+//!
+//! A cut point is, per member, how many of its own records (writes,
+//! discards, flushes) had happened: the members are separate drives, so
+//! that vector is all a power cut decides. Cut points are taken at places
+//! in the global log (so they are consistent: nothing after the cut caused
+//! anything before it) and named by their vector (the global interleaving
+//! of members served by parallel I/O threads changes from run to run; each
+//! member's own sequence does not). Two kinds:
+//! - flush boundaries: every point right after the members' flushes (the
+//!   last of a run of consecutive flush records: the images do not change
+//!   within a run, and the guarantees only grow along it); each member's
+//!   image is its initial image plus every record up to the cut;
+//! - random points: each member keeps the writes its last completed flush
+//!   covered; the writes it received after that, up to the cut, land in a
+//!   random order, a random subset of them dropped, and with a tear one of
+//!   them (per member) lands only in part (a prefix of its 512-byte sectors).
+//!
+//! At each cut: the pool opens with no manual repair; its bookkeeping passes
+//! `check_invariants`; every sector of the volume reads back, holding either
+//! the value the model had made durable by the last flush that completed
+//! before the cut, or the value of a write issued after that flush (and
+//! before the cut); a scrub finds no lost block that a flush covered; and
+//! the reopened pool takes a write and a flush.
+//!
+//! Knobs (environment):
+//! - `LOGRAID_REPLAY_SEED`: the workload seed (printed; a failure is
+//!   reproduced with the same seed: the workload is drawn from it, each
+//!   member receives the same sequence of I/O on every run, and each cut
+//!   draws from its own RNG derived from the seed, the shape and the cut.
+//!   Only the engine's random pool UUID and per-open nonce differ.)
+//! - `LOGRAID_REPLAY_CUTS`: cut points per shape (default 40; up to half
+//!   are flush boundaries, evenly sampled when there are more, the rest
+//!   random). Long mode: `LOGRAID_REPLAY_CUTS=400` (every flush boundary,
+//!   over 1,000 cut points over the three shapes).
+//! - `LOGRAID_REPLAY_OPS`: workload operations per shape (default 240).
+//! - `LOGRAID_REPLAY_FILL`: volume size in percent of usable space (60).
+//! - `LOGRAID_REPLAY_ONLY=<members>x<parity>@<c0>,<c1>,...:<flush|random>`:
+//!   check only that cut point (a failure prints the line to use).
+//!
+//! Fast: `cargo nextest run -p lograid --test crash_replay`.
+//! Long: `LOGRAID_REPLAY_CUTS=400 cargo nextest run -p lograid --test crash_replay --no-capture`.
+
+mod common;
+
+use common::{sector_pattern, sector_tag, test_options, SECTOR};
+use lograid::device::{IoLog, Member, Record, RecordingMember, SimMember, SimRng};
+use lograid::{create_pool, open_members, CreateOptions, Volume};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Size of each simulated drive (as in model.rs).
+const MEMBER_BYTES: u64 = 8 << 20;
+/// Volume size as a fraction of usable capacity (`LOGRAID_REPLAY_FILL`
+/// in percent overrides it: a fuller volume makes the cleaner work harder).
+const FILL: f64 = 0.6;
+/// Write data the log may hold per shape.
+const LOG_LIMIT: usize = 512 << 20;
+const DEFAULT_SEED: u64 = 0x1095_a1d0_7e57_0001;
+const DEFAULT_CUTS: usize = 40;
+const DEFAULT_OPS: usize = 240;
+
+fn env_num(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(s) => {
+            let s = s.trim();
+            let parsed = match s.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16),
+                None => s.parse(),
+            };
+            parsed.unwrap_or_else(|_| panic!("{name}={s} is not a number"))
+        }
+        Err(_) => default,
+    }
+}
+
+/// A well-mixed 64-bit hash (splitmix64's finaliser), to derive seeds.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+// ---------------------------------------------------------------------------
+// The workload and what it was told.
+
+/// What an operation did to the volume's sectors, as far as the model knows.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Sectors `[first, first + n)` were written with write `tag`. `acked`
+    /// false: the write failed (no space) and may have applied in part.
+    Write {
+        first: usize,
+        n: usize,
+        tag: u64,
+        acked: bool,
+    },
+    /// Sectors `[first, first + n)` read as zero after it (trim of whole
+    /// blocks, write-zeroes).
+    Zero { first: usize, n: usize },
+    /// A flush (or FUA, checkpoint, cleaning pass): once it returned,
+    /// everything acknowledged before it is durable.
+    Flush,
+}
+
+/// One operation and where it sat in the I/O log: the records `[start, end)`
+/// were made while it ran.
+#[derive(Debug, Clone)]
+struct Op {
+    start: usize,
+    end: usize,
+    what: &'static str,
+    step: Step,
+}
+
+#[derive(Default, Debug)]
+struct WorkloadStats {
+    writes: usize,
+    overwrites: usize,
+    trims: usize,
+    zeroes: usize,
+    flushes: usize,
+    fua: usize,
+    cleans: usize,
+    segments_cleaned: usize,
+    checkpoints: usize,
+    reads: usize,
+    no_space: usize,
+}
+
+/// The live pool's exact contents (tags per sector; `u64::MAX` after a
+/// failed write), for the reads the workload checks as it goes.
+struct Live {
+    current: Vec<u64>,
+    next_tag: u64,
+}
+
+impl Live {
+    fn random_range(&self, rng: &mut SimRng, max_len: u64) -> (u64, u64) {
+        let size = self.current.len() as u64 * SECTOR as u64;
+        let unit = if rng.below(2) == 0 {
+            4096
+        } else {
+            SECTOR as u64
+        };
+        let off = rng.below(size / unit) * unit;
+        let len = ((rng.below(max_len / unit) + 1) * unit).min(size - off);
+        (off, len)
+    }
+
+    fn data(tag: u64, off: u64, len: u64) -> Vec<u8> {
+        let first = off / SECTOR as u64;
+        let mut data = vec![0u8; len as usize];
+        for (i, s) in data.chunks_mut(SECTOR).enumerate() {
+            sector_pattern(tag, first + i as u64, s);
+        }
+        data
+    }
+}
+
+/// Runs the workload; returns the operations with their log positions.
+fn run_workload(
+    volume: &Volume,
+    pool: &lograid::Pool,
+    log: &IoLog,
+    rng: &mut SimRng,
+    ops: usize,
+    stats: &mut WorkloadStats,
+) -> Vec<Op> {
+    let sectors = (volume.size_bytes() / SECTOR as u64) as usize;
+    let mut live = Live {
+        current: vec![0; sectors],
+        next_tag: 1,
+    };
+    let mut history: Vec<Op> = Vec::new();
+    let mut written: Vec<(u64, u64)> = Vec::new();
+    let sec = |off: u64| (off / SECTOR as u64) as usize;
+    for i in 0..ops {
+        let start = log.len();
+        // One explicit checkpoint in the middle, whatever the dice say.
+        let dice = if i == ops / 2 { 87 } else { rng.below(100) };
+        let (what, steps): (&'static str, Vec<Step>) = match dice {
+            // A write, or an overwrite of a range written before.
+            0..=49 => {
+                let over = dice >= 40 && !written.is_empty();
+                let (off, len) = if over {
+                    written[rng.below(written.len() as u64) as usize]
+                } else {
+                    live.random_range(rng, 64 * 1024)
+                };
+                let tag = live.next_tag;
+                live.next_tag += 1;
+                let acked = match volume.write(off, &Live::data(tag, off, len)) {
+                    Ok(()) => true,
+                    Err(lograid::Error::NoSpace) => false,
+                    Err(e) => panic!("op {i}: write failed: {e}"),
+                };
+                let (first, n) = (sec(off), sec(len));
+                let value = if acked { tag } else { u64::MAX };
+                live.current[first..first + n].fill(value);
+                stats.no_space += usize::from(!acked);
+                if over {
+                    stats.overwrites += 1;
+                } else {
+                    stats.writes += 1;
+                    written.push((off, len));
+                }
+                let step = Step::Write {
+                    first,
+                    n,
+                    tag,
+                    acked,
+                };
+                (if over { "overwrite" } else { "write" }, vec![step])
+            }
+            // Trim: whole blocks inside the range read as zero.
+            50..=57 => {
+                let (off, len) = live.random_range(rng, 256 * 1024);
+                volume
+                    .trim(off, len)
+                    .unwrap_or_else(|e| panic!("op {i}: trim failed: {e}"));
+                stats.trims += 1;
+                let (a, b) = (off.div_ceil(4096) * 4096, (off + len) / 4096 * 4096);
+                if a < b {
+                    live.current[sec(a)..sec(b)].fill(0);
+                    (
+                        "trim",
+                        vec![Step::Zero {
+                            first: sec(a),
+                            n: sec(b - a),
+                        }],
+                    )
+                } else {
+                    ("trim", vec![])
+                }
+            }
+            // Write zeroes (the whole range reads as zero).
+            58..=61 => {
+                let (off, len) = live.random_range(rng, 64 * 1024);
+                volume
+                    .write_zeroes(off, len, rng.below(2) == 0)
+                    .unwrap_or_else(|e| panic!("op {i}: write zeroes failed: {e}"));
+                stats.zeroes += 1;
+                live.current[sec(off)..sec(off + len)].fill(0);
+                let step = Step::Zero {
+                    first: sec(off),
+                    n: sec(len),
+                };
+                ("write-zeroes", vec![step])
+            }
+            62..=75 => {
+                volume
+                    .flush()
+                    .unwrap_or_else(|e| panic!("op {i}: flush failed: {e}"));
+                stats.flushes += 1;
+                ("flush", vec![Step::Flush])
+            }
+            // A FUA write: the write, then a flush, in one call.
+            76..=81 => {
+                let (off, len) = live.random_range(rng, 16 * 1024);
+                let tag = live.next_tag;
+                live.next_tag += 1;
+                let acked = match volume.write_fua(off, &Live::data(tag, off, len)) {
+                    Ok(()) => true,
+                    Err(lograid::Error::NoSpace) => false,
+                    Err(e) => panic!("op {i}: FUA write failed: {e}"),
+                };
+                let (first, n) = (sec(off), sec(len));
+                live.current[first..first + n].fill(if acked { tag } else { u64::MAX });
+                stats.fua += 1;
+                stats.no_space += usize::from(!acked);
+                let write = Step::Write {
+                    first,
+                    n,
+                    tag,
+                    acked,
+                };
+                // A failed FUA write did not flush.
+                let steps = if acked {
+                    vec![write, Step::Flush]
+                } else {
+                    vec![write]
+                };
+                ("fua-write", steps)
+            }
+            // Cleaning: relocates live blocks and checkpoints.
+            82..=86 => {
+                let freed = pool
+                    .clean(1 + rng.below(3) as usize)
+                    .unwrap_or_else(|e| panic!("op {i}: clean failed: {e}"));
+                stats.cleans += 1;
+                stats.segments_cleaned += freed;
+                ("clean", vec![Step::Flush])
+            }
+            87..=88 => {
+                pool.checkpoint()
+                    .unwrap_or_else(|e| panic!("op {i}: checkpoint failed: {e}"));
+                stats.checkpoints += 1;
+                ("checkpoint", vec![Step::Flush])
+            }
+            // A read of the live pool, which must be exact.
+            _ => {
+                let (off, len) = live.random_range(rng, 128 * 1024);
+                let mut buf = vec![0u8; len as usize];
+                volume
+                    .read(off, &mut buf)
+                    .unwrap_or_else(|e| panic!("op {i}: read failed: {e}"));
+                for (j, bytes) in buf.chunks(SECTOR).enumerate() {
+                    let s = sec(off) + j;
+                    let want = live.current[s];
+                    let got = sector_tag(bytes, s as u64);
+                    if want != u64::MAX && got != Some(want) {
+                        panic!("op {i}: live read of sector {s}: got {got:?}, want write #{want}");
+                    }
+                }
+                stats.reads += 1;
+                ("read", vec![])
+            }
+        };
+        let end = log.len();
+        for step in steps {
+            history.push(Op {
+                start,
+                end,
+                what,
+                step,
+            });
+        }
+    }
+    pool.check_invariants()
+        .unwrap_or_else(|m| panic!("after the workload: invariant: {m}"));
+    history
+}
+
+// ---------------------------------------------------------------------------
+// Cut points.
+
+/// A cut point: per member, how many of its records had happened.
+type Cut = Vec<usize>;
+
+/// Whether `a` happened no later than `b` on every member.
+fn le(a: &[usize], b: &[usize]) -> bool {
+    a.iter().zip(b).all(|(x, y)| x <= y)
+}
+
+/// `prefix[k]`: the cut after the first `k` records of the global log.
+fn prefixes(records: &[Record], members: usize) -> Vec<Cut> {
+    let mut out = Vec::with_capacity(records.len() + 1);
+    let mut cut = vec![0; members];
+    out.push(cut.clone());
+    for r in records {
+        cut[r.member()] += 1;
+        out.push(cut.clone());
+    }
+    out
+}
+
+fn cut_name(cut: &[usize]) -> String {
+    cut.iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+// ---------------------------------------------------------------------------
+// What the volume may hold at a cut point.
+
+/// An op with its log positions as cuts.
+struct OpAt<'a> {
+    op: &'a Op,
+    start: Cut,
+    end: Cut,
+}
+
+/// The values each sector may hold after the last flush that completed
+/// before a cut, kept up to date as cut points advance.
+struct Expect<'a> {
+    ops: Vec<OpAt<'a>>,
+    /// Possible values per sector once the last applied flush returned
+    /// (one value, or several after a failed write).
+    durable: Vec<Vec<u64>>,
+    /// Ops applied to `durable` (all of them up to a flush).
+    applied: usize,
+}
+
+impl<'a> Expect<'a> {
+    fn new(ops: &'a [Op], prefix: &[Cut], sectors: usize) -> Expect<'a> {
+        Expect {
+            ops: ops
+                .iter()
+                .map(|op| OpAt {
+                    op,
+                    start: prefix[op.start].clone(),
+                    end: prefix[op.end].clone(),
+                })
+                .collect(),
+            durable: vec![vec![0]; sectors],
+            applied: 0,
+        }
+    }
+
+    fn apply(state: &mut Vec<u64>, step: &Step) {
+        match *step {
+            Step::Write {
+                tag, acked: true, ..
+            } => {
+                state.clear();
+                state.push(tag);
+            }
+            Step::Write {
+                tag, acked: false, ..
+            } => state.push(tag),
+            Step::Zero { .. } => {
+                state.clear();
+                state.push(0);
+            }
+            Step::Flush => {}
+        }
+    }
+
+    fn range(step: &Step) -> std::ops::Range<usize> {
+        match *step {
+            Step::Write { first, n, .. } | Step::Zero { first, n } => first..first + n,
+            Step::Flush => 0..0,
+        }
+    }
+
+    /// Advances to `cut` (cuts come in log order): applies every op up to
+    /// the last flush whose every record happened before the cut (that
+    /// flush returned, so what it covers is durable).
+    fn advance(&mut self, cut: &[usize]) {
+        let last_flush = self
+            .ops
+            .iter()
+            .rposition(|o| matches!(o.op.step, Step::Flush) && le(&o.end, cut));
+        if let Some(f) = last_flush {
+            while self.applied <= f {
+                let step = &self.ops[self.applied].op.step;
+                for s in Self::range(step) {
+                    Self::apply(&mut self.durable[s], step);
+                }
+                self.applied += 1;
+            }
+        }
+    }
+
+    /// Ops after the last flush that had begun by `cut` (some member had
+    /// received I/O issued after they started).
+    fn begun(&self, cut: &[usize]) -> impl Iterator<Item = &OpAt<'a>> + '_ {
+        let cut = cut.to_vec();
+        self.ops[self.applied..]
+            .iter()
+            .take_while(move |o| !le(&cut, &o.start))
+    }
+
+    /// Values written after the last flush by ops that had begun by the
+    /// cut: a power cut may have kept any of them.
+    fn later(&self, cut: &[usize]) -> BTreeMap<usize, Vec<u64>> {
+        let mut later: BTreeMap<usize, Vec<u64>> = BTreeMap::new();
+        for o in self.begun(cut) {
+            let value = match o.op.step {
+                Step::Write { tag, .. } => tag,
+                Step::Zero { .. } => 0,
+                Step::Flush => continue,
+            };
+            for s in Self::range(&o.op.step) {
+                later.entry(s).or_default().push(value);
+            }
+        }
+        later
+    }
+
+    /// Which op the cut fell in, for failure reports.
+    fn during(&self, cut: &[usize]) -> String {
+        self.ops
+            .iter()
+            .enumerate()
+            .find(|(_, o)| !le(cut, &o.start) && !le(&o.end, cut))
+            .map(|(i, o)| {
+                format!(
+                    "inside op {i} ({}, from {} to {})",
+                    o.op.what,
+                    cut_name(&o.start),
+                    cut_name(&o.end)
+                )
+            })
+            .unwrap_or_else(|| "between ops".into())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Member images at a cut point.
+
+/// One of a member's own records.
+#[derive(Clone, Copy)]
+enum Event {
+    /// A write or discard: the record's index in the global log.
+    Change(usize),
+    /// A flush, covering the member's first `covers` events.
+    Flush { covers: usize },
+}
+
+/// Rebuilds the members' images from the log, kept up to date as cut points
+/// advance: `base` holds, per member, every change its flushes have made
+/// durable.
+struct Images<'a> {
+    records: &'a [Record],
+    /// Per member: its records, in order.
+    events: Vec<Vec<Event>>,
+    /// Per member: `durable[n]`, how many of its events are durable once
+    /// its first `n` have happened (the flushes among them cover them).
+    durable: Vec<Vec<usize>>,
+    base: Vec<Vec<u8>>,
+    /// Per member: how many of its events are in `base`.
+    applied: Vec<usize>,
+    /// Over all cuts: unflushed writes and discards a power cut kept,
+    /// dropped, and tore.
+    kept: u64,
+    dropped: u64,
+    torn: u64,
+}
+
+/// What a power cut keeps of the writes not yet flushed.
+#[derive(Debug, Clone, Copy)]
+enum Keep {
+    /// All of them, in order.
+    All,
+    /// Each with probability `quarters`/4, in a random order; with `tear`,
+    /// one kept write per member lands only in part.
+    Subset { quarters: u64, tear: bool },
+}
+
+impl<'a> Images<'a> {
+    fn new(records: &'a [Record], prefix: &[Cut], members: usize) -> Images<'a> {
+        let mut events = vec![Vec::new(); members];
+        for (i, r) in records.iter().enumerate() {
+            let m = r.member();
+            events[m].push(match r {
+                // `covers` counts global records: the member's own among them.
+                Record::Flush { covers, .. } => Event::Flush {
+                    covers: prefix[*covers][m],
+                },
+                _ => Event::Change(i),
+            });
+        }
+        let durable = events
+            .iter()
+            .map(|ev| {
+                let mut d = vec![0];
+                for e in ev {
+                    let best = *d.last().expect("non-empty");
+                    d.push(match *e {
+                        Event::Flush { covers } => best.max(covers),
+                        Event::Change(_) => best,
+                    });
+                }
+                d
+            })
+            .collect();
+        Images {
+            records,
+            events,
+            durable,
+            base: vec![vec![0u8; MEMBER_BYTES as usize]; members],
+            applied: vec![0; members],
+            kept: 0,
+            dropped: 0,
+            torn: 0,
+        }
+    }
+
+    /// The images a power cut at `cut` could leave.
+    fn at(&mut self, cut: &[usize], keep: Keep, rng: &mut SimRng) -> Vec<Vec<u8>> {
+        let mut images = Vec::with_capacity(self.base.len());
+        for (m, &upto) in cut.iter().enumerate() {
+            // What the member's completed flushes made durable.
+            let mark = self.durable[m][upto];
+            while self.applied[m] < mark {
+                if let Event::Change(i) = self.events[m][self.applied[m]] {
+                    self.records[i].apply(&mut self.base[m], None);
+                }
+                self.applied[m] += 1;
+            }
+            let mut image = self.base[m].clone();
+            // What it received since, still in its volatile cache.
+            let mut pending: Vec<usize> = self.events[m][self.applied[m]..upto]
+                .iter()
+                .filter_map(|e| match *e {
+                    Event::Change(i) => Some(i),
+                    Event::Flush { .. } => None,
+                })
+                .collect();
+            let mut torn = None;
+            if let Keep::Subset { quarters, tear } = keep {
+                let before = pending.len() as u64;
+                pending.retain(|_| rng.below(4) < quarters);
+                self.dropped += before - pending.len() as u64;
+                for i in (1..pending.len()).rev() {
+                    let j = rng.below(i as u64 + 1) as usize;
+                    pending.swap(i, j);
+                }
+                if tear && !pending.is_empty() {
+                    torn = Some(rng.below(pending.len() as u64) as usize);
+                    self.torn += 1;
+                }
+            }
+            self.kept += pending.len() as u64;
+            for (k, &i) in pending.iter().enumerate() {
+                let r = &self.records[i];
+                let keep_sectors =
+                    (torn == Some(k)).then(|| rng.below(r.len() / SECTOR as u64) as usize);
+                r.apply(&mut image, keep_sectors);
+            }
+            images.push(image);
+        }
+        images
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Checking one cut point.
+
+#[derive(Default, Debug)]
+struct CheckStats {
+    /// Sectors found holding a write issued after the last flush.
+    unflushed_landed: u64,
+    /// Sectors whose durable value was a write (not zero) and read back.
+    flushed_written_sectors: u64,
+    rows_replayed: u64,
+    scrub_repaired: u64,
+    scrub_unreadable_rows: u64,
+    scrub_lost_unflushed: u64,
+}
+
+/// Reads the whole volume; blocks that cannot be read are named.
+fn read_volume(volume: &Volume) -> (Vec<u8>, Vec<String>) {
+    let size = volume.size_bytes() as usize;
+    let mut data = vec![0u8; size];
+    let mut errors = Vec::new();
+    const CHUNK: usize = 256 * 1024;
+    for (c, chunk) in data.chunks_mut(CHUNK).enumerate() {
+        if volume.read((c * CHUNK) as u64, chunk).is_ok() {
+            continue;
+        }
+        for (b, block) in chunk.chunks_mut(4096).enumerate() {
+            let off = (c * CHUNK + b * 4096) as u64;
+            if let Err(e) = volume.read(off, block) {
+                errors.push(format!("read of the block at byte {off} failed: {e}"));
+                block.fill(0xee); // matches no write
+            }
+        }
+    }
+    (data, errors)
+}
+
+/// Opens the pool from `images` and checks it: `durable` gives the values
+/// each sector may hold from before the last completed flush, `later` those
+/// written since by ops that had begun by the cut.
+fn check_cut(
+    images: Vec<Vec<u8>>,
+    durable: &[Vec<u64>],
+    later: &BTreeMap<usize, Vec<u64>>,
+) -> Result<CheckStats, String> {
+    let mut stats = CheckStats::default();
+    let members: Vec<Arc<dyn Member>> = images
+        .into_iter()
+        .enumerate()
+        .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)) as Arc<dyn Member>)
+        .collect();
+    // 1. It opens, with no manual repair.
+    let pool =
+        open_members(members, test_options(), false).map_err(|e| format!("open failed: {e}"))?;
+    stats.rows_replayed = pool.recovery_report().map_or(0, |r| r.rows_replayed);
+    pool.check_invariants()
+        .map_err(|m| format!("invariant after open: {m}"))?;
+    let volume = pool
+        .volume("vol")
+        .map_err(|e| format!("volume 'vol' missing after open: {e}"))?;
+    if volume.size_bytes() != (durable.len() * SECTOR) as u64 {
+        return Err(format!(
+            "volume size {} after open, created with {}",
+            volume.size_bytes(),
+            durable.len() * SECTOR
+        ));
+    }
+
+    // 2. Every sector reads back a value it may hold: the durable one (what
+    //    the last completed flush covered) or one written after that flush.
+    let (data, read_errors) = read_volume(&volume);
+    let mut problems = read_errors;
+    for (s, bytes) in data.chunks(SECTOR).enumerate() {
+        let allowed = &durable[s];
+        let tag = match sector_tag(bytes, s as u64) {
+            Some(t) => t,
+            None => {
+                if bytes.iter().all(|&b| b == 0xee) {
+                    continue; // an unreadable block, reported above
+                }
+                problems.push(format!(
+                    "sector {s} (byte {}) holds bytes no write produced (flushed value: {allowed:?})",
+                    s * SECTOR
+                ));
+                continue;
+            }
+        };
+        if allowed.contains(&tag) {
+            if tag != 0 {
+                stats.flushed_written_sectors += 1;
+            }
+            continue;
+        }
+        if later.get(&s).is_some_and(|l| l.contains(&tag)) {
+            stats.unflushed_landed += 1;
+            continue;
+        }
+        problems.push(format!(
+            "sector {s} (byte {}) holds write #{tag}; flushed value {allowed:?}, later writes {:?}{}",
+            s * SECTOR,
+            later.get(&s).cloned().unwrap_or_default(),
+            if allowed.iter().all(|&v| v != 0) {
+                " — a flushed write was lost"
+            } else {
+                " — a value no flush or later write explains"
+            }
+        ));
+    }
+    if !problems.is_empty() {
+        let n = problems.len();
+        problems.truncate(8);
+        return Err(format!(
+            "{n} bad sector(s)/block(s):\n    {}",
+            problems.join("\n    ")
+        ));
+    }
+
+    // 3. A scrub (checking only) loses no block a flush covered.
+    let report = pool
+        .scrub(false, |_, _| true)
+        .map_err(|e| format!("scrub failed: {e}"))?;
+    if !report.complete {
+        return Err("scrub did not complete".into());
+    }
+    stats.scrub_repaired = report.repaired_blocks;
+    stats.scrub_unreadable_rows = report.unreadable_rows;
+    for lost in &report.lost_blocks {
+        if lost.volume != "vol" {
+            return Err(format!("scrub: lost block in unknown volume {lost:?}"));
+        }
+        let first = (lost.offset / SECTOR as u64) as usize;
+        let covered = (first..first + 4096 / SECTOR).any(|s| durable[s].iter().any(|&v| v != 0));
+        if covered {
+            return Err(format!(
+                "scrub: the flushed block at byte {} is lost (report {report:?})",
+                lost.offset
+            ));
+        }
+        stats.scrub_lost_unflushed += 1;
+    }
+    pool.check_invariants()
+        .map_err(|m| format!("invariant after scrub: {m}"))?;
+
+    // 4. The recovered pool works: a write, a flush, and it reads back.
+    let probe: Vec<u8> = (0..4096).map(|i| (i % 251) as u8 + 1).collect();
+    volume
+        .write(0, &probe)
+        .and_then(|_| volume.flush())
+        .map_err(|e| format!("write + flush after recovery failed: {e}"))?;
+    let mut back = vec![0u8; 4096];
+    volume
+        .read(0, &mut back)
+        .map_err(|e| format!("read after recovery write failed: {e}"))?;
+    if back != probe {
+        return Err("a write after recovery did not read back".into());
+    }
+    Ok(stats)
+}
+
+// ---------------------------------------------------------------------------
+// One shape: record, choose cut points, check them.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum CutKind {
+    Flush,
+    Random,
+}
+
+impl CutKind {
+    fn name(self) -> &'static str {
+        match self {
+            CutKind::Flush => "flush",
+            CutKind::Random => "random",
+        }
+    }
+}
+
+/// The RNG of one cut, from the seed, the shape and the cut alone.
+fn cut_rng(seed: u64, parity: u8, cut: &[usize], kind: CutKind) -> SimRng {
+    let h = cut.iter().fold(
+        mix(seed ^ (cut.len() as u64) << 8 ^ parity as u64),
+        |h, &c| mix(h ^ c as u64),
+    );
+    SimRng(mix(h ^ kind as u64) | 1)
+}
+
+/// `LOGRAID_REPLAY_ONLY=<m>x<p>@<c0>,<c1>,...:<kind>`: `None` if unset,
+/// `Some(None)` if it names another shape.
+fn only_cut(members: usize, parity: u8) -> Option<Option<(Cut, CutKind)>> {
+    let spec = std::env::var("LOGRAID_REPLAY_ONLY").ok()?;
+    let usage = "LOGRAID_REPLAY_ONLY=<members>x<parity>@<c0>,<c1>,...:<flush|random>";
+    let (shape, rest) = spec.split_once('@').expect(usage);
+    if shape != format!("{members}x{parity}") {
+        return Some(None);
+    }
+    let (cut, kind) = rest.split_once(':').unwrap_or((rest, "random"));
+    let cut: Cut = cut.split(',').map(|c| c.parse().expect(usage)).collect();
+    assert_eq!(cut.len(), members, "{usage}: one count per member");
+    let kind = match kind {
+        "flush" => CutKind::Flush,
+        "random" => CutKind::Random,
+        _ => panic!("{usage}"),
+    };
+    Some(Some((cut, kind)))
+}
+
+/// A fingerprint of each member's I/O sequence (kind, where, how much), to
+/// tell whether a rerun with the same seed received the same I/O.
+fn fingerprint(records: &[Record], prefix: &[Cut]) -> u64 {
+    let mut per_member = vec![0u64; prefix[0].len()];
+    for r in records {
+        let (kind, at) = match r {
+            Record::Write { offset, .. } => (1, *offset),
+            Record::Flush { covers, member } => (2, prefix[*covers][*member] as u64),
+            Record::Discard { offset, .. } => (3, *offset),
+        };
+        let h = &mut per_member[r.member()];
+        *h = mix(*h ^ mix(kind << 56 ^ at) ^ r.len());
+    }
+    per_member.iter().fold(0, |h, &m| mix(h ^ m))
+}
+
+struct Failure {
+    cut: Cut,
+    kind: CutKind,
+    keep: Keep,
+    during: String,
+    message: String,
+}
+
+fn replay_shape(members: usize, parity: u8) {
+    let seed = env_num("LOGRAID_REPLAY_SEED", DEFAULT_SEED);
+    let cuts_wanted = env_num("LOGRAID_REPLAY_CUTS", DEFAULT_CUTS as u64) as usize;
+    let ops_wanted = env_num("LOGRAID_REPLAY_OPS", DEFAULT_OPS as u64) as usize;
+    let only = only_cut(members, parity);
+    if only == Some(None) {
+        return; // another shape is being reproduced
+    }
+    let shape = format!("{members}x{parity}");
+    let started = Instant::now();
+
+    // Record: a pool on recording members, set up, then the workload.
+    let log = IoLog::new(LOG_LIMIT);
+    let dyn_members: Vec<Arc<dyn Member>> = (0..members)
+        .map(|i| {
+            let sim: Arc<dyn Member> = Arc::new(SimMember::new(&format!("sim{i}"), MEMBER_BYTES));
+            Arc::new(RecordingMember::new(i, sim, log.clone())) as Arc<dyn Member>
+        })
+        .collect();
+    let opts = CreateOptions {
+        name: "test".into(),
+        parity,
+        chunk_bytes: 16 * 1024,
+        segment_bytes: Some(64 * 1024),
+        force: true,
+        initial_volume: None,
+    };
+    let pool = create_pool(dyn_members, &opts, test_options()).expect("create pool");
+    let usable = pool.status().usable_bytes;
+    let fill = env_num("LOGRAID_REPLAY_FILL", (FILL * 100.0) as u64) as f64 / 100.0;
+    let size = ((usable as f64 * fill) as u64 / 4096).max(16) * 4096;
+    let volume = pool.create_volume("vol", size).expect("create volume");
+    pool.checkpoint().expect("checkpoint after setup");
+    // Cut points start here: before, the pool did not exist yet.
+    let base = log.len();
+    let mut rng = SimRng(mix(seed ^ ((members as u64) << 8 | parity as u64)) | 1);
+    let mut wstats = WorkloadStats::default();
+    let ops = run_workload(&volume, &pool, &log, &mut rng, ops_wanted, &mut wstats);
+    // The power goes out: the pool is dropped without a close.
+    drop(volume);
+    drop(pool);
+    assert!(
+        !log.overflowed(),
+        "the I/O log outgrew {LOG_LIMIT} bytes: raise LOG_LIMIT"
+    );
+    let records = log.take();
+    let prefix = prefixes(&records, members);
+    let data_bytes: u64 = records
+        .iter()
+        .map(|r| match r {
+            Record::Write { bytes, .. } => bytes.len() as u64,
+            _ => 0,
+        })
+        .sum();
+    let print = fingerprint(&records, &prefix);
+    eprintln!(
+        "crash replay {shape}: seed {seed:#x} (LOGRAID_REPLAY_SEED), {ops_wanted} ops, {} records \
+         ({} MiB written), I/O fingerprint {print:#018x}, recorded in {:.1?}",
+        records.len(),
+        data_bytes >> 20,
+        started.elapsed()
+    );
+    eprintln!("crash replay {shape}: workload {wstats:?}");
+
+    // Cut points, as global log positions. Flush boundaries: after each
+    // run of flush records.
+    let boundaries: Vec<usize> = (base..records.len())
+        .filter(|&i| {
+            matches!(records[i], Record::Flush { .. })
+                && !matches!(records.get(i + 1), Some(Record::Flush { .. }))
+        })
+        .map(|i| i + 1)
+        .collect();
+    let cuts: Vec<(Cut, CutKind)> = match only {
+        Some(Some(cut)) => vec![cut],
+        _ => {
+            let mut at: BTreeSet<(usize, CutKind)> = BTreeSet::new();
+            let flush_budget = boundaries.len().min(cuts_wanted / 2);
+            for k in 0..flush_budget {
+                // Evenly spaced, the last boundary always included.
+                let i = (k + 1) * boundaries.len() / flush_budget - 1;
+                at.insert((boundaries[i], CutKind::Flush));
+            }
+            let span = records.len() - base + 1;
+            let random_wanted = (cuts_wanted - flush_budget).min(span);
+            let mut pick = SimRng(mix(seed ^ 0xc075 ^ (members as u64) << 8 ^ parity as u64) | 1);
+            let mut random = 0;
+            while random < random_wanted {
+                if at.insert((base + pick.below(span as u64) as usize, CutKind::Random)) {
+                    random += 1;
+                }
+            }
+            // In log order: images and model advance with the cuts.
+            at.into_iter()
+                .map(|(k, kind)| (prefix[k].clone(), kind))
+                .collect()
+        }
+    };
+
+    // Check every cut.
+    let sectors = (size / SECTOR as u64) as usize;
+    let mut expect = Expect::new(&ops, &prefix, sectors);
+    let mut images = Images::new(&records, &prefix, members);
+    let mut failures: Vec<Failure> = Vec::new();
+    let mut totals = CheckStats::default();
+    let (mut n_flush, mut n_random) = (0, 0);
+    let checking = Instant::now();
+    for (cut, kind) in &cuts {
+        let mut crng = cut_rng(seed, parity, cut, *kind);
+        let keep = match kind {
+            CutKind::Flush => Keep::All,
+            CutKind::Random => Keep::Subset {
+                quarters: crng.below(4),
+                tear: crng.below(2) == 0,
+            },
+        };
+        expect.advance(cut);
+        let later = expect.later(cut);
+        let member_images = images.at(cut, keep, &mut crng);
+        match check_cut(member_images, &expect.durable, &later) {
+            Ok(s) => {
+                totals.unflushed_landed += s.unflushed_landed;
+                totals.flushed_written_sectors += s.flushed_written_sectors;
+                totals.rows_replayed += s.rows_replayed;
+                totals.scrub_repaired += s.scrub_repaired;
+                totals.scrub_unreadable_rows += s.scrub_unreadable_rows;
+                totals.scrub_lost_unflushed += s.scrub_lost_unflushed;
+            }
+            Err(message) => {
+                let during = expect.during(cut);
+                eprintln!(
+                    "crash replay {shape}: FAILED at cut {} ({}, {keep:?}, {during}): {message}\n  \
+                     reproduce: LOGRAID_REPLAY_SEED={seed:#x} LOGRAID_REPLAY_OPS={ops_wanted} \
+                     LOGRAID_REPLAY_FILL={} LOGRAID_REPLAY_ONLY={shape}@{}:{} (I/O fingerprint {print:#018x})",
+                    cut_name(cut),
+                    kind.name(),
+                    (fill * 100.0).round(),
+                    cut_name(cut),
+                    kind.name()
+                );
+                failures.push(Failure {
+                    cut: cut.clone(),
+                    kind: *kind,
+                    keep,
+                    during,
+                    message,
+                });
+            }
+        }
+        match kind {
+            CutKind::Flush => n_flush += 1,
+            CutKind::Random => n_random += 1,
+        }
+    }
+    eprintln!(
+        "crash replay {shape}: checked {} cut points ({n_flush} flush boundaries of {}, \
+         {n_random} random) in {:.1?}; unflushed writes kept {}, dropped {}, torn {}; \
+         {totals:?}; {} failed",
+        cuts.len(),
+        boundaries.len(),
+        checking.elapsed(),
+        images.kept,
+        images.dropped,
+        images.torn,
+        failures.len()
+    );
+    if let Some(f) = failures.first() {
+        panic!(
+            "crash replay {shape}, seed {seed:#x}: {} of {} cut points failed; first: cut {} \
+             ({}, {:?}, {}): {}",
+            failures.len(),
+            cuts.len(),
+            cut_name(&f.cut),
+            f.kind.name(),
+            f.keep,
+            f.during,
+            f.message
+        );
+    }
+}
+
+#[test]
+fn crash_replay_3_1() {
+    replay_shape(3, 1);
+}
+
+#[test]
+fn crash_replay_4_2() {
+    replay_shape(4, 2);
+}
+
+#[test]
+fn crash_replay_6_3() {
+    replay_shape(6, 3);
+}

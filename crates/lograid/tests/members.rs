@@ -1,0 +1,380 @@
+//! Changing the member set: replacing a failed member, a healthy one, and
+//! a member that came back; adding members (rebalance to the new width);
+//! and a rebuild cut by power failures at random instants, resumed after
+//! reopening. Every run is checked against a model of the volume, after
+//! the reshape and after reopening with the new member set; a scrub after
+//! each finds nothing wrong.
+
+mod common;
+
+use common::{test_options, Model, SimPool};
+use lograid::device::{CrashMode, Member, PowerCut, SimMember, SimRng};
+use lograid::{open_members, Pool};
+use std::sync::Arc;
+
+const MEMBER_BYTES: u64 = 8 << 20;
+
+/// Random writes, trims and flushes, with reads checked against the model.
+fn workload(pool: &Pool, model: &mut Model, rng: &mut SimRng, ops: usize, what: &str) {
+    let vol = pool.volume("vol").expect("volume");
+    for op in 0..ops {
+        match rng.below(10) {
+            0..=5 => {
+                let (off, len) = model.random_range(rng, 48 * 1024);
+                let data = model.write(off, len);
+                vol.write(off, &data)
+                    .unwrap_or_else(|e| panic!("{what} op {op}: write: {e}"));
+            }
+            6 => {
+                let (off, len) = model.random_range(rng, 64 * 1024);
+                vol.trim(off, len)
+                    .unwrap_or_else(|e| panic!("{what} op {op}: trim: {e}"));
+                model.trim(off, len);
+            }
+            7 => {
+                let (off, len) = model.random_range(rng, 128 * 1024);
+                let mut buf = vec![0u8; len as usize];
+                vol.read(off, &mut buf)
+                    .unwrap_or_else(|e| panic!("{what} op {op}: read: {e}"));
+                model
+                    .check_exact(off, &buf)
+                    .unwrap_or_else(|m| panic!("{what} op {op}: {m}"));
+            }
+            _ => {
+                vol.flush()
+                    .unwrap_or_else(|e| panic!("{what} op {op}: flush: {e}"));
+                model.flushed();
+            }
+        }
+    }
+}
+
+fn check_all(pool: &Pool, model: &mut Model, what: &str) {
+    let vol = pool.volume("vol").expect("volume");
+    let mut buf = vec![0u8; vol.size_bytes() as usize];
+    vol.read(0, &mut buf)
+        .unwrap_or_else(|e| panic!("{what}: read all: {e}"));
+    model
+        .check_exact(0, &buf)
+        .unwrap_or_else(|m| panic!("{what}: {m}"));
+}
+
+fn scrub_clean(pool: &Pool, what: &str) {
+    let report = pool.scrub(false, |_, _| true).expect("scrub");
+    assert!(
+        report.lost_blocks.is_empty() && report.unreadable_rows == 0 && report.repaired_blocks == 0,
+        "{what}: scrub after the change found {report:?}"
+    );
+}
+
+fn states(pool: &Pool) -> Vec<(usize, String)> {
+    pool.status()
+        .members
+        .iter()
+        .map(|m| (m.index, m.state.clone()))
+        .collect()
+}
+
+/// Reopens from the current contents of `members` (clean images).
+fn reopen(members: &[Arc<SimMember>]) -> (Pool, Vec<Arc<SimMember>>) {
+    let sims: Vec<Arc<SimMember>> = members
+        .iter()
+        .enumerate()
+        .map(|(i, s)| Arc::new(SimMember::from_image(&format!("re{i}"), s.snapshot())))
+        .collect();
+    let pool = open_members(
+        sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect(),
+        test_options(),
+        false,
+    )
+    .expect("reopen with the new member set");
+    (pool, sims)
+}
+
+#[test]
+fn replacing_a_failed_member_rebuilds_live_data_onto_the_new_one() {
+    for (members, parity) in [(3usize, 1u8), (4, 2)] {
+        let what = format!("({members},{parity})");
+        let mut rng = SimRng(members as u64 * 7 + 1);
+        let sp = SimPool::create(members, parity, MEMBER_BYTES, 0.4);
+        let pool = sp.pool().clone();
+        let mut model = Model::new(sp.volume_size());
+        workload(&pool, &mut model, &mut rng, 200, &what);
+        sp.sims[1].set_dead(true);
+        workload(
+            &pool,
+            &mut model,
+            &mut rng,
+            100,
+            &format!("{what} degraded"),
+        );
+        assert_eq!(states(&pool)[1].1, "faulted", "{what}");
+        let new = Arc::new(SimMember::new("new", MEMBER_BYTES));
+        let index = pool
+            .replace_member(1, new.clone())
+            .unwrap_or_else(|e| panic!("{what}: replace: {e}"));
+        let status = pool.status();
+        let reshape = status.reshape.expect("a rebuild is under way");
+        assert_eq!(reshape.kind, "rebuild");
+        assert!(reshape.segments_left > 0, "{what}: nothing to rebuild?");
+        // Writes go on during the rebuild.
+        workload(
+            &pool,
+            &mut model,
+            &mut rng,
+            50,
+            &format!("{what} replacing"),
+        );
+        pool.reshape(|_, _| true).expect("rebuild");
+        let status = pool.status();
+        assert!(status.reshape.is_none(), "{what}: {:?}", status.reshape);
+        assert!(status.state == "online", "{what}: {}", status.state);
+        let st = states(&pool);
+        assert!(
+            st.iter().all(|(_, s)| s == "online") && st.iter().any(|(i, _)| *i == index),
+            "{what}: {st:?}"
+        );
+        assert!(
+            new.snapshot().iter().any(|&b| b != 0),
+            "{what}: nothing was written to the new member"
+        );
+        pool.check_invariants().expect("invariants");
+        check_all(&pool, &mut model, &what);
+        scrub_clean(&pool, &what);
+        pool.close().expect("close");
+        // The pool no longer needs the failed member.
+        let mut set: Vec<Arc<SimMember>> = sp
+            .sims
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 1)
+            .map(|(_, s)| s.clone())
+            .collect();
+        set.push(new);
+        let (pool, _) = reopen(&set);
+        assert_eq!(pool.status().state, "online");
+        check_all(&pool, &mut model, &format!("{what} reopened"));
+        scrub_clean(&pool, &format!("{what} reopened"));
+        pool.close().expect("close");
+    }
+}
+
+#[test]
+fn replacing_a_healthy_member_then_the_old_one_is_not_a_member() {
+    let mut rng = SimRng(99);
+    let sp = SimPool::create(3, 1, MEMBER_BYTES, 0.5);
+    let pool = sp.pool().clone();
+    let mut model = Model::new(sp.volume_size());
+    workload(&pool, &mut model, &mut rng, 300, "healthy");
+    let before = pool.status().member_bytes_written;
+    let stored = pool.status().stored_bytes;
+    let new = Arc::new(SimMember::new("new", MEMBER_BYTES));
+    pool.replace_member(0, new.clone()).expect("replace");
+    pool.reshape(|_, _| true).expect("rebuild");
+    let status = pool.status();
+    assert!(status.reshape.is_none());
+    assert_eq!(status.members.len(), 3, "{:?}", states(&pool));
+    // Only live data moved: what was written is about the data stored
+    // plus parity (and a few checkpoints), not the whole drives.
+    let written = status.member_bytes_written - before;
+    assert!(
+        written < stored * 3 + (4 << 20),
+        "rebuild wrote {written} bytes for {stored} bytes stored"
+    );
+    check_all(&pool, &mut model, "after replacing a healthy member");
+    scrub_clean(&pool, "after replacing a healthy member");
+    pool.close().expect("close");
+    // The old member was wiped: given with the others, it is refused.
+    let all: Vec<Arc<dyn Member>> = [
+        sp.sims[0].clone(),
+        sp.sims[1].clone(),
+        sp.sims[2].clone(),
+        new.clone(),
+    ]
+    .into_iter()
+    .map(|s| Arc::new(SimMember::from_image("x", s.snapshot())) as Arc<dyn Member>)
+    .collect();
+    let err = open_members(all, test_options(), false)
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("not a lograid member"), "{err}");
+    let (pool, _) = reopen(&[sp.sims[1].clone(), sp.sims[2].clone(), new]);
+    check_all(&pool, &mut model, "reopened");
+    pool.close().expect("close");
+}
+
+#[test]
+fn a_member_that_came_back_is_re_added_and_gets_the_live_data() {
+    let mut rng = SimRng(5);
+    let sp = SimPool::create(3, 1, MEMBER_BYTES, 0.4);
+    let pool = sp.pool().clone();
+    let mut model = Model::new(sp.volume_size());
+    workload(&pool, &mut model, &mut rng, 200, "before");
+    sp.sims[2].set_dead(true);
+    workload(&pool, &mut model, &mut rng, 100, "degraded");
+    assert_eq!(states(&pool)[2].1, "faulted");
+    // It comes back (a cable, a reboot): re-added in its own place.
+    sp.sims[2].set_dead(false);
+    pool.replace_member(2, sp.sims[2].clone()).expect("re-add");
+    pool.reshape(|_, _| true).expect("rebuild");
+    assert_eq!(pool.status().state, "online");
+    assert!(pool.status().members.iter().all(|m| m.state == "online"));
+    check_all(&pool, &mut model, "re-added");
+    scrub_clean(&pool, "re-added");
+    pool.close().expect("close");
+    let (pool, _) = reopen(&sp.sims);
+    check_all(&pool, &mut model, "re-added, reopened");
+    pool.close().expect("close");
+}
+
+#[test]
+fn adding_members_widens_new_and_old_rows() {
+    let mut rng = SimRng(11);
+    let sp = SimPool::create(3, 1, MEMBER_BYTES, 0.4);
+    let pool = sp.pool().clone();
+    let mut model = Model::new(sp.volume_size());
+    workload(&pool, &mut model, &mut rng, 300, "before");
+    let capacity = pool.status().capacity_bytes;
+    let added: Vec<Arc<SimMember>> = (0..2)
+        .map(|i| Arc::new(SimMember::new(&format!("add{i}"), MEMBER_BYTES * 2)))
+        .collect();
+    let indices = pool
+        .add_members(added.iter().map(|s| s.clone() as Arc<dyn Member>).collect())
+        .expect("add");
+    assert_eq!(indices, vec![3, 4]);
+    let status = pool.status();
+    assert_eq!(
+        status.reshape.as_ref().map(|r| r.kind.as_str()),
+        Some("rebalance")
+    );
+    // 3 x 8 MiB at 2/3 plus room on the larger new members.
+    assert!(
+        status.capacity_bytes as f64 > capacity as f64 * 1.6,
+        "capacity {} -> {}",
+        capacity,
+        status.capacity_bytes
+    );
+    workload(&pool, &mut model, &mut rng, 100, "rebalancing");
+    pool.reshape(|_, _| true).expect("rebalance");
+    assert!(pool.status().reshape.is_none());
+    for s in &added {
+        assert!(
+            s.snapshot().iter().any(|&b| b != 0),
+            "a new member holds nothing"
+        );
+    }
+    check_all(&pool, &mut model, "after rebalance");
+    scrub_clean(&pool, "after rebalance");
+    // A member the pool holds already, and one too small, are refused.
+    let err = pool
+        .add_members(vec![added[0].clone()])
+        .expect_err("refused");
+    assert!(err.to_string().contains("already a member"), "{err}");
+    let err = pool
+        .add_members(vec![Arc::new(SimMember::new("tiny", 1 << 20))])
+        .expect_err("refused");
+    assert!(err.to_string().contains("too small"), "{err}");
+    pool.close().expect("close");
+    let mut set = sp.sims.clone();
+    set.extend(added);
+    let (pool, _) = reopen(&set);
+    assert_eq!(pool.status().members.len(), 5);
+    check_all(&pool, &mut model, "five members, reopened");
+    pool.close().expect("close");
+}
+
+/// A rebuild cut by a power failure at a random instant, again and again:
+/// every time, the pool opens, what was flushed is there, and the rebuild
+/// goes on from where it was; at the end a scrub is clean.
+#[test]
+fn rebuild_cut_by_power_failures_resumes_and_finishes() {
+    let mut total_cuts = 0;
+    for seed in 0..6u64 {
+        let what = format!("seed {seed}");
+        let mut rng = SimRng(seed * 1009 + 3);
+        let sp = SimPool::create(3, 1, MEMBER_BYTES, 0.5);
+        let mut model = Model::new(sp.volume_size());
+        workload(sp.pool(), &mut model, &mut rng, 300, &what);
+        sp.pool().volume("vol").unwrap().flush().unwrap();
+        model.flushed();
+        sp.sims[0].set_dead(true);
+        workload(sp.pool(), &mut model, &mut rng, 40, &what);
+        sp.pool().volume("vol").unwrap().flush().unwrap();
+        model.flushed();
+        let new = Arc::new(SimMember::new("new", MEMBER_BYTES));
+        sp.pool().replace_member(0, new.clone()).expect("replace");
+        // The set of members from now on: 1, 2 and the new one.
+        let mut set = vec![sp.sims[1].clone(), sp.sims[2].clone(), new];
+        let mut cuts = 0;
+        loop {
+            let pool = open_members(
+                set.iter().map(|s| s.clone() as Arc<dyn Member>).collect(),
+                test_options(),
+                false,
+            );
+            let pool = match pool {
+                Ok(p) => p,
+                Err(e) => panic!("{what}: reopen after cut {cuts}: {e}"),
+            };
+            check_all(&pool, &mut model, &format!("{what} after cut {cuts}"));
+            if pool.status().reshape.is_none() || cuts >= 8 {
+                println!("{what}: {cuts} power cut(s) during the rebuild");
+                total_cuts += cuts;
+                pool.reshape(|_, _| true).expect("finish");
+                assert!(
+                    pool.status().reshape.is_none(),
+                    "{what}: {:?}",
+                    pool.status().reshape
+                );
+                check_all(&pool, &mut model, &format!("{what} finished"));
+                scrub_clean(&pool, &what);
+                pool.close().expect("close");
+                break;
+            }
+            // Writes and the rebuild, until the power goes out.
+            let cut = PowerCut::after(rng.below(400) + 1);
+            for s in &set {
+                s.power_cut_after(cut.clone());
+            }
+            let _ = pool.reshape(|_, _| true);
+            let vol = pool.volume("vol").unwrap();
+            let (off, len) = model.random_range(&mut rng, 16 * 1024);
+            let data = model.write(off, len);
+            if vol.write(off, &data).and_then(|_| vol.flush()).is_ok() {
+                model.flushed();
+            }
+            drop(vol);
+            drop(pool);
+            let images: Vec<Vec<u8>> = set
+                .iter()
+                .map(|s| s.crash_image(CrashMode::KeepRandomSubset, &mut rng))
+                .collect();
+            set = images
+                .into_iter()
+                .enumerate()
+                .map(|(i, img)| Arc::new(SimMember::from_image(&format!("c{cuts}.{i}"), img)))
+                .collect();
+            let observed = {
+                let p = open_members(
+                    set.iter().map(|s| s.clone() as Arc<dyn Member>).collect(),
+                    test_options(),
+                    true,
+                )
+                .unwrap_or_else(|e| panic!("{what}: open after cut {cuts}: {e}"));
+                let vol = p.volume("vol").unwrap();
+                let mut buf = vec![0u8; vol.size_bytes() as usize];
+                vol.read(0, &mut buf)
+                    .unwrap_or_else(|e| panic!("{what}: read after cut {cuts}: {e}"));
+                buf
+            };
+            model
+                .after_crash(&observed)
+                .unwrap_or_else(|m| panic!("{what} cut {cuts}: {m}"));
+            cuts += 1;
+        }
+    }
+    assert!(
+        total_cuts >= 6,
+        "only {total_cuts} cuts landed inside a rebuild"
+    );
+}
