@@ -120,3 +120,177 @@ pub fn read(uuid: &str) -> Option<(Published, f64)> {
     let age = now_unix() - doc.updated_unix;
     alive.then_some((doc, age))
 }
+
+/// A request to a running server over its control socket
+/// (`pool-<uuid>.sock` in the run directory, owner-only): one JSON line in,
+/// one JSON line out.
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(rename_all = "kebab-case")]
+pub enum Request {
+    /// Replace member `old` (index) by the drive at `new` (created sparse
+    /// with `size` bytes if it does not exist).
+    Replace {
+        old: usize,
+        new: PathBuf,
+        size: Option<u64>,
+        force: bool,
+    },
+    /// Add drives.
+    Add {
+        drives: Vec<PathBuf>,
+        size: Option<u64>,
+        force: bool,
+    },
+    /// Pause (true) or resume (false) the rebuild or rebalance.
+    PauseReshape(bool),
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+pub struct Reply {
+    pub ok: bool,
+    pub message: String,
+}
+
+fn control_path(uuid: &str) -> PathBuf {
+    run_dir().join(format!("pool-{uuid}.sock"))
+}
+
+/// Carries out `req` on an open pool (in the server, or in the command
+/// itself when the pool is not served).
+pub fn apply(pool: &Pool, req: &Request) -> Result<String> {
+    match req {
+        Request::Replace {
+            old,
+            new,
+            size,
+            force,
+        } => {
+            let member = lograid::open_new_members(std::slice::from_ref(new), *size, *force)?
+                .pop()
+                .context("no drive opened")?;
+            let index = pool.replace_member(*old, member)?;
+            Ok(format!(
+                "member {old} is being replaced by {} (member {index}); rebuilding in the background",
+                new.display()
+            ))
+        }
+        Request::Add {
+            drives,
+            size,
+            force,
+        } => {
+            let members = lograid::open_new_members(drives, *size, *force)?;
+            let added = pool.add_members(members)?;
+            Ok(format!(
+                "added member(s) {added:?}; rebalancing old rows to the new width in the background"
+            ))
+        }
+        Request::PauseReshape(pause) => {
+            pool.set_reshape_paused(*pause);
+            Ok(if *pause { "paused" } else { "resumed" }.into())
+        }
+    }
+}
+
+/// Serves control requests for `pool` until dropped.
+pub struct Control {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Control {
+    pub fn start(pool: Pool) -> Result<Control> {
+        use std::io::{BufRead, Write};
+        use std::os::unix::fs::PermissionsExt;
+        let path = control_path(&pool.status().uuid);
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path)
+            .with_context(|| format!("binding {}", path.display()))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("lograid-control".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::SeqCst) {
+                        let stream = match listener.accept() {
+                            Ok((s, _)) => s,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                std::thread::sleep(Duration::from_millis(100));
+                                continue;
+                            }
+                            Err(e) => {
+                                tracing::warn!("control socket: {e}");
+                                std::thread::sleep(Duration::from_millis(100));
+                                continue;
+                            }
+                        };
+                        let _ = stream.set_nonblocking(false);
+                        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                        let mut line = String::new();
+                        // Bounded: a request is a short JSON line.
+                        let mut reader =
+                            std::io::BufReader::new(std::io::Read::take(&stream, 64 << 10));
+                        let reply = match reader.read_line(&mut line) {
+                            Ok(_) => match serde_json::from_str::<Request>(&line) {
+                                Ok(req) => match apply(&pool, &req) {
+                                    Ok(message) => Reply { ok: true, message },
+                                    Err(e) => Reply {
+                                        ok: false,
+                                        message: format!("{e:#}"),
+                                    },
+                                },
+                                Err(e) => Reply {
+                                    ok: false,
+                                    message: format!("malformed request: {e}"),
+                                },
+                            },
+                            Err(e) => Reply {
+                                ok: false,
+                                message: format!("reading the request: {e}"),
+                            },
+                        };
+                        let mut out = &stream;
+                        if let Ok(text) = serde_json::to_string(&reply) {
+                            let _ = writeln!(out, "{text}");
+                        }
+                    }
+                })?
+        };
+        Ok(Control {
+            path,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Sends `req` to the server of pool `uuid`.
+pub fn send(uuid: &str, req: &Request) -> Result<Reply> {
+    use std::io::{BufRead, Write};
+    let path = control_path(uuid);
+    let mut stream = std::os::unix::net::UnixStream::connect(&path).with_context(|| {
+        format!(
+            "connecting to the server's control socket {}",
+            path.display()
+        )
+    })?;
+    stream.set_read_timeout(Some(Duration::from_secs(600)))?;
+    writeln!(stream, "{}", serde_json::to_string(req)?)?;
+    let mut line = String::new();
+    std::io::BufReader::new(&stream).read_line(&mut line)?;
+    serde_json::from_str(&line).context("the server's reply")
+}

@@ -45,6 +45,13 @@ enum Command {
     Attach(commands::attach::AttachArgs),
     /// Detach a device made by `lograid attach`.
     Detach(commands::attach::DetachArgs),
+    /// Replace a member (failed, missing, or healthy) and rebuild its live data.
+    Replace(commands::members::ReplaceArgs),
+    /// Add drives to a pool; old rows are rebalanced to the new width.
+    Add(commands::members::AddArgs),
+    /// Pause or resume a served pool's rebuild or rebalance.
+    #[command(subcommand)]
+    Reshape(commands::members::ReshapeCommand),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +81,9 @@ fn main() -> ExitCode {
         Command::Serve(a) => commands::serve::run(a),
         Command::Attach(a) => commands::attach::run_attach(a),
         Command::Detach(a) => commands::attach::run_detach(a),
+        Command::Replace(a) => commands::members::run_replace(a),
+        Command::Add(a) => commands::members::run_add(a),
+        Command::Reshape(c) => commands::members::run_reshape(c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,6 +3,7 @@
 pub mod attach;
 pub mod bench;
 pub mod create;
+pub mod members;
 pub mod scrub;
 pub mod serve;
 pub mod status;

@@ -50,9 +50,20 @@ pub struct ServeArgs {
     /// BLKDISCARD on block devices), so sparse files and thin or flash storage shrink.
     #[arg(long)]
     pub discard: bool,
+    /// Share of the time a rebuild or rebalance may take while clients are
+    /// doing I/O (0.05-1; it runs flat out when they are idle).
+    #[arg(long, default_value_t = 0.5, value_parser = parse_share)]
+    pub rebuild_share: f64,
     /// The drives (files, block devices, or a directory of *.img files). None: ./lograid-data,
     /// created on first run as three sparse 4 GiB files with parity 1 and one volume "vol0".
     pub drives: Vec<PathBuf>,
+}
+
+fn parse_share(text: &str) -> std::result::Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(x) if (0.05..=1.0).contains(&x) => Ok(x),
+        _ => Err(format!("'{text}': a fraction from 0.05 to 1")),
+    }
 }
 
 fn parse_listen(text: &str) -> Result<SocketAddr> {
@@ -203,6 +214,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
     let options = PoolOptions {
         cleaner_policy: a.cleaner_policy,
         discard: a.discard,
+        reshape_share: a.rebuild_share,
         ..Default::default()
     };
     let pool = if a.drives.is_empty() {
@@ -218,7 +230,16 @@ pub fn run(a: ServeArgs) -> Result<()> {
             None
         }
     };
+    // `lograid replace`, `add` and `reshape` reach this server here.
+    let control = match crate::live::Control::start(pool.clone()) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            eprintln!("lograid: warning: replace/add will not reach this server: {e:#}");
+            None
+        }
+    };
     let result = serve_pool(&pool, listen, &a);
+    drop(control);
     drop(publisher);
     let close = pool.close().context("closing the pool (final checkpoint)");
     match (result, close) {

@@ -5,6 +5,7 @@
 //! members, and the parity codec's speed. `steady` (not run by default)
 //! measures the cleaner at steady state (see `steady`).
 
+mod rebuild;
 mod steady;
 
 use crate::size::{human, parse_size};
@@ -41,7 +42,7 @@ pub struct BenchArgs {
     /// Requests in flight (threads issuing synchronous requests).
     #[arg(long, default_value_t = 32)]
     pub queue_depth: usize,
-    /// Workloads to run (comma-separated: seq, rand, recovery, steady).
+    /// Workloads to run (comma-separated: seq, rand, recovery, steady, rebuild).
     #[arg(long, default_value = "seq,rand,recovery")]
     pub workloads: String,
     /// Steady state: fills of the pool's usable capacity to overwrite at.
@@ -307,9 +308,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .workloads
         .split(',')
         .map(str::trim)
-        .find(|w| !["seq", "rand", "recovery", "steady"].contains(w))
+        .find(|w| !["seq", "rand", "recovery", "steady", "rebuild"].contains(w))
     {
-        bail!("--workloads: unknown workload '{w}' (seq, rand, recovery, steady)");
+        bail!("--workloads: unknown workload '{w}' (seq, rand, recovery, steady, rebuild)");
     }
     let dir = match &a.dir {
         Some(d) => d.clone(),
@@ -333,6 +334,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
         }
         if wants("steady") {
             steady::run(&a, &dir)?;
+        }
+        if wants("rebuild") {
+            let report = rebuild::run(&a, &dir)?;
+            if let Some(path) = &a.json {
+                std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+            }
         }
         Ok(())
     })();

@@ -1,0 +1,221 @@
+//! `lograid bench --workloads rebuild`: what a drive failure costs. For each
+//! fill (a quarter and most of the pool): sequential read healthy and with
+//! P members missing; scrub rate; the rebuild after replacing a missing
+//! member (time, rate of live data); and random 4 KiB writes while a
+//! rebuild runs in the background at the default share, against the same
+//! writes on the healthy pool. Rates are compared with the raw sequential
+//! read rate of one member file on the same disk.
+
+use super::{drive, filled, mix, BenchArgs, BenchPool, RawFile};
+use crate::size::human;
+use anyhow::Result;
+use lograid::device::{AlignedBuf, Member};
+use lograid::PoolOptions;
+use serde::Serialize;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Serialize, Debug)]
+pub struct RebuildRun {
+    pub fill: f64,
+    pub stored_bytes: u64,
+    pub healthy_read_mb_s: f64,
+    pub degraded_read_mb_s: f64,
+    pub scrub_mb_s: f64,
+    pub rebuild_seconds: f64,
+    /// Live bytes moved per second.
+    pub rebuild_mb_s: f64,
+    pub user_iops_idle: f64,
+    pub user_iops_during_rebuild: f64,
+}
+
+#[derive(Serialize, Debug)]
+pub struct RebuildReport {
+    pub raw_seq_read_mb_s: f64,
+    pub runs: Vec<RebuildRun>,
+}
+
+const MIB: usize = 1 << 20;
+
+pub fn run(a: &BenchArgs, dir: &Path) -> Result<RebuildReport> {
+    let raw_seq_read_mb_s = raw_read(a, dir)?;
+    eprintln!("  raw      seq-read-1M of one member file: {raw_seq_read_mb_s:.0} MB/s");
+    let mut runs = Vec::new();
+    for fill in [0.25, 0.9] {
+        let r = one(a, dir, fill)?;
+        eprintln!(
+            "  rebuild  fill {:.0}%: {} stored; read {:.0} MB/s healthy, {:.0} degraded ({:.2}x); scrub {:.0} MB/s; \
+             rebuild {:.1} s ({:.0} MB/s live); user 4K writes {:.0} IOPS idle, {:.0} during rebuild ({:.2}x)",
+            fill * 100.0,
+            human(r.stored_bytes),
+            r.healthy_read_mb_s,
+            r.degraded_read_mb_s,
+            r.degraded_read_mb_s / r.healthy_read_mb_s,
+            r.scrub_mb_s,
+            r.rebuild_seconds,
+            r.rebuild_mb_s,
+            r.user_iops_idle,
+            r.user_iops_during_rebuild,
+            r.user_iops_during_rebuild / r.user_iops_idle.max(1.0)
+        );
+        runs.push(r);
+    }
+    if let [quarter, full] = &runs[..] {
+        eprintln!(
+            "  rebuild  time at 25% / at 90%: {:.2} (live data {:.2}); rebuild {:.2}x and scrub {:.2}x the raw read rate",
+            quarter.rebuild_seconds / full.rebuild_seconds.max(1e-9),
+            quarter.stored_bytes as f64 / full.stored_bytes as f64,
+            full.rebuild_mb_s / raw_seq_read_mb_s,
+            full.scrub_mb_s / raw_seq_read_mb_s
+        );
+    }
+    Ok(RebuildReport {
+        raw_seq_read_mb_s,
+        runs,
+    })
+}
+
+/// Sequential 1 MiB reads of a member-sized file written first (what one drive gives).
+fn raw_read(a: &BenchArgs, dir: &Path) -> Result<f64> {
+    let raw = RawFile::new(dir, a.member_size)?;
+    let data = filled(MIB, 3);
+    let blocks = a.member_size / MIB as u64;
+    for i in 0..blocks {
+        raw.member.write_at(&data, i * MIB as u64)?;
+    }
+    raw.member.flush()?;
+    drop_caches();
+    let start = Instant::now();
+    let mut buf = AlignedBuf::zeroed(MIB);
+    for i in 0..blocks {
+        raw.member.read_at(&mut buf, i * MIB as u64)?;
+    }
+    Ok(a.member_size as f64 / start.elapsed().as_secs_f64() / 1e6)
+}
+
+fn drop_caches() {
+    // Members are opened with O_DIRECT; this only keeps the host quiet.
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "1");
+}
+
+fn seq_read(v: &lograid::Volume, bytes: u64) -> Result<f64> {
+    let m = v.clone();
+    let blocks = bytes / MIB as u64;
+    let start = Instant::now();
+    let (ops, ..) = drive(
+        8,
+        600.0,
+        blocks,
+        Arc::new(move |i| {
+            let mut buf = vec![0u8; MIB];
+            m.read(i * MIB as u64, &mut buf).map_err(Into::into)
+        }),
+    )?;
+    Ok((ops * MIB as u64) as f64 / start.elapsed().as_secs_f64() / 1e6)
+}
+
+fn rand_writes(v: &lograid::Volume, seconds: f64) -> Result<f64> {
+    let m = v.clone();
+    let b = Arc::new(filled(4096, 4));
+    let blocks = v.size_bytes() / 4096;
+    let (ops, t, _) = drive(
+        32,
+        seconds,
+        u64::MAX,
+        Arc::new(move |i| m.write((mix(i) % blocks) * 4096, &b).map_err(Into::into)),
+    )?;
+    v.flush()?;
+    Ok(ops as f64 / t)
+}
+
+fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
+    let options = PoolOptions {
+        background_cleaner: false,
+        ..Default::default()
+    };
+    let bp = BenchPool::with(a, dir, 1.0, options.clone())?;
+    let fill_bytes = (bp.volume.size_bytes() as f64 * fill) as u64 / MIB as u64 * MIB as u64;
+    let data = Arc::new(filled(MIB, 5));
+    {
+        let v = bp.volume.clone();
+        let d = data.clone();
+        drive(
+            8,
+            3600.0,
+            fill_bytes / MIB as u64,
+            Arc::new(move |i| v.write(i * MIB as u64, &d).map_err(Into::into)),
+        )?;
+        bp.volume.flush()?;
+    }
+    let stored_bytes = bp.pool.status().stored_bytes;
+    let healthy_read_mb_s = seq_read(&bp.volume, fill_bytes)?;
+    let started = Instant::now();
+    let report = bp.pool.scrub(false, |_, _| true)?;
+    let scrub_mb_s = report.bytes_read as f64 / started.elapsed().as_secs_f64() / 1e6;
+    let user_iops_idle = rand_writes(&bp.volume, a.seconds.min(10.0))?;
+    bp.pool.close()?;
+    let paths = bp.paths.clone();
+    drop(bp);
+
+    // P members gone: read degraded.
+    let p = a.parity as usize;
+    let left: Vec<_> = paths[p..].to_vec();
+    let pool = lograid::open_paths(&left, options.clone(), false)?;
+    let v = pool.volume("bench")?;
+    let degraded_read_mb_s = seq_read(&v, fill_bytes)?;
+    pool.close()?;
+    drop((v, pool));
+
+    // Replace the first missing member and time the rebuild (foreground).
+    let new = dir.join("replacement.img");
+    let _ = std::fs::remove_file(&new);
+    let pool = lograid::open_paths(&left, options.clone(), false)?;
+    let member = lograid::open_new_members(std::slice::from_ref(&new), Some(a.member_size), true)?
+        .pop()
+        .expect("one member");
+    let started = Instant::now();
+    pool.replace_member(0, member)?;
+    let moved_before = pool.status().reshape.map(|r| r.bytes_left).unwrap_or(0);
+    pool.reshape(|_, _| true)?;
+    let rebuild_seconds = started.elapsed().as_secs_f64();
+    let rebuild_mb_s = moved_before as f64 / rebuild_seconds / 1e6;
+    pool.close()?;
+    drop(pool);
+
+    // The same replacement again, in the background, under user writes.
+    let mut now: Vec<_> = left.clone();
+    now.push(new.clone());
+    let new2 = dir.join("replacement2.img");
+    let _ = std::fs::remove_file(&new2);
+    let pool = lograid::open_paths(&now, PoolOptions::default(), false)?;
+    let member = lograid::open_new_members(std::slice::from_ref(&new2), Some(a.member_size), true)?
+        .pop()
+        .expect("one member");
+    let index = pool
+        .status()
+        .members
+        .iter()
+        .find(|m| m.path == new.display().to_string())
+        .map(|m| m.index)
+        .unwrap_or(0);
+    pool.replace_member(index, member)?;
+    let v = pool.volume("bench")?;
+    let user_iops_during_rebuild = rand_writes(&v, a.seconds.min(10.0))?;
+    pool.close()?;
+    drop((v, pool));
+    for p in paths.iter().chain([&new, &new2]) {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(RebuildRun {
+        fill,
+        stored_bytes,
+        healthy_read_mb_s,
+        degraded_read_mb_s,
+        scrub_mb_s,
+        rebuild_seconds,
+        rebuild_mb_s,
+        user_iops_idle,
+        user_iops_during_rebuild,
+    })
+}
