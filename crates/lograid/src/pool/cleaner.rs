@@ -183,7 +183,20 @@ impl PoolInner {
                 Vec::new()
             } else {
                 let _r = self.reuse.read();
-                self.read_row_columns(&geom)
+                let mut columns = self.read_row_columns(&geom);
+                // Data columns on a member that is gone: rebuilt whole.
+                for c in 0..geom.data_columns as usize {
+                    if columns[c].is_none() {
+                        if let Some(bytes) =
+                            self.rebuild_column_range(&geom, c, 0, geom.height as usize)
+                        {
+                            let mut buf = crate::device::AlignedBuf::zeroed(bytes.len());
+                            buf.copy_from_slice(&bytes);
+                            columns[c] = Some(buf);
+                        }
+                    }
+                }
+                columns
             };
             for (volume, lba, pba, crc) in live {
                 let from_columns = geom

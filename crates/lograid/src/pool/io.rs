@@ -615,10 +615,21 @@ impl PoolInner {
                 Some(dev) => dev.read_at(&mut buf, first.byte_offset()).is_ok(),
                 None => false,
             };
+            // A member that is gone or failing: rebuild the run a row at a
+            // time from the same range of the other columns.
+            let mut rebuilt = vec![false; run.len()];
+            if !read_ok {
+                let mut j = 0;
+                while j < run.len() {
+                    let n = self.rebuild_run(&run[j..], &mut buf[j * BLOCK_SIZE..]);
+                    rebuilt[j..j + n.max(1)].fill(n > 0);
+                    j += n.max(1);
+                }
+            }
             for (j, &(i, pba, crc)) in run.iter().enumerate() {
                 let got = &buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE];
                 let dest = &mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
-                if read_ok && crc32c(got) == crc {
+                if (read_ok || rebuilt[j]) && crc32c(got) == crc {
                     dest.copy_from_slice(got);
                     continue;
                 }
@@ -640,6 +651,76 @@ impl PoolInner {
             start = end;
         }
         Ok(())
+    }
+
+    /// Rebuilds the leading blocks of `run` (consecutive blocks of one
+    /// member) that lie in one row, from the same block range of the
+    /// row's other columns: one read per column instead of one per block.
+    /// Writes them to the front of `out`; returns how many (0: could not).
+    fn rebuild_run(&self, run: &[(usize, Pba, u32)], out: &mut [u8]) -> usize {
+        let geometry = &self.shape.geometry;
+        let Some(geom) = self.row_of(run[0].1) else {
+            return 0;
+        };
+        let Some((col, blk)) = geom.locate(geometry, run[0].1) else {
+            return 0;
+        };
+        let n = run
+            .iter()
+            .enumerate()
+            .take_while(|(j, r)| geom.locate(geometry, r.1) == Some((col, blk + j)))
+            .count();
+        match self.rebuild_column_range(&geom, col, blk, n) {
+            Some(bytes) => {
+                out[..n * BLOCK_SIZE].copy_from_slice(&bytes);
+                n
+            }
+            None => 0,
+        }
+    }
+
+    /// Blocks `blk..blk+n` of column `col` of a row, rebuilt from the same
+    /// range of its other columns (unreadable ones erased too, up to the
+    /// parity). Not checked against checksums: the caller does that.
+    pub(crate) fn rebuild_column_range(
+        &self,
+        geom: &RowGeom,
+        col: usize,
+        blk: usize,
+        n: usize,
+    ) -> Option<Vec<u8>> {
+        let k = geom.data_capacity_columns();
+        let len = n * BLOCK_SIZE;
+        let jobs: Vec<IoJob<Option<Vec<u8>>>> = (0..geom.width())
+            .map(|c| {
+                let unused = c < k && c >= geom.data_columns as usize;
+                let pba = geom.pba(&self.shape.geometry, c, blk);
+                let dev = (c != col && !unused)
+                    .then(|| self.device(pba.member as usize))
+                    .flatten();
+                Box::new(move || {
+                    if unused {
+                        return Some(vec![0u8; len]);
+                    }
+                    let dev = dev?;
+                    let mut buf = AlignedBuf::zeroed(len);
+                    dev.read_at(&mut buf, pba.byte_offset()).ok()?;
+                    Some(buf.to_vec())
+                }) as IoJob<Option<Vec<u8>>>
+            })
+            .collect();
+        let read = self.io.run_all(jobs);
+        let erase: Vec<usize> = (0..read.len()).filter(|&c| read[c].is_none()).collect();
+        if erase.len() > geom.parity as usize {
+            return None;
+        }
+        let mut cols: Vec<Vec<u8>> = read
+            .into_iter()
+            .map(|c| c.unwrap_or_else(|| vec![0u8; len]))
+            .collect();
+        let mut refs: Vec<&mut [u8]> = cols.iter_mut().map(|v| v.as_mut_slice()).collect();
+        lograid_parity::reconstruct(k, &mut refs, &erase).ok()?;
+        Some(cols.swap_remove(col))
     }
 
     /// Writes a repaired block back where it belongs (its row's parity is

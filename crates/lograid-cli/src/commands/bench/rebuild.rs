@@ -134,7 +134,7 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
         background_cleaner: false,
         ..Default::default()
     };
-    let bp = BenchPool::with(a, dir, 1.0, options.clone())?;
+    let mut bp = BenchPool::with(a, dir, 1.0, options.clone())?;
     let fill_bytes = (bp.volume.size_bytes() as f64 * fill) as u64 / MIB as u64 * MIB as u64;
     let data = Arc::new(filled(MIB, 5));
     {
@@ -155,7 +155,8 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
     let scrub_mb_s = report.bytes_read as f64 / started.elapsed().as_secs_f64() / 1e6;
     let user_iops_idle = rand_writes(&bp.volume, a.seconds.min(10.0))?;
     bp.pool.close()?;
-    let paths = bp.paths.clone();
+    // Keep the member files (BenchPool removes them when dropped).
+    let paths = std::mem::take(&mut bp.paths);
     drop(bp);
 
     // P members gone: read degraded.
