@@ -20,6 +20,106 @@ pub struct Published {
     pub pid: u32,
     pub updated_unix: f64,
     pub status: PoolStatus,
+    /// The server's scrub, running or last finished.
+    #[serde(default)]
+    pub scrub: Option<ScrubProgress>,
+}
+
+/// A scrub run by the server (`lograid scrub` on a served pool, or
+/// `serve --scrub-every`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct ScrubProgress {
+    /// running, paused, finished, cancelled or failed.
+    pub state: String,
+    pub repair: bool,
+    pub rows_done: u64,
+    pub rows_total: u64,
+    pub started_unix: f64,
+    pub seconds: f64,
+    /// Set when it ended.
+    pub report: Option<lograid::ScrubReport>,
+    pub error: Option<String>,
+}
+
+/// The server's background jobs that clients control.
+#[derive(Default)]
+pub struct Jobs {
+    pub scrub: parking_lot::Mutex<Option<ScrubProgress>>,
+    pause: AtomicBool,
+    cancel: AtomicBool,
+    thread: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Jobs {
+    /// Starts a scrub in the background, unless one is running.
+    pub fn start_scrub(self: &Arc<Self>, pool: &Pool, repair: bool) -> Result<String> {
+        let mut thread = self.thread.lock();
+        if thread.as_ref().is_some_and(|t| !t.is_finished()) {
+            anyhow::bail!("a scrub is already running (pause, resume or cancel it)");
+        }
+        self.pause.store(false, Ordering::SeqCst);
+        self.cancel.store(false, Ordering::SeqCst);
+        let started = std::time::Instant::now();
+        *self.scrub.lock() = Some(ScrubProgress {
+            state: "running".into(),
+            repair,
+            started_unix: now_unix(),
+            ..Default::default()
+        });
+        let (jobs, pool) = (self.clone(), pool.clone());
+        *thread = Some(
+            std::thread::Builder::new()
+                .name("lograid-scrub".into())
+                .spawn(move || {
+                    let result = pool.scrub(repair, |done, total| {
+                        while jobs.pause.load(Ordering::SeqCst)
+                            && !jobs.cancel.load(Ordering::SeqCst)
+                        {
+                            if let Some(p) = jobs.scrub.lock().as_mut() {
+                                p.state = "paused".into();
+                            }
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                        if let Some(p) = jobs.scrub.lock().as_mut() {
+                            p.state = "running".into();
+                            p.rows_done = done;
+                            p.rows_total = total;
+                            p.seconds = started.elapsed().as_secs_f64();
+                        }
+                        !jobs.cancel.load(Ordering::SeqCst)
+                    });
+                    let mut guard = jobs.scrub.lock();
+                    let p = guard.get_or_insert_with(Default::default);
+                    p.seconds = started.elapsed().as_secs_f64();
+                    match result {
+                        Ok(report) => {
+                            p.state = if report.complete {
+                                "finished"
+                            } else {
+                                "cancelled"
+                            }
+                            .into();
+                            tracing::info!(
+                                "scrub {}: {} rows, {} repaired, {} lost",
+                                p.state,
+                                report.rows_checked,
+                                report.repaired_blocks,
+                                report.lost_blocks.len()
+                            );
+                            p.report = Some(report);
+                        }
+                        Err(e) => {
+                            p.state = "failed".into();
+                            p.error = Some(e.to_string());
+                        }
+                    }
+                })?,
+        );
+        Ok(format!(
+            "scrub started ({})",
+            if repair { "repairing" } else { "check only" }
+        ))
+    }
 }
 
 pub fn run_dir() -> PathBuf {
@@ -53,7 +153,7 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    pub fn start(pool: Pool) -> Result<Publisher> {
+    pub fn start(pool: Pool, jobs: Arc<Jobs>) -> Result<Publisher> {
         let dir = run_dir();
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("creating the run directory {}", dir.display()))?;
@@ -66,6 +166,7 @@ impl Publisher {
                     pid: std::process::id(),
                     updated_unix: now_unix(),
                     status: pool.status(),
+                    scrub: jobs.scrub.lock().clone(),
                 };
                 let tmp = path.with_extension("json.tmp");
                 std::fs::write(&tmp, serde_json::to_vec_pretty(&doc)?)?;
@@ -143,6 +244,13 @@ pub enum Request {
     },
     /// Pause (true) or resume (false) the rebuild or rebalance.
     PauseReshape(bool),
+    /// Start a scrub (repairing unless `repair` is false).
+    Scrub {
+        repair: bool,
+    },
+    /// Pause (true) or resume (false) the scrub.
+    PauseScrub(bool),
+    CancelScrub,
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -157,8 +265,38 @@ fn control_path(uuid: &str) -> PathBuf {
 
 /// Carries out `req` on an open pool (in the server, or in the command
 /// itself when the pool is not served).
-pub fn apply(pool: &Pool, req: &Request) -> Result<String> {
+pub fn apply(pool: &Pool, jobs: &Arc<Jobs>, req: &Request) -> Result<String> {
     match req {
+        Request::Scrub { repair } => jobs.start_scrub(pool, *repair),
+        Request::PauseScrub(pause) => {
+            if !jobs
+                .thread
+                .lock()
+                .as_ref()
+                .is_some_and(|t| !t.is_finished())
+            {
+                anyhow::bail!("no scrub is running");
+            }
+            jobs.pause.store(*pause, Ordering::SeqCst);
+            Ok(if *pause {
+                "scrub paused"
+            } else {
+                "scrub resumed"
+            }
+            .into())
+        }
+        Request::CancelScrub => {
+            if !jobs
+                .thread
+                .lock()
+                .as_ref()
+                .is_some_and(|t| !t.is_finished())
+            {
+                anyhow::bail!("no scrub is running");
+            }
+            jobs.cancel.store(true, Ordering::SeqCst);
+            Ok("scrub cancelled".into())
+        }
         Request::Replace {
             old,
             new,
@@ -200,7 +338,7 @@ pub struct Control {
 }
 
 impl Control {
-    pub fn start(pool: Pool) -> Result<Control> {
+    pub fn start(pool: Pool, jobs: Arc<Jobs>) -> Result<Control> {
         use std::io::{BufRead, Write};
         use std::os::unix::fs::PermissionsExt;
         let path = control_path(&pool.status().uuid);
@@ -236,7 +374,7 @@ impl Control {
                             std::io::BufReader::new(std::io::Read::take(&stream, 64 << 10));
                         let reply = match reader.read_line(&mut line) {
                             Ok(_) => match serde_json::from_str::<Request>(&line) {
-                                Ok(req) => match apply(&pool, &req) {
+                                Ok(req) => match apply(&pool, &jobs, &req) {
                                     Ok(message) => Reply { ok: true, message },
                                     Err(e) => Reply {
                                         ok: false,
@@ -293,4 +431,53 @@ pub fn send(uuid: &str, req: &Request) -> Result<Reply> {
     let mut line = String::new();
     std::io::BufReader::new(&stream).read_line(&mut line)?;
     serde_json::from_str(&line).context("the server's reply")
+}
+
+impl Jobs {
+    /// Cancels a running scrub and waits for it (server shutdown).
+    pub fn stop(&self) {
+        self.cancel.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.lock().take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts a repairing scrub every `every` until dropped (skipped while one runs).
+pub struct Scheduler {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+pub fn schedule_scrubs(pool: Pool, jobs: Arc<Jobs>, every: Duration) -> Scheduler {
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let stop = stop.clone();
+        std::thread::Builder::new()
+            .name("lograid-scrub-timer".into())
+            .spawn(move || {
+                let mut next = std::time::Instant::now() + every;
+                while !stop.load(Ordering::SeqCst) {
+                    if std::time::Instant::now() >= next {
+                        match jobs.start_scrub(&pool, true) {
+                            Ok(_) => tracing::info!("scheduled scrub started"),
+                            Err(e) => tracing::info!("scheduled scrub skipped: {e:#}"),
+                        }
+                        next += every;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+            .ok()
+    };
+    Scheduler { stop, thread }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }

@@ -48,10 +48,23 @@ fn scrub_repairs_a_damaged_member_and_status_sees_a_served_pool() {
         human.contains("live status from `lograid serve`"),
         "{human}"
     );
-    // Scrubbing a served pool is refused clearly.
-    let out = lograid().arg("scrub").args(&pool.drives).output().unwrap();
+    // A served pool is scrubbed by its server, while it serves.
+    let served = scrub_json(&pool, &[]);
+    assert!(served["rows_checked"].as_u64().unwrap() > 10, "{served}");
+    assert_eq!(served["complete"], true, "{served}");
+    assert_eq!(served["repaired_blocks"], 0, "{served}");
+    // Pausing when no scrub runs is refused clearly.
+    let out = lograid()
+        .args(["scrub", "--pause"])
+        .args(&pool.drives)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("being served"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no scrub is running"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     server.terminate();
 
     let clean = scrub_json(&pool, &[]);
@@ -86,7 +99,22 @@ fn scrub_repairs_a_damaged_member_and_status_sees_a_served_pool() {
     let again = scrub_json(&pool, &[]);
     assert_eq!(again["repaired_blocks"], 0, "second scrub: {again}");
 
+    // Rot while served: the server's scrub repairs it, and a second finds nothing.
     let server = pool.serve();
+    let other = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&pool.drives[2])
+        .unwrap();
+    other.write_all_at(&garbage, 8 << 20).unwrap();
+    other.sync_all().unwrap();
+    let fixed = scrub_json(&pool, &[]);
+    assert!(
+        fixed["repaired_blocks"].as_u64().unwrap() > 0,
+        "served scrub: {fixed}"
+    );
+    assert_eq!(fixed["lost_blocks"].as_array().unwrap().len(), 0, "{fixed}");
+    let again = scrub_json(&pool, &[]);
+    assert_eq!(again["repaired_blocks"], 0, "second served scrub: {again}");
     run(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x5a 0 48M", &server.uri("vol0")]));
     server.terminate();
 }

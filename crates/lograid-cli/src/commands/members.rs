@@ -64,7 +64,7 @@ fn pool_drives(pool: &str) -> Result<Vec<PathBuf>> {
 }
 
 /// The UUID of the pool on `drives`, if a running server holds it.
-fn served_uuid(drives: &[PathBuf]) -> Option<String> {
+pub fn served_uuid(drives: &[PathBuf]) -> Option<String> {
     for path in drives {
         let Ok(member) = FileMember::open(path, OpenMode::Peek) else {
             continue;
@@ -240,7 +240,7 @@ fn remote(uuid: &str, req: &Request, no_wait: bool) -> Result<()> {
 
 /// Does the change and the whole rebuild here, then closes the pool.
 fn local(pool: &Pool, req: &Request) -> Result<()> {
-    let message = live::apply(pool, req)?;
+    let message = live::apply(pool, &Default::default(), req)?;
     eprintln!("lograid: {}", message.replace(" in the background", ""));
     let bar = bar();
     let started = std::time::Instant::now();

@@ -54,9 +54,34 @@ pub struct ServeArgs {
     /// doing I/O (0.05-1; it runs flat out when they are idle).
     #[arg(long, default_value_t = 0.5, value_parser = parse_share)]
     pub rebuild_share: f64,
+    /// Scrub the pool in the background every DURATION (e.g. 12h, 7d, 30d), the first
+    /// one DURATION after the server starts.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub scrub_every: Option<std::time::Duration>,
     /// The drives (files, block devices, or a directory of *.img files). None: ./lograid-data,
     /// created on first run as three sparse 4 GiB files with parity 1 and one volume "vol0".
     pub drives: Vec<PathBuf>,
+}
+
+fn parse_duration(text: &str) -> std::result::Result<std::time::Duration, String> {
+    let (num, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{text}': a number and s, m, h or d (e.g. 7d)"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" | "" => n * 3600,
+        "d" => n * 86400,
+        _ => return Err(format!("'{text}': unit s, m, h or d")),
+    };
+    if secs == 0 {
+        return Err(format!("'{text}': must be more than zero"));
+    }
+    Ok(std::time::Duration::from_secs(secs))
 }
 
 fn parse_share(text: &str) -> std::result::Result<f64, String> {
@@ -223,7 +248,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         open_pool_with(&a.drives, a.read_only, options).map_err(readable)?
     };
     // `lograid status` on these drives reads what this publishes.
-    let publisher = match crate::live::Publisher::start(pool.clone()) {
+    let jobs = std::sync::Arc::new(crate::live::Jobs::default());
+    let publisher = match crate::live::Publisher::start(pool.clone(), jobs.clone()) {
         Ok(p) => Some(p),
         Err(e) => {
             eprintln!("lograid: warning: `lograid status` will not see this server: {e:#}");
@@ -231,7 +257,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
     };
     // `lograid replace`, `add` and `reshape` reach this server here.
-    let control = match crate::live::Control::start(pool.clone()) {
+    let scheduler = a
+        .scrub_every
+        .map(|every| crate::live::schedule_scrubs(pool.clone(), jobs.clone(), every));
+    let control = match crate::live::Control::start(pool.clone(), jobs.clone()) {
         Ok(c) => Some(c),
         Err(e) => {
             eprintln!("lograid: warning: replace/add will not reach this server: {e:#}");
@@ -240,6 +269,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
     };
     let result = serve_pool(&pool, listen, &a);
     drop(control);
+    drop(scheduler);
+    jobs.stop();
     drop(publisher);
     let close = pool.close().context("closing the pool (final checkpoint)");
     match (result, close) {

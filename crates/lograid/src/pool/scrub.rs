@@ -76,16 +76,19 @@ impl PoolInner {
         for (i, geom) in rows.iter().enumerate() {
             // Hold off segment reuse while this row is read and repaired,
             // and skip rows whose segment was freed since the list was made.
-            let _r = self.reuse.read();
-            let still_there = {
-                let core = self.core.lock();
-                let seg = &core.segments[geom.segment as usize];
-                !matches!(seg.state, SegState::Free | SegState::PendingFree { .. })
-                    && seg.rows.contains(geom)
-            };
-            if still_there {
-                self.scrub_row(geom, repair, &mut report);
+            {
+                let _r = self.reuse.read();
+                let still_there = {
+                    let core = self.core.lock();
+                    let seg = &core.segments[geom.segment as usize];
+                    !matches!(seg.state, SegState::Free | SegState::PendingFree { .. })
+                        && seg.rows.contains(geom)
+                };
+                if still_there {
+                    self.scrub_row(geom, repair, &mut report);
+                }
             }
+            // Not under the reuse lock: `progress` may pause the scrub.
             if !progress(i as u64 + 1, total) {
                 report.duration = started.elapsed();
                 return Ok(report);
