@@ -5,6 +5,7 @@
 //! writers that find no free segment clean in the foreground.
 
 use super::log::AppendError;
+use super::state::SealedRow;
 use super::state::SegState;
 use super::status::CleanerState;
 use super::{CleanerPolicy, PoolInner};
@@ -148,9 +149,66 @@ impl PoolInner {
     /// blocks moved. The caller holds `maintenance`.
     pub(crate) fn relocate_segment(&self, victim: u32) -> Result<u64> {
         let rows = self.core.lock().segments[victim as usize].rows.clone();
+        // Rows sealed here are written by a second thread, so that reading
+        // the next row overlaps writing the last (a few rows in flight).
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Arc<SealedRow>>>(2);
+        let moved = std::thread::scope(|scope| -> Result<u64> {
+            let writer = scope.spawn(move || -> Result<()> {
+                let mut first_error = None;
+                // Every row is written (or fails) so none stays in flight.
+                for rows in rx {
+                    if let Err(e) = self.write_rows(rows) {
+                        first_error.get_or_insert(e);
+                    }
+                }
+                first_error.map_or(Ok(()), Err)
+            });
+            let moved = self.relocate_rows(rows, &tx);
+            drop(tx);
+            let written = writer.join().expect("row writer thread");
+            let moved = moved?;
+            written?;
+            Ok(moved)
+        })?;
+        tracing::debug!("cleaner: segment {victim}: moved {moved} blocks");
+        self.flush()?;
+        self.debug_check("cleaning");
+        Ok(moved)
+    }
+
+    /// Appends the live blocks of `rows` to the cleaner's head; sealed rows
+    /// go to `write`. Returns the blocks moved.
+    fn relocate_rows(
+        &self,
+        rows: Vec<crate::layout::RowGeom>,
+        write: &std::sync::mpsc::SyncSender<Vec<Arc<SealedRow>>>,
+    ) -> Result<u64> {
         let mut moved = 0u64;
         for geom in rows {
-            let Some(found) = self.load_row_header_pub(&geom) else {
+            // A row whose header column is on a member that is gone (a
+            // rebuild): read it whole and rebuild in memory, header included.
+            let mut whole = None;
+            let header_member = geom.column_member(0) as usize;
+            let found = if self.device(header_member).is_some() {
+                self.load_row_header_pub(&geom)
+            } else {
+                let columns = {
+                    let _r = self.reuse.read();
+                    let mut columns = self.read_row_columns(&geom);
+                    self.rebuild_missing_columns(&geom, &mut columns);
+                    columns
+                };
+                let header = columns[0].as_ref().and_then(|c| {
+                    let hb = geom.header_blocks as usize * BLOCK_SIZE;
+                    crate::format::row::RowHeader::decode(&c[..hb])
+                        .ok()
+                        .map(|(h, _)| h)
+                        .filter(|h| h.seq == geom.seq)
+                });
+                whole = Some(columns);
+                header
+            };
+            let Some(found) = found else {
                 tracing::warn!(
                     "cleaner: row header at segment {} offset {} unreadable",
                     geom.segment,
@@ -181,21 +239,12 @@ impl PoolInner {
             // reread (or rebuilt) only where a checksum does not match.
             let columns = if live.is_empty() {
                 Vec::new()
+            } else if let Some(columns) = whole {
+                columns
             } else {
                 let _r = self.reuse.read();
                 let mut columns = self.read_row_columns(&geom);
-                // Data columns on a member that is gone: rebuilt whole.
-                for c in 0..geom.data_columns as usize {
-                    if columns[c].is_none() {
-                        if let Some(bytes) =
-                            self.rebuild_column_range(&geom, c, 0, geom.height as usize)
-                        {
-                            let mut buf = crate::device::AlignedBuf::zeroed(bytes.len());
-                            buf.copy_from_slice(&bytes);
-                            columns[c] = Some(buf);
-                        }
-                    }
-                }
+                self.rebuild_missing_columns(&geom, &mut columns);
                 columns
             };
             for (volume, lba, pba, crc) in live {
@@ -243,13 +292,48 @@ impl PoolInner {
                     }
                 };
                 moved += 1;
-                self.write_rows(sealed.into_iter().collect())?;
+                if let Some(row) = sealed {
+                    write
+                        .send(vec![row])
+                        .map_err(|_| Error::ReadOnly("the row writer stopped".into()))?;
+                }
             }
         }
-        tracing::debug!("cleaner: segment {victim}: moved {moved} blocks");
-        self.flush()?;
-        self.debug_check("cleaning");
         Ok(moved)
+    }
+}
+
+impl PoolInner {
+    /// Rebuilds, in memory, the data columns of a row read whole that could
+    /// not be read (a member gone), from the others, parity included. Left
+    /// as they are if more are missing than the parity covers.
+    fn rebuild_missing_columns(
+        &self,
+        geom: &crate::layout::RowGeom,
+        columns: &mut [Option<crate::device::AlignedBuf>],
+    ) {
+        let k = geom.data_capacity_columns();
+        let used = |c: usize| c < geom.data_columns as usize || c >= k;
+        let erase: Vec<usize> = (0..columns.len())
+            .filter(|&c| used(c) && columns[c].is_none())
+            .collect();
+        if erase.is_empty() || erase.len() > geom.parity as usize {
+            return;
+        }
+        let len = geom.height as usize * BLOCK_SIZE;
+        let mut work: Vec<Vec<u8>> = columns
+            .iter()
+            .map(|c| c.as_ref().map_or_else(|| vec![0u8; len], |b| b.to_vec()))
+            .collect();
+        let mut refs: Vec<&mut [u8]> = work.iter_mut().map(|v| v.as_mut_slice()).collect();
+        if lograid_parity::reconstruct(k, &mut refs, &erase).is_err() {
+            return;
+        }
+        for c in erase {
+            let mut buf = crate::device::AlignedBuf::zeroed(len);
+            buf.copy_from_slice(&work[c]);
+            columns[c] = Some(buf);
+        }
     }
 }
 

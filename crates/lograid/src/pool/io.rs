@@ -691,25 +691,24 @@ impl PoolInner {
     ) -> Option<Vec<u8>> {
         let k = geom.data_capacity_columns();
         let len = n * BLOCK_SIZE;
-        let jobs: Vec<IoJob<Option<Vec<u8>>>> = (0..geom.width())
+        // Read in this thread, one column after the other: handing the
+        // reads to the I/O pool costs more (thread hand-offs on few cores)
+        // than it gains, since readers run many at once anyway.
+        let read: Vec<Option<Vec<u8>>> = (0..geom.width())
             .map(|c| {
-                let unused = c < k && c >= geom.data_columns as usize;
+                if c < k && c >= geom.data_columns as usize {
+                    return Some(vec![0u8; len]);
+                }
+                if c == col {
+                    return None;
+                }
                 let pba = geom.pba(&self.shape.geometry, c, blk);
-                let dev = (c != col && !unused)
-                    .then(|| self.device(pba.member as usize))
-                    .flatten();
-                Box::new(move || {
-                    if unused {
-                        return Some(vec![0u8; len]);
-                    }
-                    let dev = dev?;
-                    let mut buf = AlignedBuf::zeroed(len);
-                    dev.read_at(&mut buf, pba.byte_offset()).ok()?;
-                    Some(buf.to_vec())
-                }) as IoJob<Option<Vec<u8>>>
+                let dev = self.device(pba.member as usize)?;
+                let mut buf = AlignedBuf::zeroed(len);
+                dev.read_at(&mut buf, pba.byte_offset()).ok()?;
+                Some(buf.to_vec())
             })
             .collect();
-        let read = self.io.run_all(jobs);
         let erase: Vec<usize> = (0..read.len()).filter(|&c| read[c].is_none()).collect();
         if erase.len() > geom.parity as usize {
             return None;
