@@ -26,3 +26,6 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     cargo test --workspace --release --no-fail-fast
 fi
+
+# The benchmark scripts' own tests (report, ratios, argument errors; no root work).
+python3 -m unittest discover -s bench -p 'test_*.py'
