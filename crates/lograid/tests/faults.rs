@@ -187,3 +187,37 @@ fn a_transient_failure_is_retried_and_the_member_stays_online() {
     let all = pool.read_all().expect("read");
     model.check_exact(0, &all).expect("data");
 }
+
+/// A member whose reads keep failing (writes still work) is faulted after a
+/// few failed reads in a row: every read meanwhile is rebuilt from parity
+/// and correct, and afterwards it is not read at all.
+#[test]
+fn a_member_whose_reads_keep_failing_is_faulted() {
+    let mut rng = SimRng(77);
+    let pool = SimPool::create(3, 1, 8 << 20, 0.3);
+    let mut model = Model::new(pool.volume_size());
+    workload(&pool, &mut model, &mut rng, 200, "healthy");
+    pool.pool().volume("vol").unwrap().flush().unwrap();
+    model.flushed();
+    pool.sims[2].fail_reads(true);
+    assert_eq!(member_states(&pool)[2], "online");
+    // Reads of the whole volume: correct, from parity where member 2 held data.
+    let all = pool.read_all().expect("read all");
+    model
+        .check_exact(0, &all)
+        .expect("reads rebuilt from parity");
+    let states = member_states(&pool);
+    assert_eq!(states[2], "faulted", "{states:?}");
+    let st = pool.pool().status();
+    assert!(st.state.contains("degraded"), "{}", st.state);
+    assert!(
+        st.events.iter().any(|e| e.message.contains("reads")),
+        "{:?}",
+        st.events
+    );
+    // It goes on degraded, and writable.
+    workload(&pool, &mut model, &mut rng, 100, "after the read fault");
+    let all = pool.read_all().expect("read all");
+    model.check_exact(0, &all).expect("after the fault");
+    pool.pool().check_invariants().expect("invariants");
+}

@@ -96,13 +96,22 @@ impl MemberCounters {
 pub struct Device {
     pub member: Arc<dyn Member>,
     pub counters: MemberCounters,
+    bad_reads_in_a_row: AtomicU64,
+    /// Faulted: no longer read or written (kept for its counters).
+    pub retired: std::sync::atomic::AtomicBool,
 }
+
+/// A read slower than this counts as a failed one (a drive that hangs on
+/// retries of a bad sector, a path that keeps timing out).
+pub const SLOW_READ: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Device {
     pub fn new(member: Arc<dyn Member>) -> Device {
         Device {
             member,
             counters: MemberCounters::default(),
+            bad_reads_in_a_row: AtomicU64::new(0),
+            retired: Default::default(),
         }
     }
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -110,9 +119,21 @@ impl Device {
         self.counters
             .bytes_read
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        self.member.read_at(buf, offset).inspect_err(|_| {
+        let started = std::time::Instant::now();
+        let result = self.member.read_at(buf, offset);
+        // A read that fails, or takes longer than a drive should, counts
+        // against the member; one that works quickly clears the count.
+        if result.is_err() || started.elapsed() > SLOW_READ {
             self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
-        })
+            self.bad_reads_in_a_row.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.bad_reads_in_a_row.store(0, Ordering::Relaxed);
+        }
+        result
+    }
+    /// Reads that failed or were too slow since the last good one.
+    pub fn bad_reads_in_a_row(&self) -> u64 {
+        self.bad_reads_in_a_row.load(Ordering::Relaxed)
     }
     pub fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.counters.writes.fetch_add(1, Ordering::Relaxed);

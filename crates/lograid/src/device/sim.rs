@@ -35,6 +35,8 @@ pub struct SimMember {
     /// Writes and flushes that fail before the member works again (a
     /// transient fault).
     transient: std::sync::atomic::AtomicU64,
+    /// Reads fail (bad sectors everywhere, a dying drive) while writes work.
+    reads_fail: std::sync::atomic::AtomicBool,
     /// Writes (and discards and flushes) left before a power cut, shared by
     /// the members of a pool: when it runs out every member stops, so a
     /// crash can land inside any operation.
@@ -97,12 +99,19 @@ impl SimMember {
             }),
             budget: Mutex::new(None),
             transient: Default::default(),
+            reads_fail: Default::default(),
         }
     }
 
     /// Makes the next `n` writes or flushes fail with EIO (then it works).
     pub fn fail_next(&self, n: u64) {
         self.transient.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Makes every read fail with EIO (writes still work), or not.
+    pub fn fail_reads(&self, fail: bool) {
+        self.reads_fail
+            .store(fail, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Takes one transient failure, if any are left.
@@ -214,7 +223,7 @@ impl Member for SimMember {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         check_range(self.size_bytes, offset, buf.len())?;
         let s = self.state.lock();
-        if s.dead {
+        if s.dead || self.reads_fail.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(dead_error());
         }
         buf.copy_from_slice(&s.current[offset as usize..offset as usize + buf.len()]);

@@ -387,6 +387,7 @@ fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
             std::thread::sleep(Duration::from_millis(50));
             continue;
         }
+        inner.check_read_health();
         let free = inner.core.lock().free.len();
         let watermark = inner.clean_watermark();
         if free < watermark {

@@ -453,13 +453,12 @@ impl PoolInner {
             "member {m} ({name}) failed {what} after {WRITE_ATTEMPTS} attempts ({e}): faulted; \
              the pool goes on degraded, new rows use the other members with full parity"
         );
-        if state == Some(MemberState::Removing) {
-            // Already leaving: its rows are rebuilt from parity from now on.
-            drop(core);
-            self.devices.write()[m] = None;
-            core = self.core.lock();
-        } else {
+        if state != Some(MemberState::Removing) {
             core.members[m].state = MemberState::Faulted;
+        }
+        // Not read or written any more: its columns are rebuilt from parity.
+        if let Some(dev) = self.device(m) {
+            dev.retired.store(true, Ordering::Relaxed);
         }
         self.event(format!("member {m} ({name}) faulted: {what} failed: {e}"));
         core.active_mask &= !(1 << m);
@@ -467,6 +466,21 @@ impl PoolInner {
         core.member_set_changed(&self.shape);
         core.checkpoint_wanted = true;
         Ok(())
+    }
+
+    /// Faults members whose reads keep failing (or are too slow):
+    /// `BAD_READS_TO_FAULT` in a row. Their blocks were rebuilt from parity
+    /// each time; from now on they are not read at all.
+    pub(crate) fn check_read_health(&self) {
+        for (m, dev) in self.open_devices() {
+            let bad = dev.bad_reads_in_a_row();
+            if bad >= BAD_READS_TO_FAULT {
+                let e = std::io::Error::other(format!("{bad} reads in a row failed or timed out"));
+                if let Err(e) = self.fault_member(m, "reads", e) {
+                    tracing::error!("{e}");
+                }
+            }
+        }
     }
 
     /// Members that may hold rows but cannot be read: faulted, or being
@@ -619,6 +633,7 @@ impl PoolInner {
             // time from the same range of the other columns.
             let mut rebuilt = vec![false; run.len()];
             if !read_ok {
+                self.check_read_health();
                 let mut j = 0;
                 while j < run.len() {
                     let n = self.rebuild_run(&run[j..], &mut buf[j * BLOCK_SIZE..]);
@@ -873,6 +888,9 @@ fn combinations(items: &[usize], n: usize) -> Vec<Vec<usize>> {
 fn gone(name: &str) -> Error {
     Error::NotFound(format!("volume '{name}' was deleted"))
 }
+
+/// Failed or too slow reads in a row before a member is faulted.
+const BAD_READS_TO_FAULT: u64 = 8;
 
 /// Attempts at a member write or flush before the member is faulted.
 const WRITE_ATTEMPTS: u32 = 3;

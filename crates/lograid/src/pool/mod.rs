@@ -229,6 +229,16 @@ impl PoolInner {
 
     /// The open member at index `m`, if any.
     pub(crate) fn device(&self, m: usize) -> Option<Arc<Device>> {
+        self.devices
+            .read()
+            .get(m)
+            .cloned()
+            .flatten()
+            .filter(|d| !d.retired.load(Ordering::Relaxed))
+    }
+
+    /// The member at index `m` even if faulted (for its counters).
+    pub(crate) fn device_any(&self, m: usize) -> Option<Arc<Device>> {
         self.devices.read().get(m).cloned().flatten()
     }
 
@@ -239,6 +249,7 @@ impl PoolInner {
             .iter()
             .enumerate()
             .filter_map(|(m, d)| Some((m, d.clone()?)))
+            .filter(|(_, d)| !d.retired.load(Ordering::Relaxed))
             .collect()
     }
 

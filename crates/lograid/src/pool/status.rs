@@ -159,12 +159,12 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
         .enumerate()
         .filter(|(_, r)| r.state != MemberState::Removed)
         .map(|(i, r)| {
-            let dev = inner.device(i);
+            let dev = inner.device_any(i);
             let state = match (r.state, &dev) {
                 (MemberState::Removing, None) => "replacing (missing)",
                 (MemberState::Removing, Some(_)) => "replacing",
-                (_, None) => "missing",
                 (MemberState::Faulted, _) => "faulted",
+                (_, None) => "missing",
                 (MemberState::Joining, _) => "joining",
                 _ => "online",
             };
