@@ -37,6 +37,11 @@ pub struct SimMember {
     transient: std::sync::atomic::AtomicU64,
     /// Reads fail (bad sectors everywhere, a dying drive) while writes work.
     reads_fail: std::sync::atomic::AtomicBool,
+    /// Writes to come that are acknowledged but not done (lost writes), or
+    /// done `misdirect_by` bytes away from where they were sent.
+    lose: std::sync::atomic::AtomicU64,
+    misdirect: std::sync::atomic::AtomicU64,
+    misdirect_by: std::sync::atomic::AtomicU64,
     /// Writes (and discards and flushes) left before a power cut, shared by
     /// the members of a pool: when it runs out every member stops, so a
     /// crash can land inside any operation.
@@ -100,6 +105,9 @@ impl SimMember {
             budget: Mutex::new(None),
             transient: Default::default(),
             reads_fail: Default::default(),
+            lose: Default::default(),
+            misdirect: Default::default(),
+            misdirect_by: Default::default(),
         }
     }
 
@@ -112,6 +120,28 @@ impl SimMember {
     pub fn fail_reads(&self, fail: bool) {
         self.reads_fail
             .store(fail, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The next `n` writes are acknowledged but never reach the medium.
+    pub fn lose_next_writes(&self, n: u64) {
+        self.lose.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The next `n` writes land `by` bytes further on than they were sent
+    /// (wrapping around the drive): the data meant for one place overwrites
+    /// another, and the place it was meant for keeps its old contents.
+    pub fn misdirect_next_writes(&self, n: u64, by: u64) {
+        self.misdirect_by
+            .store(by, std::sync::atomic::Ordering::SeqCst);
+        self.misdirect.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Takes one of a countdown of faults, if any are left.
+    fn take(counter: &std::sync::atomic::AtomicU64) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        counter
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok()
     }
 
     /// Takes one transient failure, if any are left.
@@ -235,6 +265,15 @@ impl Member for SimMember {
         if s.dead || !self.powered(&mut s) || self.transient_failure() {
             return Err(dead_error());
         }
+        if Self::take(&self.lose) {
+            return Ok(());
+        }
+        let offset = if Self::take(&self.misdirect) {
+            let by = self.misdirect_by.load(std::sync::atomic::Ordering::SeqCst);
+            (offset + by) % (self.size_bytes - buf.len() as u64 + 1) / 4096 * 4096
+        } else {
+            offset
+        };
         s.current[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
         s.pending.push((offset, buf.to_vec()));
         Ok(())
