@@ -244,6 +244,8 @@ pub enum Request {
     },
     /// Pause (true) or resume (false) the rebuild or rebalance.
     PauseReshape(bool),
+    /// Change the parity count of new and (by a rebalance) old rows.
+    SetParity(u8),
     /// Start a scrub (repairing unless `repair` is false).
     Scrub {
         repair: bool,
@@ -321,6 +323,12 @@ pub fn apply(pool: &Pool, jobs: &Arc<Jobs>, req: &Request) -> Result<String> {
             let added = pool.add_members(members)?;
             Ok(format!(
                 "added member(s) {added:?}; rebalancing old rows to the new width in the background"
+            ))
+        }
+        Request::SetParity(parity) => {
+            pool.set_parity(*parity)?;
+            Ok(format!(
+                "parity is now {parity} for new rows; older rows are moved to it in the background"
             ))
         }
         Request::PauseReshape(pause) => {

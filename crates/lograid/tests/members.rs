@@ -283,28 +283,54 @@ fn adding_members_widens_new_and_old_rows() {
     pool.close().expect("close");
 }
 
-/// A rebuild cut by a power failure at a random instant, again and again:
-/// every time, the pool opens, what was flushed is there, and the rebuild
+/// A rebuild (after a replace), a rebalance (after an add) and a parity
+/// change, each cut by power failures at random instants, again and again:
+/// every time, the pool opens, what was flushed is there, and the reshape
 /// goes on from where it was; at the end a scrub is clean.
 #[test]
 fn rebuild_cut_by_power_failures_resumes_and_finishes() {
     let mut total_cuts = 0;
-    for seed in 0..6u64 {
-        let what = format!("seed {seed}");
+    for seed in 0..9u64 {
+        let kind = ["replace", "add", "parity"][seed as usize % 3];
+        let what = format!("{kind} seed {seed}");
         let mut rng = SimRng(seed * 1009 + 3);
         let sp = SimPool::create(3, 1, MEMBER_BYTES, 0.5);
         let mut model = Model::new(sp.volume_size());
         workload(sp.pool(), &mut model, &mut rng, 300, &what);
         sp.pool().volume("vol").unwrap().flush().unwrap();
         model.flushed();
-        sp.sims[0].set_dead(true);
-        workload(sp.pool(), &mut model, &mut rng, 40, &what);
-        sp.pool().volume("vol").unwrap().flush().unwrap();
-        model.flushed();
         let new = Arc::new(SimMember::new("new", MEMBER_BYTES));
-        sp.pool().replace_member(0, new.clone()).expect("replace");
-        // The set of members from now on: 1, 2 and the new one.
-        let mut set = vec![sp.sims[1].clone(), sp.sims[2].clone(), new];
+        // The set of members from now on.
+        let mut set = match kind {
+            "replace" => {
+                sp.sims[0].set_dead(true);
+                workload(sp.pool(), &mut model, &mut rng, 40, &what);
+                sp.pool().volume("vol").unwrap().flush().unwrap();
+                model.flushed();
+                sp.pool().replace_member(0, new.clone()).expect("replace");
+                vec![sp.sims[1].clone(), sp.sims[2].clone(), new]
+            }
+            "add" => {
+                sp.pool().add_members(vec![new.clone()]).expect("add");
+                vec![
+                    sp.sims[0].clone(),
+                    sp.sims[1].clone(),
+                    sp.sims[2].clone(),
+                    new,
+                ]
+            }
+            _ => {
+                sp.pool().add_members(vec![new.clone()]).expect("add");
+                sp.pool().reshape(|_, _| true).expect("rebalance");
+                sp.pool().set_parity(2).expect("parity 2");
+                vec![
+                    sp.sims[0].clone(),
+                    sp.sims[1].clone(),
+                    sp.sims[2].clone(),
+                    new,
+                ]
+            }
+        };
         let mut cuts = 0;
         loop {
             let pool = open_members(
@@ -377,4 +403,41 @@ fn rebuild_cut_by_power_failures_resumes_and_finishes() {
         total_cuts >= 6,
         "only {total_cuts} cuts landed inside a rebuild"
     );
+}
+
+/// Raising the parity (1 to 2 on four members): new and old rows end up with
+/// two parity columns, so the pool then survives two members dying.
+#[test]
+fn raising_the_parity_protects_old_rows_too() {
+    let mut rng = SimRng(21);
+    let sp = SimPool::create(4, 1, MEMBER_BYTES, 0.4);
+    let pool = sp.pool().clone();
+    let mut model = Model::new(sp.volume_size());
+    workload(&pool, &mut model, &mut rng, 300, "parity 1");
+    let err = pool.set_parity(4).expect_err("parity 4 on 4 members");
+    assert!(err.to_string().contains("less than"), "{err}");
+    pool.set_parity(2).expect("parity 2");
+    assert_eq!(pool.status().parity, 2);
+    assert_eq!(
+        pool.status().reshape.map(|r| r.kind),
+        Some("rebalance".to_string())
+    );
+    workload(&pool, &mut model, &mut rng, 100, "parity 2, rebalancing");
+    pool.reshape(|_, _| true).expect("rebalance");
+    assert!(pool.status().reshape.is_none());
+    pool.volume("vol").unwrap().flush().unwrap();
+    model.flushed();
+    // Two members die: every block still reads right.
+    sp.sims[0].set_dead(true);
+    sp.sims[3].set_dead(true);
+    check_all(
+        &pool,
+        &mut model,
+        "two members dead after raising the parity",
+    );
+    pool.close().ok();
+    let (pool, _) = reopen(&[sp.sims[1].clone(), sp.sims[2].clone()]);
+    assert_eq!(pool.status().parity, 2);
+    check_all(&pool, &mut model, "reopened with two members");
+    pool.close().expect("close");
 }

@@ -50,6 +50,16 @@ pub struct AddArgs {
     pub no_wait: bool,
 }
 
+#[derive(Args)]
+pub struct ParityArgs {
+    /// The pool: a folder of member files (*.img) or a comma-separated list of its drives.
+    pub pool: String,
+    /// Parity columns per row from now on (0-3, fewer than the members).
+    pub parity: u8,
+    #[arg(long)]
+    pub no_wait: bool,
+}
+
 #[derive(Subcommand)]
 pub enum ReshapeCommand {
     /// Pause a served pool's rebuild or rebalance.
@@ -158,6 +168,16 @@ pub fn run_add(a: AddArgs) -> Result<()> {
         size,
         force: a.force,
     };
+    local(&pool, &req)
+}
+
+pub fn run_parity(a: ParityArgs) -> Result<()> {
+    let drives = pool_drives(&a.pool)?;
+    let req = Request::SetParity(a.parity);
+    if let Some(uuid) = served_uuid(&drives) {
+        return remote(&uuid, &req, a.no_wait);
+    }
+    let pool = open_pool(&drives, false)?;
     local(&pool, &req)
 }
 

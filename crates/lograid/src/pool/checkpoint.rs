@@ -282,7 +282,7 @@ impl PoolInner {
                 created_unix: self.shape.created_unix,
                 member_index: m as u8,
                 generation,
-                parity: self.shape.parity,
+                parity: self.shape.parity(),
                 chunk_blocks: self.shape.geometry.chunk_blocks,
                 segment_blocks: self.shape.geometry.segment_blocks,
                 data_start_block: self.shape.geometry.data_start_block,

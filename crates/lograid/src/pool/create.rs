@@ -227,7 +227,7 @@ pub fn create_pool(
     };
     let shape = Shape {
         geometry,
-        parity: opts.parity,
+        parity: opts.parity.into(),
         pool_uuid: random_u128(),
         pool_name: opts.name.clone(),
         created_unix: now_unix(),

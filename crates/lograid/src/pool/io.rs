@@ -438,12 +438,12 @@ impl PoolInner {
             return Ok(()); // already faulted: its columns are not counted on
         }
         let lost = self.lost_members(&core) + 1;
-        if lost > self.shape.parity as u32 {
+        if lost > self.shape.parity() as u32 {
             let msg = format!(
                 "member {m} ({name}) failed {what} ({e}) with {} member(s) already lost and parity {}: \
                  the pool stopped writing; what it holds stays readable where parity allows",
                 lost - 1,
-                self.shape.parity
+                self.shape.parity()
             );
             tracing::error!("{msg}");
             core.read_only_reason.get_or_insert(msg.clone());

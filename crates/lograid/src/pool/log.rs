@@ -102,7 +102,10 @@ impl Core {
         for i in 0..2 {
             let (seg, next) = (self.heads[i].segment, self.heads[i].next_segment);
             let target = shape.geometry.segment_members(seg, active);
-            if seg != NO_SEGMENT && self.segments[seg as usize].members_mask != target {
+            if seg != NO_SEGMENT
+                && (self.segments[seg as usize].members_mask != target
+                    || self.segments[seg as usize].parity != shape.segment_parity(target))
+            {
                 // A row being filled there is sealed where it stands (its
                 // lost column is covered by its parity); then the head moves.
                 if self.heads[i].open.is_some() {

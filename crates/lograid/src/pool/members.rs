@@ -127,6 +127,53 @@ impl Pool {
         })
     }
 
+    /// Changes the parity columns of the pool's rows (e.g. from 1 to 2 after
+    /// adding a member): new rows get `parity` at once, and rows written
+    /// before are moved to it in the background, like a rebalance.
+    pub fn set_parity(&self, parity: u8) -> Result<()> {
+        self.inner.guarded("changing the parity", || {
+            let _m = self.inner.maintenance.lock();
+            let old = self.inner.shape.parity();
+            {
+                let mut core = self.inner.core.lock();
+                check_writable(&core)?;
+                let members = core.active_mask.count_ones();
+                if parity as usize > crate::format::MAX_PARITY || parity as u32 >= members {
+                    return Err(Error::InvalidArgument(format!(
+                        "parity {parity}: must be at most {} and less than the {members} active members",
+                        crate::format::MAX_PARITY
+                    )));
+                }
+                if parity == old {
+                    return Ok(());
+                }
+                if core.members_in(MemberState::Faulted) != 0 {
+                    return Err(Error::Refused(
+                        "a member is faulted: replace it before changing the parity".into(),
+                    ));
+                }
+                self.inner.shape.parity.store(parity, Ordering::SeqCst);
+                core.update_capacity(&self.inner.shape);
+                if core.stored_blocks > core.usable_blocks {
+                    let (stored, usable) = (core.stored_blocks, core.usable_blocks);
+                    self.inner.shape.parity.store(old, Ordering::SeqCst);
+                    core.update_capacity(&self.inner.shape);
+                    return Err(Error::Refused(format!(
+                        "the pool holds {} bytes; with parity {parity} it could hold only {} (free space or add members first)",
+                        stored * BLOCK_BYTES,
+                        usable * BLOCK_BYTES
+                    )));
+                }
+                core.member_set_changed(&self.inner.shape);
+            }
+            self.inner.checkpoint_locked()?;
+            self.inner.event(format!(
+                "parity changed from {old} to {parity}; moving older rows to it"
+            ));
+            Ok(())
+        })
+    }
+
     /// Pauses or resumes the reshape (it also resumes when reopened).
     pub fn set_reshape_paused(&self, paused: bool) {
         self.inner.reshape_paused.store(paused, Ordering::SeqCst);
@@ -297,10 +344,15 @@ impl PoolInner {
     /// is leaving, or (when no member is faulted) if the current members
     /// would lay it wider.
     fn needs_reshape(&self, core: &Core, s: usize, leaving: u32, faulted: u32) -> bool {
+        core.segments[s].state == SegState::Sealed
+            && !self.reshape.lock().stuck.contains(&(s as u32))
+            && self.misshapen(core, s, leaving, faulted)
+    }
+
+    /// Is segment `s` laid out otherwise than the current members and
+    /// parity would lay it (and movable: see `needs_reshape`)?
+    fn misshapen(&self, core: &Core, s: usize, leaving: u32, faulted: u32) -> bool {
         let seg = &core.segments[s];
-        if seg.state != SegState::Sealed || self.reshape.lock().stuck.contains(&(s as u32)) {
-            return false;
-        }
         if seg.members_mask & leaving != 0 {
             return true;
         }
@@ -308,7 +360,9 @@ impl PoolInner {
             .shape
             .geometry
             .segment_members(s as u32, core.active_mask);
-        faulted == 0 && seg.members_mask & !core.active_mask == 0 && seg.members_mask != target
+        faulted == 0
+            && seg.members_mask & !core.active_mask == 0
+            && (seg.members_mask != target || seg.parity != self.shape.segment_parity(target))
     }
 
     /// (segments, live bytes) the reshape has left to move.
@@ -347,6 +401,9 @@ impl PoolInner {
                 .min_by_key(|&s| (!at_risk(s), s))
         };
         let Some(victim) = victim else {
+            if self.move_misshapen_heads()? {
+                return Ok(true);
+            }
             return self.finish_removals();
         };
         let started = Instant::now();
@@ -367,6 +424,37 @@ impl PoolInner {
         r.bytes_moved += moved * BLOCK_BYTES;
         r.busy_seconds += started.elapsed().as_secs_f64();
         Ok(true)
+    }
+
+    /// Log heads still writing into a segment of the old shape are moved to
+    /// a new one (their open rows sealed first), so that what they wrote
+    /// there can be moved too. True if one moved.
+    fn move_misshapen_heads(&self) -> Result<bool> {
+        let heads = |core: &Core| -> Vec<HeadId> {
+            let leaving = core.members_in(MemberState::Removing);
+            let faulted = core.members_in(MemberState::Faulted);
+            [HeadId::User, HeadId::Cleaner]
+                .into_iter()
+                .filter(|h| {
+                    let s = core.heads[h.index()].segment;
+                    (s as usize) < core.segments.len()
+                        && self.misshapen(core, s as usize, leaving, faulted)
+                })
+                .collect()
+        };
+        if heads(&self.core.lock()).is_empty() {
+            return Ok(false);
+        }
+        self.flush()?;
+        let mut core = self.core.lock();
+        let mut moved = false;
+        for head in heads(&core) {
+            let before = core.heads[head.index()].segment;
+            // No free segment now: tried again later.
+            let _ = core.move_head_off(head, &self.shape);
+            moved |= core.heads[head.index()].segment != before;
+        }
+        Ok(moved)
     }
 
     /// Members being removed that no segment uses any more become empty

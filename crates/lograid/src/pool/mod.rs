@@ -121,7 +121,8 @@ impl Default for PoolOptions {
 /// Facts fixed while a pool is open.
 pub struct Shape {
     pub geometry: Geometry,
-    pub parity: u8,
+    /// Parity columns of new rows (changed by `Pool::set_parity`).
+    pub parity: std::sync::atomic::AtomicU8,
     pub pool_uuid: u128,
     pub pool_name: String,
     pub created_unix: u64,
@@ -134,19 +135,24 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// Parity columns of new rows.
+    pub fn parity(&self) -> u8 {
+        self.parity.load(Ordering::Relaxed)
+    }
+
     /// Can new rows go to a segment laid over `members_mask`? Only with full
     /// parity, unless fewer members are active than that needs (a pool
     /// degraded past what new rows can fully protect writes with what it has).
     pub fn segment_usable(&self, members_mask: u32, active_mask: u32) -> bool {
         let n = members_mask.count_ones();
-        n > self.parity as u32 || (n >= 2 && n == active_mask.count_ones())
+        n > self.parity() as u32 || (n >= 2 && n == active_mask.count_ones())
     }
 
     /// Parity of rows in a segment laid over `members_mask`: the pool's
     /// parity, reduced only when too few members are left to hold it and
     /// one data column (degraded beyond what new rows can fully protect).
     pub fn segment_parity(&self, members_mask: u32) -> u8 {
-        self.parity
+        self.parity()
             .min(members_mask.count_ones().saturating_sub(1) as u8)
     }
 
@@ -169,7 +175,7 @@ impl Shape {
         let rows: u64 = core.segments.iter().map(|s| s.rows.len() as u64).sum();
         let bytes = 4096 + entries * 12 + rows * 21 + core.segments.len() as u64 * 40;
         let per_segment = self
-            .segment_capacity(core.active_mask_full(&self.geometry), self.parity)
+            .segment_capacity(core.active_mask_full(&self.geometry), self.parity())
             .max(1)
             * BLOCK_SIZE as u64;
         (bytes.div_ceil(per_segment) + 1) as usize

@@ -228,7 +228,7 @@ pub fn open_members(
     }
     let shape = Shape {
         geometry,
-        parity: newest.parity,
+        parity: newest.parity.into(),
         pool_uuid: newest.pool_uuid,
         pool_name: newest.pool_name.clone(),
         created_unix: newest.created_unix,
@@ -310,7 +310,7 @@ pub(crate) fn new_inner(
     };
     for (s, seg) in core.segments.iter_mut().enumerate() {
         seg.members_mask = shape.geometry.segment_members(s as u32, active_mask);
-        seg.parity = shape.parity;
+        seg.parity = shape.parity();
     }
     core.update_capacity(&shape);
     PoolInner {
@@ -344,9 +344,9 @@ impl Core {
         let capacity_blocks: u64 = (0..segment_count)
             .map(|s| shape.geometry.segment_members(s, all))
             .filter(|&m| shape.segment_usable(m, all))
-            .map(|m| shape.segment_capacity(m, shape.parity))
+            .map(|m| shape.segment_capacity(m, shape.parity()))
             .sum();
-        let per_segment = shape.segment_capacity(full_mask, shape.parity);
+        let per_segment = shape.segment_capacity(full_mask, shape.parity());
         // Reserve: two segments per head, two for the cleaner, 5% slack, and a checkpoint.
         let reserve_segments = 8 + (segment_count as u64).div_ceil(20);
         self.capacity_blocks = capacity_blocks;
@@ -377,7 +377,7 @@ pub(crate) fn segment_mask_candidates(shape: &Shape) -> Vec<u32> {
     let mut out: Vec<u32> = Vec::new();
     for extra in submasks(optional) {
         let base = active | extra;
-        for failed in submasks_up_to(base, shape.parity as u32) {
+        for failed in submasks_up_to(base, shape.parity() as u32) {
             if !out.contains(&(base & !failed)) {
                 out.push(base & !failed);
             }
@@ -852,10 +852,24 @@ impl PoolInner {
             Some(seg) if seg.state != SegState::Free => vec![(seg.members_mask, seg.parity)],
             _ => {
                 let mut shapes: Vec<(u32, u8)> = Vec::new();
-                for eligible in segment_mask_candidates(&self.shape) {
-                    let mask = self.shape.geometry.segment_members(s, eligible);
-                    if !shapes.iter().any(|&(m, _)| m == mask) {
-                        shapes.push((mask, self.shape.segment_parity(mask)));
+                let masks: Vec<u32> = segment_mask_candidates(&self.shape)
+                    .into_iter()
+                    .map(|eligible| self.shape.geometry.segment_members(s, eligible))
+                    .collect();
+                // The recorded parity first; then any other (the parity may
+                // have been changed after the checkpoint, `Pool::set_parity`).
+                for &mask in &masks {
+                    let shape = (mask, self.shape.segment_parity(mask));
+                    if !shapes.contains(&shape) {
+                        shapes.push(shape);
+                    }
+                }
+                for &mask in &masks {
+                    for parity in 0..=crate::format::MAX_PARITY as u8 {
+                        let shape = (mask, parity);
+                        if (parity as u32) < mask.count_ones() && !shapes.contains(&shape) {
+                            shapes.push(shape);
+                        }
                     }
                 }
                 shapes

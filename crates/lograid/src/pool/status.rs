@@ -210,7 +210,7 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
         state,
         read_only: core.read_only_reason.is_some(),
         members_total: members.len(),
-        parity: shape.parity,
+        parity: shape.parity(),
         chunk_bytes: shape.geometry.chunk_blocks as u64 * BLOCK_BYTES,
         segment_bytes_per_member: shape.geometry.segment_blocks as u64 * BLOCK_BYTES,
         capacity_bytes: core.capacity_blocks * BLOCK_BYTES,

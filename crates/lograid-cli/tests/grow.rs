@@ -1,0 +1,51 @@
+//! Growing a pool through the CLI: data written over NBD; a drive added and
+//! the parity raised from 1 to 2 (on a pool not served: in the foreground);
+//! then served again with two of its four members gone, every byte intact.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn add_a_drive_raise_the_parity_and_lose_two() {
+    if !need_tools(&["qemu-io"]) {
+        return;
+    }
+    let pool = TestPool::create("128M", "vol0:64M");
+    let server = pool.serve();
+    run(tool("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x3c 0 40M",
+        &server.uri("vol0"),
+    ]));
+    server.terminate();
+
+    let dir = pool.dir.path().display().to_string();
+    let added = pool.path("m3.img");
+    let out = run(lograid().args(["add", &dir]).arg(&added));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("done"));
+    // Refused clearly: parity as large as the member count.
+    let out = lograid().args(["parity", &dir, "4"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("less than"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run(lograid().args(["parity", &dir, "2"]));
+    let mut all = pool.drives.clone();
+    all.push(added.clone());
+    let st: serde_json::Value =
+        serde_json::from_str(&stdout_of(lograid().args(["status", "--json"]).args(&all))).unwrap();
+    assert_eq!(st["parity"], 2, "{st:#}");
+    assert_eq!(st["members"].as_array().unwrap().len(), 4, "{st:#}");
+    assert!(st["reshape"].is_null(), "{st:#}");
+
+    // Two members gone: still all there.
+    let left = vec![pool.drives[1].clone(), added];
+    let server = Server::start(&left, &[], pool.dir.path());
+    run(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x3c 0 40M", &server.uri("vol0")]));
+    server.terminate();
+}
