@@ -1,0 +1,183 @@
+//! Soak: a long mixed run on simulated drives, checked against the model all
+//! along. Writes, trims, zeroes and flushes at high fill (so the cleaner
+//! works all the time); every few seconds a member fails and is replaced and
+//! the rebuild runs in slices between the writes; scrubs now and then; at
+//! the end every block is verified and a scrub must be clean.
+//!
+//! LOGRAID_SOAK_SECONDS sets the length (default 8 s in the test command;
+//! the long run uses 3600, see scripts/long-run.sh); LOGRAID_SOAK_SEED the
+//! seed (printed).
+
+mod common;
+
+use common::{test_options, Model};
+use lograid::device::{Member, SimMember, SimRng};
+use lograid::{create_pool, CreateOptions, Pool};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MEMBER_BYTES: u64 = 16 << 20;
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[derive(Default, Debug)]
+struct Counts {
+    writes: u64,
+    trims: u64,
+    zeroes: u64,
+    flushes: u64,
+    reads: u64,
+    failures: u64,
+    replacements: u64,
+    scrubs: u64,
+    repaired: u64,
+}
+
+#[test]
+fn soak_mixed_load_with_failures_replacements_and_scrubs() {
+    let seconds = env_u64("LOGRAID_SOAK_SECONDS", 8);
+    let seed = env_u64("LOGRAID_SOAK_SEED", 0x50a4);
+    println!("soak: {seconds} s, seed {seed} (LOGRAID_SOAK_SEED)");
+    let mut rng = SimRng(seed);
+    let members: Vec<Arc<SimMember>> = (0..6)
+        .map(|i| Arc::new(SimMember::new(&format!("soak{i}"), MEMBER_BYTES)))
+        .collect();
+    let opts = CreateOptions {
+        name: "soak".into(),
+        parity: 2,
+        chunk_bytes: 16 * 1024,
+        segment_bytes: Some(64 * 1024),
+        force: true,
+        initial_volume: None,
+    };
+    let pool: Pool = create_pool(
+        members.iter().map(|m| m.clone() as Arc<dyn Member>).collect(),
+        &opts,
+        test_options(),
+    )
+    .expect("create");
+    // 75% of what the pool can hold: the cleaner is busy from the start, and
+    // with one member lost (rows of 5 instead of 6, 3 data columns instead
+    // of 4) the data still fits.
+    let size = pool.status().usable_bytes * 75 / 100 / 4096 * 4096;
+    let vol = pool.create_volume("vol", size).expect("volume");
+    let mut model = Model::new(size);
+    let mut live: Vec<Arc<SimMember>> = members;
+    let mut counts = Counts::default();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(seconds);
+    let mut next_failure = started + Duration::from_secs(2);
+    let mut next_scrub = started + Duration::from_secs(3);
+    let mut spare = 0;
+    while Instant::now() < deadline {
+        for _ in 0..50 {
+            match rng.below(20) {
+                0..=11 => {
+                    let (off, len) = model.random_range(&mut rng, 64 * 1024);
+                    let data = model.write(off, len);
+                    match vol.write(off, &data) {
+                        Ok(()) => counts.writes += 1,
+                        // Rows narrow while a member is missing: the pool
+                        // may briefly hold less than the volume's size.
+                        Err(lograid::Error::NoSpace) => model.forget_last_write(),
+                        Err(e) => panic!("write: {e} ({counts:?})"),
+                    }
+                }
+                12..=13 => {
+                    let (off, len) = model.random_range(&mut rng, 256 * 1024);
+                    match vol.trim(off, len) {
+                        Ok(()) => {
+                            model.trim(off, len);
+                            counts.trims += 1;
+                        }
+                        Err(lograid::Error::NoSpace) => {}
+                        Err(e) => panic!("trim: {e}"),
+                    }
+                }
+                14 => {
+                    let (off, len) = model.random_range(&mut rng, 64 * 1024);
+                    match vol.write_zeroes(off, len, rng.below(2) == 0) {
+                        Ok(()) => {
+                            model.zero(off, len);
+                            counts.zeroes += 1;
+                        }
+                        Err(lograid::Error::NoSpace) => {}
+                        Err(e) => panic!("write zeroes: {e}"),
+                    }
+                }
+                15..=17 => {
+                    let (off, len) = model.random_range(&mut rng, 128 * 1024);
+                    let mut buf = vec![0u8; len as usize];
+                    vol.read(off, &mut buf).expect("read");
+                    model
+                        .check_exact(off, &buf)
+                        .unwrap_or_else(|m| panic!("read after {counts:?}: {m}"));
+                    counts.reads += 1;
+                }
+                _ => {
+                    vol.flush().expect("flush");
+                    model.flushed();
+                    counts.flushes += 1;
+                }
+            }
+        }
+        // Rebuild in slices between the writes (a served pool does this in
+        // its background thread).
+        let mut slices = 0;
+        pool.reshape(|_, _| {
+            slices += 1;
+            slices < 3
+        })
+        .expect("reshape");
+        let now = Instant::now();
+        if now >= next_failure && pool.status().reshape.is_none() {
+            // A member dies; a spare replaces it.
+            let victim = rng.below(live.len() as u64) as usize;
+            live[victim].set_dead(true);
+            counts.failures += 1;
+            let index = pool
+                .status()
+                .members
+                .iter()
+                .find(|m| m.path == live[victim].describe())
+                .map(|m| m.index)
+                .expect("member index");
+            // Let the pool notice (writes to it fail and fault it).
+            vol.flush().expect("flush after a failure");
+            model.flushed();
+            spare += 1;
+            let new = Arc::new(SimMember::new(&format!("spare{spare}"), MEMBER_BYTES));
+            pool.replace_member(index, new.clone()).expect("replace");
+            live[victim] = new;
+            counts.replacements += 1;
+            next_failure = now + Duration::from_secs(4);
+        }
+        if now >= next_scrub {
+            let report = pool.scrub(true, |_, _| true).expect("scrub");
+            assert!(report.lost_blocks.is_empty(), "scrub: {report:?}");
+            counts.repaired += report.repaired_blocks;
+            counts.scrubs += 1;
+            next_scrub = now + Duration::from_secs(5);
+        }
+    }
+    pool.reshape(|_, _| true).expect("final rebuild");
+    vol.flush().expect("flush");
+    model.flushed();
+    let mut all = vec![0u8; size as usize];
+    vol.read(0, &mut all).expect("read all");
+    model.check_exact(0, &all).expect("final verification");
+    pool.check_invariants().expect("invariants");
+    let report = pool.scrub(true, |_, _| true).expect("final scrub");
+    assert!(report.is_clean(), "final scrub: {report:?}");
+    println!(
+        "soak: {:.0} s: {counts:?}; final status {}",
+        started.elapsed().as_secs_f64(),
+        pool.status().state
+    );
+    pool.close().expect("close");
+}
