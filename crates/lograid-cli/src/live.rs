@@ -271,12 +271,7 @@ pub fn apply(pool: &Pool, jobs: &Arc<Jobs>, req: &Request) -> Result<String> {
     match req {
         Request::Scrub { repair } => jobs.start_scrub(pool, *repair),
         Request::PauseScrub(pause) => {
-            if !jobs
-                .thread
-                .lock()
-                .as_ref()
-                .is_some_and(|t| !t.is_finished())
-            {
+            if !jobs.running() {
                 anyhow::bail!("no scrub is running");
             }
             jobs.pause.store(*pause, Ordering::SeqCst);
@@ -288,12 +283,7 @@ pub fn apply(pool: &Pool, jobs: &Arc<Jobs>, req: &Request) -> Result<String> {
             .into())
         }
         Request::CancelScrub => {
-            if !jobs
-                .thread
-                .lock()
-                .as_ref()
-                .is_some_and(|t| !t.is_finished())
-            {
+            if !jobs.running() {
                 anyhow::bail!("no scrub is running");
             }
             jobs.cancel.store(true, Ordering::SeqCst);
@@ -442,6 +432,14 @@ pub fn send(uuid: &str, req: &Request) -> Result<Reply> {
 }
 
 impl Jobs {
+    /// Is a scrub running (or paused)?
+    fn running(&self) -> bool {
+        self.thread
+            .lock()
+            .as_ref()
+            .is_some_and(|t| !t.is_finished())
+    }
+
     /// Cancels a running scrub and waits for it (server shutdown).
     pub fn stop(&self) {
         self.cancel.store(true, Ordering::SeqCst);
