@@ -1098,17 +1098,22 @@ fn parity_rotates_over_members_in_full_rows() {
 // ---------------------------------------------------------------- scrub
 
 fn scrub(rig: &Rig, repair: bool) -> lograid::ScrubReport {
-    let mut calls = 0u64;
+    let mut last = None;
     let report = rig
         .pool
         .scrub(repair, |done, total| {
             assert!(done <= total);
-            calls += 1;
+            if let Some((before, _)) = last {
+                assert!(done >= before, "progress went back");
+            }
+            last = Some((done, total));
             true
         })
         .expect("scrub");
     assert!(report.complete);
-    assert!(calls >= report.rows_checked, "progress after every row");
+    let (done, total) = last.expect("progress reported");
+    assert_eq!(done, total, "the last progress report is the end");
+    assert_eq!(total, report.rows_checked);
     report
 }
 

@@ -456,8 +456,9 @@ impl Pool {
 
     /// Reads and checks every row (data, headers, parity), rewrites what is
     /// wrong and can be rebuilt (unless `repair` is false), and reports the
-    /// live blocks that cannot. `progress(done, total)` is called after each
-    /// row; returning false stops the scrub (the report says so).
+    /// live blocks that cannot. `progress(done, total)` (rows) is called
+    /// every 20 ms or so and last with `done == total`; returning false
+    /// stops the scrub (the report says so); the scrub waits while it runs.
     pub fn scrub(
         &self,
         repair: bool,

@@ -12,6 +12,7 @@ use crate::format::BLOCK_BYTES;
 use crate::layout::RowGeom;
 use crate::map::Loc;
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// A live block a scrub could not repair.
@@ -44,9 +45,13 @@ impl ScrubReport {
     }
 }
 
+/// Rows checked at once.
+const SCRUB_THREADS: usize = 2;
+
 impl PoolInner {
-    /// Scrubs every row; `progress(done, total)` is called after each row
-    /// and stops the scrub when it returns false. With `repair` false,
+    /// Scrubs every row; `progress(done, total)` is called every 20 ms or
+    /// so and last with `done == total`, and stops the scrub when it
+    /// returns false. With `repair` false,
     /// nothing is written (a check).
     pub(crate) fn scrub(
         &self,
@@ -72,27 +77,63 @@ impl PoolInner {
                 .collect()
         };
         let total = rows.len() as u64;
-        let mut report = ScrubReport::default();
-        for (i, geom) in rows.iter().enumerate() {
-            // Hold off segment reuse while this row is read and repaired,
-            // and skip rows whose segment was freed since the list was made.
-            {
-                let _r = self.reuse.read();
-                let still_there = {
-                    let core = self.core.lock();
-                    let seg = &core.segments[geom.segment as usize];
-                    !matches!(seg.state, SegState::Free | SegState::PendingFree { .. })
-                        && seg.rows.contains(geom)
-                };
-                if still_there {
-                    self.scrub_row(geom, repair, &mut report);
+        // Rows are checked by `SCRUB_THREADS` workers, so that one row's
+        // reads overlap another's checking. This thread reports progress;
+        // while `progress` runs (it may pause the scrub) the workers wait
+        // between rows, holding no lock.
+        let next = AtomicUsize::new(0);
+        let done = AtomicU64::new(0);
+        let (hold, stop) = (AtomicBool::new(false), AtomicBool::new(false));
+        let mut report = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..SCRUB_THREADS)
+                .map(|_| {
+                    let (rows, next, done, hold, stop) = (&rows, &next, &done, &hold, &stop);
+                    scope.spawn(move || {
+                        let mut report = ScrubReport::default();
+                        loop {
+                            while hold.load(Ordering::SeqCst) && !stop.load(Ordering::SeqCst) {
+                                std::thread::sleep(Duration::from_millis(10));
+                            }
+                            if stop.load(Ordering::SeqCst) {
+                                break;
+                            }
+                            let Some(geom) = rows.get(next.fetch_add(1, Ordering::SeqCst)) else {
+                                break;
+                            };
+                            self.scrub_row_if_live(geom, repair, &mut report);
+                            done.fetch_add(1, Ordering::SeqCst);
+                        }
+                        report
+                    })
+                })
+                .collect();
+            loop {
+                let d = done.load(Ordering::SeqCst);
+                hold.store(true, Ordering::SeqCst);
+                let go_on = progress(d, total);
+                hold.store(false, Ordering::SeqCst);
+                if !go_on {
+                    stop.store(true, Ordering::SeqCst);
                 }
+                if !go_on || d >= total {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
-            // Not under the reuse lock: `progress` may pause the scrub.
-            if !progress(i as u64 + 1, total) {
-                report.duration = started.elapsed();
-                return Ok(report);
+            let mut report = ScrubReport::default();
+            for w in workers {
+                let r = w.join().expect("scrub worker");
+                report.rows_checked += r.rows_checked;
+                report.bytes_read += r.bytes_read;
+                report.repaired_blocks += r.repaired_blocks;
+                report.lost_blocks.extend(r.lost_blocks);
+                report.unreadable_rows += r.unreadable_rows;
             }
+            report
+        });
+        if stop.load(Ordering::SeqCst) {
+            report.duration = started.elapsed();
+            return Ok(report);
         }
         if repair && report.repaired_blocks > 0 {
             // Repairs are plain writes: make them durable.
@@ -108,6 +149,21 @@ impl PoolInner {
             report.unreadable_rows
         );
         Ok(report)
+    }
+
+    /// Scrubs one row unless its segment was freed since the list was made,
+    /// holding off segment reuse meanwhile.
+    fn scrub_row_if_live(&self, geom: &RowGeom, repair: bool, report: &mut ScrubReport) {
+        let _r = self.reuse.read();
+        let still_there = {
+            let core = self.core.lock();
+            let seg = &core.segments[geom.segment as usize];
+            !matches!(seg.state, SegState::Free | SegState::PendingFree { .. })
+                && seg.rows.contains(geom)
+        };
+        if still_there {
+            self.scrub_row(geom, repair, report);
+        }
     }
 
     fn scrub_row(&self, geom: &RowGeom, repair: bool, report: &mut ScrubReport) {
