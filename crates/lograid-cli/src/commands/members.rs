@@ -24,13 +24,21 @@ pub struct ReplaceArgs {
     pub old: String,
     /// The new drive (a file is created, sparse, if missing). May be the old drive, back again.
     pub new: PathBuf,
-    /// Size of the new file if it is created (default: the old member's size).
+    #[command(flatten)]
+    pub new_drives: NewDriveArgs,
+}
+
+/// How new drives are taken, for replace and add.
+#[derive(Args)]
+pub struct NewDriveArgs {
+    /// Size of a new file if it is created (default: the old member's size for
+    /// replace, the first member's for add).
     #[arg(long, value_parser = parse_size)]
     pub size: Option<u64>,
-    /// Use the new drive even if it holds a filesystem or another pool.
+    /// Use a drive even if it holds a filesystem or another pool.
     #[arg(long)]
     pub force: bool,
-    /// Return once the replacement has started (served pools only).
+    /// Return once the change has started (served pools only).
     #[arg(long)]
     pub no_wait: bool,
 }
@@ -42,12 +50,8 @@ pub struct AddArgs {
     /// Drives to add (files are created, sparse, with --size if missing).
     #[arg(required = true)]
     pub drives: Vec<PathBuf>,
-    #[arg(long, value_parser = parse_size)]
-    pub size: Option<u64>,
-    #[arg(long)]
-    pub force: bool,
-    #[arg(long)]
-    pub no_wait: bool,
+    #[command(flatten)]
+    pub new_drives: NewDriveArgs,
 }
 
 #[derive(Args)]
@@ -113,7 +117,7 @@ pub fn run_replace(a: ReplaceArgs) -> Result<()> {
     let drives = pool_drives(&a.pool)?;
     let st_for = |st: &PoolStatus| -> Result<(usize, Option<u64>)> {
         let old = resolve_member(st, &a.old)?;
-        let size = a.size.or_else(|| {
+        let size = a.new_drives.size.or_else(|| {
             st.members
                 .iter()
                 .find(|m| m.index == old)
@@ -129,9 +133,9 @@ pub fn run_replace(a: ReplaceArgs) -> Result<()> {
             old,
             new,
             size,
-            force: a.force,
+            force: a.new_drives.force,
         };
-        return remote(&uuid, &req, a.no_wait);
+        return remote(&uuid, &req, a.new_drives.no_wait);
     }
     let pool = open_pool(&drives, false)?;
     let (old, size) = st_for(&pool.status())?;
@@ -139,7 +143,7 @@ pub fn run_replace(a: ReplaceArgs) -> Result<()> {
         old,
         new,
         size,
-        force: a.force,
+        force: a.new_drives.force,
     };
     local(&pool, &req)
 }
@@ -154,19 +158,20 @@ pub fn run_add(a: AddArgs) -> Result<()> {
     if let Some(uuid) = served_uuid(&drives) {
         let req = Request::Add {
             drives: new,
-            size: a.size,
-            force: a.force,
+            size: a.new_drives.size,
+            force: a.new_drives.force,
         };
-        return remote(&uuid, &req, a.no_wait);
+        return remote(&uuid, &req, a.new_drives.no_wait);
     }
     let pool = open_pool(&drives, false)?;
     let size = a
+        .new_drives
         .size
         .or_else(|| pool.status().members.first().map(|m| m.size_bytes));
     let req = Request::Add {
         drives: new,
         size,
-        force: a.force,
+        force: a.new_drives.force,
     };
     local(&pool, &req)
 }

@@ -810,15 +810,7 @@ impl PoolInner {
                 return false;
             }
             let accept = |n: &FoundRow| n.header.head == head && n.header.prev_crc == prev_crc;
-            let Some((n, at)) = self
-                .find_row(seg, off, accept)
-                .map(|r| (r, (seg, off)))
-                .or_else(|| {
-                    (off > 0 && next != NO_SEGMENT && next < geometry.segment_count())
-                        .then(|| self.find_row(next, 0, accept).map(|r| (r, (next, 0))))
-                        .flatten()
-                })
-            else {
+            let Some((n, at)) = self.find_chain_row(seg, off, next, accept) else {
                 return false;
             };
             (seg, off) = at;
@@ -830,6 +822,25 @@ impl PoolInner {
             off += n.geom.height as u32;
         }
         false
+    }
+
+    /// The next row of a chain: at (segment, offset), or, if nothing there
+    /// continues it, at offset 0 of `next` (a head leaves a segment early
+    /// when the member set changes, `member_set_changed`). With where it was.
+    fn find_chain_row(
+        &self,
+        seg: u32,
+        off: u32,
+        next: u32,
+        accept: impl Fn(&FoundRow) -> bool,
+    ) -> Option<(FoundRow, (u32, u32))> {
+        if let Some(row) = self.find_row(seg, off, &accept) {
+            return Some((row, (seg, off)));
+        }
+        let count = self.shape.geometry.segment_count();
+        (off > 0 && next != NO_SEGMENT && next < count)
+            .then(|| self.find_row(next, 0, &accept).map(|r| (r, (next, 0))))
+            .flatten()
     }
 
     /// The row header at (segment, offset) that `accept` takes, trying each
@@ -904,18 +915,7 @@ impl PoolInner {
                         && h.prev_crc == last_crc
                         && h.seq > last_seq
                 };
-                // A head leaves a segment early when the member set changes
-                // (`member_set_changed`): its chain then goes on at offset 0
-                // of the next segment the last row named.
-                let Some((row, at)) = self
-                    .find_row(seg, off, accept)
-                    .map(|r| (r, (seg, off)))
-                    .or_else(|| {
-                        (off > 0 && next != NO_SEGMENT && next < geometry.segment_count())
-                            .then(|| self.find_row(next, 0, accept).map(|r| (r, (next, 0))))
-                            .flatten()
-                    })
-                else {
+                let Some((row, at)) = self.find_chain_row(seg, off, next, accept) else {
                     break;
                 };
                 (seg, off) = at;
