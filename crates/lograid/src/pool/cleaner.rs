@@ -14,6 +14,7 @@ use crate::format::row::{Entry, EntryKind, HeadId};
 use crate::format::{crc32c, BLOCK_SIZE};
 use crate::map::Loc;
 use parking_lot::Mutex;
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -247,56 +248,68 @@ impl PoolInner {
                 self.rebuild_missing_columns(&geom, &mut columns);
                 columns
             };
+            // The live blocks' bytes: from the columns read, checked; else
+            // read (or rebuilt) one by one.
+            let mut blocks: Vec<(u32, u64, crate::layout::Pba, u32, Cow<[u8]>)> =
+                Vec::with_capacity(live.len());
+            let in_columns = |pba: crate::layout::Pba, crc: u32| -> Option<&[u8]> {
+                let (col, blk) = geom.locate(&self.shape.geometry, pba)?;
+                let column = columns.get(col)?.as_ref()?;
+                let bytes = &column[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE];
+                (crc32c(bytes) == crc).then_some(bytes)
+            };
             for (volume, lba, pba, crc) in live {
-                let from_columns = geom
-                    .locate(&self.shape.geometry, pba)
-                    .and_then(|(col, blk)| {
-                        let column = columns.get(col)?.as_ref()?;
-                        let bytes = &column[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE];
-                        (crc32c(bytes) == crc).then(|| bytes.to_vec())
-                    });
-                let block = match from_columns {
-                    Some(b) => b,
-                    None => match self.read_data_block(&geom, pba, crc) {
-                        Ok(b) => b,
-                        Err(detail) => {
-                            tracing::error!(
-                                "cleaner: volume {volume} block {lba} unreadable: {detail}"
-                            );
-                            continue;
-                        }
-                    },
-                };
-                let sealed = {
-                    let mut core = self.core.lock();
+                if let Some(bytes) = in_columns(pba, crc) {
+                    blocks.push((volume, lba, pba, crc, Cow::Borrowed(bytes)));
+                    continue;
+                }
+                match self.read_data_block(&geom, pba, crc) {
+                    Ok(b) => blocks.push((volume, lba, pba, crc, Cow::Owned(b))),
+                    Err(detail) => {
+                        tracing::error!("cleaner: volume {volume} block {lba} unreadable: {detail}")
+                    }
+                }
+            }
+            // Appended under one hold of the lock, each only if the map
+            // still points at it (a write may have replaced it meanwhile).
+            let mut sealed = Vec::new();
+            {
+                let mut core = self.core.lock();
+                for (volume, lba, pba, crc, bytes) in &blocks {
                     let still = core
-                        .volume(volume)
-                        .is_some_and(|v| v.map.get(lba).0 == Loc::Disk(pba));
+                        .volume(*volume)
+                        .is_some_and(|v| v.map.get(*lba).0 == Loc::Disk(*pba));
                     if !still {
                         continue;
                     }
                     let entry = Entry {
                         kind: EntryKind::Relocated,
-                        volume,
-                        lba,
-                        crc,
+                        volume: *volume,
+                        lba: *lba,
+                        crc: *crc,
                         count: 1,
                         source: pba.encode(),
                     };
-                    match core.append_block(HeadId::Cleaner, entry, &block, &self.shape) {
+                    match core.append_block(HeadId::Cleaner, entry, bytes, &self.shape) {
                         Ok(row) => {
                             core.counters.relocated_blocks += 1;
-                            row
+                            sealed.extend(row);
+                            moved += 1;
                         }
-                        Err(AppendError::NeedSegment) => return Err(Error::NoSpace),
+                        Err(AppendError::NeedSegment) => {
+                            drop(core);
+                            for row in sealed {
+                                let _ = write.send(vec![row]);
+                            }
+                            return Err(Error::NoSpace);
+                        }
                     }
-                };
-                moved += 1;
-                if let Some(row) = sealed {
-                    write
-                        .send(vec![row])
-                        .map_err(|_| Error::ReadOnly("the row writer stopped".into()))?;
                 }
+            }
+            if !sealed.is_empty() {
+                write
+                    .send(sealed)
+                    .map_err(|_| Error::ReadOnly("the row writer stopped".into()))?;
             }
         }
         Ok(moved)
