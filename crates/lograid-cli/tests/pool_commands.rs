@@ -219,3 +219,55 @@ fn create_refuses_a_mounted_device() {
     let err = refused(&["create", "--force", "--size", "128M", &dev, &other]);
     assert!(err.contains("mounted"), "{err}");
 }
+
+/// A member on a read-only block device: commands that would write refuse
+/// it clearly and change nothing; status and a check still work (needs root
+/// and loop devices).
+#[test]
+fn a_read_only_member_is_refused_for_writing_and_left_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = drives(dir.path(), 3);
+    ok(&args(
+        &[
+            "create", "--size", "64M", "--parity", "1", "--volume", "v:16M",
+        ],
+        &d,
+    ));
+    let before = std::fs::read(&d[2]).unwrap();
+    let out = Command::new("losetup")
+        .args(["-f", "--show", "-r"])
+        .arg(&d[2])
+        .output()
+        .expect("losetup");
+    assert!(
+        out.status.success(),
+        "losetup: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = Command::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let _guard = Detach(dev.clone());
+    let set = [d[0].as_str(), d[1].as_str(), dev.as_str()];
+    for cmd in [
+        &["serve"][..],
+        &["scrub"][..],
+        &["volume", "create", "--size", "4M", "w"][..],
+    ] {
+        let mut a: Vec<&str> = cmd.to_vec();
+        a.extend(set);
+        let err = refused(&a);
+        assert!(err.contains("read-only"), "{cmd:?}: {err}");
+    }
+    ok(&["status", set[0], set[1], set[2]]);
+    ok(&["scrub", "--check", set[0], set[1], set[2]]);
+    drop(_guard);
+    assert!(
+        std::fs::read(&d[2]).unwrap() == before,
+        "the read-only member changed"
+    );
+}

@@ -323,16 +323,23 @@ fn serve_pool(pool: &Pool, listen: Vec<ListenAddr>, a: &ServeArgs) -> Result<()>
         .name("lograid-signals".into())
         .spawn(move || {
             let mut seen = 0;
+            use std::io::Write;
             for signal in signals.forever() {
                 seen += 1;
                 let name = if signal == signal_hook::consts::SIGINT { "SIGINT" } else { "SIGTERM" };
+                // Shut down first, then say so, and never panic on a closed
+                // stderr (eprintln! would, and the server would not stop).
                 if seen == 1 {
-                    eprintln!(
+                    handle.shutdown();
+                    let _ = writeln!(
+                        std::io::stderr(),
                         "lograid: {name}: shutting down: finishing requests in flight, flushing, writing a checkpoint"
                     );
-                    handle.shutdown();
                 } else {
-                    eprintln!("lograid: {name}: shutdown already in progress (waits at most 30 s for clients)");
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "lograid: {name}: shutdown already in progress (waits at most 30 s for clients)"
+                    );
                 }
             }
         })

@@ -27,6 +27,7 @@ pub struct FileMember {
 
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 const BLKDISCARD: libc::c_ulong = 0x1277;
+const BLKROGET: libc::c_ulong = 0x125e;
 
 impl FileMember {
     /// Opens `path` with O_DIRECT (falling back to buffered I/O plus
@@ -66,6 +67,16 @@ impl FileMember {
             }
             Err(e) => return Err(e),
         };
+        if is_block_device && mode == OpenMode::ReadWrite {
+            let mut ro: libc::c_int = 0;
+            // SAFETY: BLKROGET writes an int into `ro`.
+            if unsafe { libc::ioctl(file.as_raw_fd(), BLKROGET, &mut ro) } == 0 && ro != 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    "the block device is read-only",
+                ));
+            }
+        }
         let lock = match mode {
             OpenMode::ReadWrite => libc::LOCK_EX,
             OpenMode::ReadOnly => libc::LOCK_SH,
