@@ -56,7 +56,10 @@ fn soak_mixed_load_with_failures_replacements_and_scrubs() {
         initial_volume: None,
     };
     let pool: Pool = create_pool(
-        members.iter().map(|m| m.clone() as Arc<dyn Member>).collect(),
+        members
+            .iter()
+            .map(|m| m.clone() as Arc<dyn Member>)
+            .collect(),
         &opts,
         test_options(),
     )
