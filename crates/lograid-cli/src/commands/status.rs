@@ -18,16 +18,23 @@ pub struct StatusArgs {
 }
 
 pub fn run(a: StatusArgs) -> Result<()> {
-    let (st, live) = match open_pool(&a.drives, true) {
-        Ok(pool) => (pool.status(), None),
+    let (st, live, scrub) = match open_pool(&a.drives, true) {
+        Ok(pool) => (pool.status(), None, None),
         // Held by a running server: show what it publishes.
         Err(e) if super::serve::is_locked(&e) => match served_status(&a.drives)? {
-            Some((doc, age)) => (doc.status, Some((doc.pid, age))),
+            Some((doc, age)) => (doc.status, Some((doc.pid, age)), doc.scrub),
             None => return Err(e),
         },
         Err(e) => return Err(e),
     };
     if a.json {
+        if let Some(scrub) = scrub {
+            // The server's scrub, beside the pool's status.
+            let mut doc = serde_json::to_value(&st)?;
+            doc["scrub"] = serde_json::to_value(&scrub)?;
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+            return Ok(());
+        }
         println!("{}", serde_json::to_string_pretty(&st)?);
         return Ok(());
     }
@@ -35,6 +42,23 @@ pub fn run(a: StatusArgs) -> Result<()> {
         println!("(live status from `lograid serve`, pid {pid}, {age:.0} s ago)");
     }
     print_human(&st);
+    if let Some(p) = scrub {
+        println!(
+            "scrub:     {} ({}), {} of {} rows, {:.0} s{}",
+            p.state,
+            if p.repair { "repairing" } else { "check only" },
+            p.rows_done,
+            p.rows_total,
+            p.seconds,
+            p.report
+                .map(|r| format!(
+                    "; {} blocks repaired, {} lost",
+                    r.repaired_blocks,
+                    r.lost_blocks.len()
+                ))
+                .unwrap_or_default()
+        );
+    }
     Ok(())
 }
 
@@ -109,6 +133,27 @@ fn print_human(st: &PoolStatus) {
         human(st.map_memory_bytes),
         st.map_bytes_per_stored_block
     );
+    if let Some(r) = &st.reshape {
+        println!(
+            "{:<10} {}{}: {} segments ({}) left, {} done ({} moved){}{}",
+            format!("{}:", r.kind),
+            r.kind,
+            if r.paused { " (paused)" } else { "" },
+            r.segments_left,
+            human(r.bytes_left),
+            r.segments_done,
+            human(r.bytes_moved),
+            r.rate_bytes_per_second
+                .map(|x| format!(", {}/s", human(x as u64)))
+                .unwrap_or_default(),
+            r.eta_seconds
+                .map(|x| format!(", about {x:.0} s to go"))
+                .unwrap_or_default()
+        );
+    }
+    for e in st.events.iter().rev().take(5).rev() {
+        println!("event:     {} (unix time {})", e.message, e.unix_time);
+    }
     println!();
     println!(
         "{:<3} {:<8} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7}  PATH",
