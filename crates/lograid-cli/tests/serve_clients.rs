@@ -578,6 +578,40 @@ fn serve_without_drives_creates_and_reuses_lograid_data() {
     server.terminate();
 }
 
+/// One volume served read-only, the other writable; an unknown volume
+/// named read-only is refused at start.
+#[test]
+fn one_volume_read_only() {
+    if !need_tools(&["nbdinfo"]) {
+        return;
+    }
+    let pool = TestPool::create("256M", "vol0:32M");
+    pool.add_volume("vol1", "32M");
+    let server = pool.serve_with(&["--read-only-volume", "vol1"]);
+    assert!(stdout_of(tool("nbdinfo").arg(server.uri("vol1"))).contains("is_read_only: true"));
+    assert!(stdout_of(tool("nbdinfo").arg(server.uri("vol0"))).contains("is_read_only: false"));
+    let mut c = NbdClient::connect(server.port, "vol1");
+    let (error, _) = c.request(NBD_CMD_WRITE, 0, 0, 4096, &[1u8; 4096]);
+    assert_eq!(
+        error, 1,
+        "write to the read-only volume: expected NBD_EPERM"
+    );
+    c.disconnect();
+    let mut c = NbdClient::connect(server.port, "vol0");
+    let (error, _) = c.request(NBD_CMD_WRITE, 0, 0, 4096, &[1u8; 4096]);
+    assert_eq!(error, 0, "write to the writable volume");
+    c.disconnect();
+    server.terminate();
+    let out = lograid()
+        .arg("serve")
+        .args(&pool.drives)
+        .args(["--read-only-volume", "nope", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no such volume"));
+}
+
 #[test]
 fn unix_socket_and_read_only() {
     if !need_tools(&["nbdinfo", "qemu-io"]) {

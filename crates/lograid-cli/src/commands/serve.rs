@@ -39,6 +39,9 @@ pub struct ServeArgs {
     /// Serve the volumes read-only (the pool is opened read-only: nothing is written).
     #[arg(long)]
     pub read_only: bool,
+    /// Serve this volume read-only (repeatable; the others stay writable).
+    #[arg(long, value_name = "VOLUME")]
+    pub read_only_volume: Vec<String>,
     /// Serve only TCP clients from these addresses (comma-separated).
     #[arg(long, value_name = "IP,...", value_delimiter = ',')]
     pub allow: Vec<IpAddr>,
@@ -296,8 +299,21 @@ fn serve_pool(pool: &Pool, listen: Vec<ListenAddr>, a: &ServeArgs) -> Result<()>
     }
     let exports: Vec<Arc<dyn Export>> = volumes
         .into_iter()
-        .map(|v| Arc::new(VolumeExport::new(v, pool.name(), a.read_only)) as Arc<dyn Export>)
+        .map(|v| {
+            let read_only = a.read_only || a.read_only_volume.iter().any(|n| n == v.name());
+            Arc::new(VolumeExport::new(v, pool.name(), read_only)) as Arc<dyn Export>
+        })
         .collect();
+    if let Some(unknown) = a
+        .read_only_volume
+        .iter()
+        .find(|n| !exports.iter().any(|e| e.name() == n.as_str()))
+    {
+        bail!(
+            "--read-only-volume {unknown}: pool '{}' has no such volume",
+            pool.name()
+        );
+    }
     let config = ServerConfig {
         listen,
         allow_list: if a.allow.is_empty() {
