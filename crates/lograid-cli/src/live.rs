@@ -295,9 +295,29 @@ pub fn apply(pool: &Pool, jobs: &Arc<Jobs>, req: &Request) -> Result<String> {
             size,
             force,
         } => {
-            let member = lograid::open_new_members(std::slice::from_ref(new), *size, *force)?
-                .pop()
-                .context("no drive opened")?;
+            // The old drive back again: close it first (it holds its lock).
+            let canon = |p: &std::path::Path| std::fs::canonicalize(p).ok();
+            let same = pool.status().members.iter().any(|m| {
+                m.index == *old
+                    && canon(std::path::Path::new(&m.path)) == canon(new)
+                    && canon(new).is_some()
+            });
+            if same && !pool.release_faulted_member(*old) {
+                anyhow::bail!(
+                    "{} is member {old} and has not failed; give a different drive to replace it",
+                    new.display()
+                );
+            }
+            // A drive of this very pool (a member that came back) is taken
+            // without --force: the engine checks it is the one replaced.
+            let ours = lograid::device::FileMember::open(new, lograid::device::OpenMode::Peek)
+                .ok()
+                .and_then(|m| lograid::read_superblock(&m).ok())
+                .is_some_and(|sb| sb.pool_uuid == pool.uuid());
+            let member =
+                lograid::open_new_members(std::slice::from_ref(new), *size, *force || ours)?
+                    .pop()
+                    .context("no drive opened")?;
             let index = pool.replace_member(*old, member)?;
             Ok(format!(
                 "member {old} is being replaced by {} (member {index}); rebuilding in the background",

@@ -49,3 +49,39 @@ fn add_a_drive_raise_the_parity_and_lose_two() {
     run(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x3c 0 40M", &server.uri("vol0")]));
     server.terminate();
 }
+
+/// A member missing when the server started comes back and is re-added
+/// while served (`replace POOL OLD SAME-DRIVE`, no --force needed for a
+/// drive of this pool): the pool is online again and every byte reads back,
+/// also after a restart with all three drives.
+#[test]
+fn a_member_that_was_missing_is_re_added_while_served() {
+    if !need_tools(&["qemu-io"]) {
+        return;
+    }
+    let pool = TestPool::create("128M", "vol0:64M");
+    let away = pool.path("away.img");
+    std::fs::rename(&pool.drives[1], &away).unwrap();
+    let left = vec![pool.drives[0].clone(), pool.drives[2].clone()];
+    let server = Server::start(&left, &[], pool.dir.path());
+    run(tool("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x5e 0 40M",
+        &server.uri("vol0"),
+    ]));
+    std::fs::rename(&away, &pool.drives[1]).unwrap();
+    let list = format!("{},{}", left[0].display(), left[1].display());
+    run(lograid().args(["replace", &list, "1"]).arg(&pool.drives[1]));
+    let st: serde_json::Value = serde_json::from_str(&stdout_of(
+        lograid().args(["status", "--json"]).args(&pool.drives),
+    ))
+    .unwrap();
+    assert_eq!(st["state"], "online", "{st:#}");
+    run(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x5e 0 40M", &server.uri("vol0")]));
+    server.terminate();
+    let server = pool.serve();
+    run(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x5e 0 40M", &server.uri("vol0")]));
+    server.terminate();
+}

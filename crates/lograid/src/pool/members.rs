@@ -174,6 +174,25 @@ impl Pool {
         })
     }
 
+    /// Closes member `m` if it is faulted (so that its drive can be opened
+    /// again, e.g. to re-add it with `replace_member`). False if it is not
+    /// faulted.
+    pub fn release_faulted_member(&self, m: usize) -> bool {
+        let faulted = self
+            .inner
+            .core
+            .lock()
+            .members
+            .get(m)
+            .is_some_and(|r| r.state == MemberState::Faulted);
+        if faulted {
+            if let Some(slot) = self.inner.devices.write().get_mut(m) {
+                *slot = None;
+            }
+        }
+        faulted
+    }
+
     /// Pauses or resumes the reshape (it also resumes when reopened).
     pub fn set_reshape_paused(&self, paused: bool) {
         self.inner.reshape_paused.store(paused, Ordering::SeqCst);
