@@ -60,10 +60,7 @@ impl PoolInner {
             let mut core = self.core.lock();
             // The previous checkpoint's segments are no longer referenced.
             for s in std::mem::replace(&mut core.checkpoint_segments, visited) {
-                let seg = &mut core.segments[s as usize];
-                seg.state = SegState::Free;
-                seg.rows.clear();
-                core.free.push_back(s);
+                core.release_segment(s, &self.shape);
             }
             core.checkpoint = pointer;
             core.checkpoint_next_seq = target_seq;

@@ -6,6 +6,9 @@
 
 use super::log::AppendError;
 use super::state::SealedRow;
+
+/// A live block to relocate: volume, LBA, where it is, its CRC, its bytes.
+type LiveBlock<'a> = (u32, u64, crate::layout::Pba, u32, Cow<'a, [u8]>);
 use super::state::SegState;
 use super::status::CleanerState;
 use super::{CleanerPolicy, PoolInner};
@@ -250,8 +253,7 @@ impl PoolInner {
             };
             // The live blocks' bytes: from the columns read, checked; else
             // read (or rebuilt) one by one.
-            let mut blocks: Vec<(u32, u64, crate::layout::Pba, u32, Cow<[u8]>)> =
-                Vec::with_capacity(live.len());
+            let mut blocks: Vec<LiveBlock> = Vec::with_capacity(live.len());
             let in_columns = |pba: crate::layout::Pba, crc: u32| -> Option<&[u8]> {
                 let (col, blk) = geom.locate(&self.shape.geometry, pba)?;
                 let column = columns.get(col)?.as_ref()?;

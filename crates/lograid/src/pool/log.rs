@@ -143,6 +143,20 @@ impl Core {
         }
     }
 
+    /// Segment `s` is empty and no longer needed: free, and in the free
+    /// list if the members active now can hold it with full parity (a
+    /// segment only members that left could hold stays out of it).
+    pub fn release_segment(&mut self, s: u32, shape: &Shape) {
+        let active = self.active_mask;
+        let seg = &mut self.segments[s as usize];
+        seg.state = SegState::Free;
+        seg.rows.clear();
+        seg.members_mask = shape.geometry.segment_members(s, active);
+        if shape.segment_usable(seg.members_mask, active) {
+            self.free.push_back(s);
+        }
+    }
+
     /// Moves `head` out of its segment now if it has no open row (a head
     /// left in a segment over a member that is leaving keeps the member in
     /// use until its next row otherwise).

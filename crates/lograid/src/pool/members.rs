@@ -251,10 +251,12 @@ impl PoolInner {
                 "{name} is too large for this pool's segment size"
             )));
         }
+        // (A member replaced by its own drive must have failed first: its
+        // device is closed then, see `release_faulted_member`.)
         if self
             .open_devices()
             .iter()
-            .any(|(i, d)| d.member.describe() == name && Some(*i) != replacing)
+            .any(|(_, d)| d.member.describe() == name)
         {
             return Err(Error::Refused(format!(
                 "{name} is already a member of this pool"
@@ -437,6 +439,17 @@ impl PoolInner {
             self.event(format!(
                 "rebuild: segment {victim}: {left} block(s) could not be read or rebuilt; left in place"
             ));
+        }
+        // The reshape holds `maintenance`, so flushes cannot checkpoint
+        // meanwhile: it does, when one is due (bounds replay, releases
+        // emptied segments, records member changes).
+        let due = {
+            let core = self.core.lock();
+            core.checkpoint_wanted
+                || core.log_blocks_since_checkpoint >= self.options.checkpoint_interval_blocks
+        };
+        if due {
+            self.checkpoint_locked()?;
         }
         let mut r = self.reshape.lock();
         r.segments_done += 1;

@@ -174,8 +174,18 @@ impl Shape {
         let entries = core.stored_blocks + core.volumes.len() as u64 * 8;
         let rows: u64 = core.segments.iter().map(|s| s.rows.len() as u64).sum();
         let bytes = 4096 + entries * 12 + rows * 21 + core.segments.len() as u64 * 40;
+        // Sized for the narrowest rows the pool may have to write: with
+        // `parity` members lost, so that a checkpoint still fits after
+        // members fail (the rows then hold less, and a full pool that could
+        // not checkpoint could neither clean nor take a replacement).
+        let mut worst = core.active_mask_full(&self.geometry);
+        for _ in 0..self.parity() {
+            if worst.count_ones() > 2 {
+                worst &= worst - 1;
+            }
+        }
         let per_segment = self
-            .segment_capacity(core.active_mask_full(&self.geometry), self.parity())
+            .segment_capacity(worst, self.segment_parity(worst))
             .max(1)
             * BLOCK_SIZE as u64;
         (bytes.div_ceil(per_segment) + 1) as usize

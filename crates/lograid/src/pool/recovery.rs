@@ -679,9 +679,18 @@ impl PoolInner {
     }
 
     /// Installs a decoded checkpoint into the (empty) core.
-    fn load_image(&self, image: CheckpointImage) -> Result<()> {
+    fn load_image(&self, mut image: CheckpointImage) -> Result<()> {
         let geometry = &self.shape.geometry;
         let mut core = self.core.lock();
+        // Segments past what the members hold now (the largest member was
+        // removed since) must be empty; they are dropped.
+        if image.segments.len() > core.segments.len()
+            && image.segments[core.segments.len()..].iter().all(|r| {
+                r.state == SegmentStateCode::Free && r.rows.is_empty() && r.live_blocks == 0
+            })
+        {
+            image.segments.truncate(core.segments.len());
+        }
         if image.segments.len() != core.segments.len() {
             return Err(Error::Corrupt(format!(
                 "checkpoint lists {} segments, the pool has {}",
@@ -859,10 +868,17 @@ impl PoolInner {
     /// after it, see `segment_mask_candidates`.
     fn segment_shapes(&self, s: u32) -> Vec<(u32, u8)> {
         let core = self.core.lock();
-        match core.segments.get(s as usize) {
-            Some(seg) if seg.state != SegState::Free => vec![(seg.members_mask, seg.parity)],
-            _ => {
+        let found = core.segments.get(s as usize);
+        {
+            // The shape the checkpoint records first; then every shape the
+            // segment may have been given since (a segment only reserved
+            // then, or emptied and taken again, got its shape after the
+            // checkpoint, when the member set or parity may have changed).
+            {
                 let mut shapes: Vec<(u32, u8)> = Vec::new();
+                if let Some(seg) = found.filter(|seg| seg.state != SegState::Free) {
+                    shapes.push((seg.members_mask, seg.parity));
+                }
                 let masks: Vec<u32> = segment_mask_candidates(&self.shape)
                     .into_iter()
                     .map(|eligible| self.shape.geometry.segment_members(s, eligible))
