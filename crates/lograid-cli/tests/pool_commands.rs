@@ -35,6 +35,36 @@ fn refused(args: &[&str]) -> String {
     err
 }
 
+/// A loop device on a file (read-only with `read_only`), detached when dropped.
+struct LoopDevice {
+    path: String,
+}
+
+impl LoopDevice {
+    fn attach(file: &Path, read_only: bool) -> LoopDevice {
+        let mut cmd = Command::new("losetup");
+        cmd.args(["-f", "--show"]);
+        if read_only {
+            cmd.arg("-r");
+        }
+        let out = cmd.arg(file).output().expect("losetup");
+        assert!(
+            out.status.success(),
+            "losetup: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        LoopDevice {
+            path: String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        }
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").args(["-d", &self.path]).status();
+    }
+}
+
 fn drives(dir: &Path, n: usize) -> Vec<String> {
     (0..n)
         .map(|i| dir.join(format!("d{i}.img")).display().to_string())
@@ -183,27 +213,17 @@ fn create_refuses_a_mounted_device() {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("dev.img");
     std::fs::write(&img, vec![0u8; 64 << 20]).unwrap();
-    let out = Command::new("losetup")
-        .args(["-f", "--show"])
-        .arg(&img)
-        .output()
-        .expect("losetup");
-    assert!(
-        out.status.success(),
-        "losetup: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    struct Cleanup(String, PathBuf);
-    impl Drop for Cleanup {
+    let device = LoopDevice::attach(&img, false);
+    let dev = device.path.clone();
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
         fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.1).status();
-            let _ = Command::new("losetup").args(["-d", &self.0]).status();
+            let _ = Command::new("umount").arg(&self.0).status();
         }
     }
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).unwrap();
-    let _guard = Cleanup(dev.clone(), mnt.clone());
+    let _unmount = Unmount(mnt.clone());
     assert!(Command::new("mkfs.ext4")
         .args(["-q", &dev])
         .status()
@@ -234,24 +254,8 @@ fn a_read_only_member_is_refused_for_writing_and_left_unchanged() {
         &d,
     ));
     let before = std::fs::read(&d[2]).unwrap();
-    let out = Command::new("losetup")
-        .args(["-f", "--show", "-r"])
-        .arg(&d[2])
-        .output()
-        .expect("losetup");
-    assert!(
-        out.status.success(),
-        "losetup: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    struct Detach(String);
-    impl Drop for Detach {
-        fn drop(&mut self) {
-            let _ = Command::new("losetup").args(["-d", &self.0]).status();
-        }
-    }
-    let _guard = Detach(dev.clone());
+    let guard = LoopDevice::attach(Path::new(&d[2]), true);
+    let dev = guard.path.clone();
     let set = [d[0].as_str(), d[1].as_str(), dev.as_str()];
     for cmd in [
         &["serve"][..],
@@ -265,7 +269,7 @@ fn a_read_only_member_is_refused_for_writing_and_left_unchanged() {
     }
     ok(&["status", set[0], set[1], set[2]]);
     ok(&["scrub", "--check", set[0], set[1], set[2]]);
-    drop(_guard);
+    drop(guard);
     assert!(
         std::fs::read(&d[2]).unwrap() == before,
         "the read-only member changed"
