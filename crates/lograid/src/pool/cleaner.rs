@@ -112,6 +112,15 @@ impl PoolInner {
     fn pick_victim(&self, urgent: bool) -> Option<u32> {
         let core = self.core.lock();
         let now = core.next_seq;
+        // What a segment written now holds: moving more live blocks than
+        // that gains nothing (in a degraded pool new rows are narrower, and
+        // moving a full segment of wide rows would take more than it frees).
+        let active = core.segments.first().map_or(0, |_| {
+            self.shape.geometry.segment_members(0, core.active_mask)
+        });
+        let destination = self
+            .shape
+            .segment_capacity(active, self.shape.segment_parity(active));
         // Sealed segments with something to gain: (index, live, capacity).
         let candidates = core
             .segments
@@ -122,7 +131,7 @@ impl PoolInner {
                 let capacity = self.shape.segment_capacity(s.members_mask, s.parity);
                 (i as u32, s, capacity)
             })
-            .filter(|(_, s, capacity)| (s.live_blocks as u64) < *capacity);
+            .filter(|(_, s, capacity)| (s.live_blocks as u64) < (*capacity).min(destination));
         if urgent || self.options.cleaner_policy == CleanerPolicy::Greedy {
             return candidates
                 .min_by_key(|(_, s, _)| s.live_blocks)
