@@ -153,6 +153,11 @@ impl RowGeom {
         let rot = rotation(self.offset, w);
         Some((rank + w - rot) % w)
     }
+    /// Whether column `col` is written: a data column in use or a parity
+    /// column (the unused data columns of a short row read as zero).
+    pub fn column_used(&self, col: usize) -> bool {
+        col < self.data_columns as usize || col >= self.data_capacity_columns()
+    }
     /// Column of parity `p` (0..parity).
     pub fn parity_column(&self, p: usize) -> usize {
         self.data_capacity_columns() + p

@@ -263,7 +263,7 @@ impl PoolInner {
         let (generation, members) = {
             let mut core = self.core.lock();
             core.superblock_generation += 1;
-            (core.superblock_generation, self.member_records(&core))
+            (core.superblock_generation, core.members.clone())
         };
         let mut jobs: Vec<IoJob<(usize, std::io::Result<()>)>> = Vec::new();
         for (m, dev) in self.open_devices() {
@@ -305,9 +305,5 @@ impl PoolInner {
             }
         }
         Ok(members)
-    }
-
-    pub(crate) fn member_records(&self, core: &Core) -> Vec<MemberRecord> {
-        core.members.clone()
     }
 }

@@ -208,7 +208,11 @@ impl PoolInner {
                 let columns = {
                     let _r = self.reuse.read();
                     let mut columns = self.read_row_columns(&geom);
-                    self.rebuild_missing_columns(&geom, &mut columns);
+                    super::io::rebuild_missing_columns(
+                        &geom,
+                        &mut columns,
+                        geom.height as usize * BLOCK_SIZE,
+                    );
                     columns
                 };
                 let header = columns[0].as_ref().and_then(|c| {
@@ -257,7 +261,11 @@ impl PoolInner {
             } else {
                 let _r = self.reuse.read();
                 let mut columns = self.read_row_columns(&geom);
-                self.rebuild_missing_columns(&geom, &mut columns);
+                super::io::rebuild_missing_columns(
+                    &geom,
+                    &mut columns,
+                    geom.height as usize * BLOCK_SIZE,
+                );
                 columns
             };
             // The live blocks' bytes: from the columns read, checked; else
@@ -324,40 +332,6 @@ impl PoolInner {
             }
         }
         Ok(moved)
-    }
-}
-
-impl PoolInner {
-    /// Rebuilds, in memory, the data columns of a row read whole that could
-    /// not be read (a member gone), from the others, parity included. Left
-    /// as they are if more are missing than the parity covers.
-    fn rebuild_missing_columns(
-        &self,
-        geom: &crate::layout::RowGeom,
-        columns: &mut [Option<crate::device::AlignedBuf>],
-    ) {
-        let k = geom.data_capacity_columns();
-        let used = |c: usize| c < geom.data_columns as usize || c >= k;
-        let erase: Vec<usize> = (0..columns.len())
-            .filter(|&c| used(c) && columns[c].is_none())
-            .collect();
-        if erase.is_empty() || erase.len() > geom.parity as usize {
-            return;
-        }
-        let len = geom.height as usize * BLOCK_SIZE;
-        let mut work: Vec<Vec<u8>> = columns
-            .iter()
-            .map(|c| c.as_ref().map_or_else(|| vec![0u8; len], |b| b.to_vec()))
-            .collect();
-        let mut refs: Vec<&mut [u8]> = work.iter_mut().map(|v| v.as_mut_slice()).collect();
-        if lograid_parity::reconstruct(k, &mut refs, &erase).is_err() {
-            return;
-        }
-        for c in erase {
-            let mut buf = crate::device::AlignedBuf::zeroed(len);
-            buf.copy_from_slice(&work[c]);
-            columns[c] = Some(buf);
-        }
     }
 }
 

@@ -707,38 +707,25 @@ impl PoolInner {
         col: usize,
         blk: usize,
         n: usize,
-    ) -> Option<Vec<u8>> {
-        let k = geom.data_capacity_columns();
-        let len = n * BLOCK_SIZE;
+    ) -> Option<AlignedBuf> {
         // Read in this thread, one column after the other: handing the
         // reads to the I/O pool costs more (thread hand-offs on few cores)
         // than it gains, since readers run many at once anyway.
-        let read: Vec<Option<Vec<u8>>> = (0..geom.width())
+        let mut columns: Vec<Option<AlignedBuf>> = (0..geom.width())
             .map(|c| {
-                if c < k && c >= geom.data_columns as usize {
-                    return Some(vec![0u8; len]);
-                }
-                if c == col {
+                if c == col || !geom.column_used(c) {
                     return None;
                 }
                 let pba = geom.pba(&self.shape.geometry, c, blk);
                 let dev = self.device(pba.member as usize)?;
-                let mut buf = AlignedBuf::zeroed(len);
+                let mut buf = AlignedBuf::zeroed(n * BLOCK_SIZE);
                 dev.read_at(&mut buf, pba.byte_offset()).ok()?;
-                Some(buf.to_vec())
+                Some(buf)
             })
             .collect();
-        let erase: Vec<usize> = (0..read.len()).filter(|&c| read[c].is_none()).collect();
-        if erase.len() > geom.parity as usize {
-            return None;
-        }
-        let mut cols: Vec<Vec<u8>> = read
-            .into_iter()
-            .map(|c| c.unwrap_or_else(|| vec![0u8; len]))
-            .collect();
-        let mut refs: Vec<&mut [u8]> = cols.iter_mut().map(|v| v.as_mut_slice()).collect();
-        lograid_parity::reconstruct(k, &mut refs, &erase).ok()?;
-        Some(cols.swap_remove(col))
+        rebuild_missing_columns(geom, &mut columns, n * BLOCK_SIZE)
+            .then(|| columns.swap_remove(col))
+            .flatten()
     }
 
     /// Writes a repaired block back where it belongs (its row's parity is
@@ -806,10 +793,9 @@ impl PoolInner {
     /// Block `blk` of every column of a row (None where unreadable); unused
     /// data columns are zero.
     pub(crate) fn read_row_stripe(&self, geom: &RowGeom, blk: usize) -> Vec<Option<Vec<u8>>> {
-        let k = geom.data_capacity_columns();
         (0..geom.width())
             .map(|c| {
-                if c < k && c >= geom.data_columns as usize {
+                if !geom.column_used(c) {
                     return Some(vec![0u8; BLOCK_SIZE]);
                 }
                 let pba = geom.pba(&self.shape.geometry, c, blk);
@@ -820,6 +806,40 @@ impl PoolInner {
             })
             .collect()
     }
+}
+
+/// Fills in, in place, the used columns of a row (or of the same block
+/// range of each column, `len` bytes) that are None, from the others and
+/// the parity. False if more are missing than the parity covers.
+pub(crate) fn rebuild_missing_columns(
+    geom: &RowGeom,
+    columns: &mut [Option<AlignedBuf>],
+    len: usize,
+) -> bool {
+    let erase: Vec<usize> = (0..columns.len())
+        .filter(|&c| geom.column_used(c) && columns[c].is_none())
+        .collect();
+    if erase.is_empty() {
+        return true;
+    }
+    if erase.len() > geom.parity as usize {
+        return false;
+    }
+    // Unused data columns read as zero; erased ones are outputs.
+    for c in columns.iter_mut().filter(|c| c.is_none()) {
+        *c = Some(AlignedBuf::zeroed(len));
+    }
+    let mut refs: Vec<&mut [u8]> = columns
+        .iter_mut()
+        .map(|c| &mut c.as_mut().expect("filled above")[..len])
+        .collect();
+    if lograid_parity::reconstruct(geom.data_capacity_columns(), &mut refs, &erase).is_err() {
+        for &c in &erase {
+            columns[c] = None;
+        }
+        return false;
+    }
+    true
 }
 
 /// Reconstructs column `target` of a stripe (one block per column, data
@@ -849,7 +869,7 @@ pub(crate) fn rebuild_from_stripe(
     }
     missing.sort_unstable();
     let candidates: Vec<usize> = (0..width)
-        .filter(|c| !missing.contains(c) && (*c >= k || *c < geom.data_columns as usize))
+        .filter(|c| !missing.contains(c) && geom.column_used(*c))
         .collect();
     let spare = p - missing.len();
     let mut sets: Vec<Vec<usize>> = vec![vec![]];

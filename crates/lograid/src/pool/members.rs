@@ -361,17 +361,25 @@ impl PoolInner {
             .unwrap_or_else(|| "-".into())
     }
 
-    /// Does sealed segment `seg` need moving? Yes if it uses a member that
-    /// is leaving, or (when no member is faulted) if the current members
-    /// would lay it wider.
-    fn needs_reshape(&self, core: &Core, s: usize, leaving: u32, faulted: u32) -> bool {
-        core.segments[s].state == SegState::Sealed
-            && !self.reshape.lock().stuck.contains(&(s as u32))
-            && self.misshapen(core, s, leaving, faulted)
+    /// Sealed segments the reshape still has to move (all but those whose
+    /// blocks it could not read), in order.
+    fn reshape_todo(&self, core: &Core) -> Vec<usize> {
+        let leaving = core.members_in(MemberState::Removing);
+        let faulted = core.members_in(MemberState::Faulted);
+        let reshape = self.reshape.lock();
+        (0..core.segments.len())
+            .filter(|&s| {
+                core.segments[s].state == SegState::Sealed
+                    && !reshape.stuck.contains(&(s as u32))
+                    && self.misshapen(core, s, leaving, faulted)
+            })
+            .collect()
     }
 
     /// Is segment `s` laid out otherwise than the current members and
-    /// parity would lay it (and movable: see `needs_reshape`)?
+    /// parity would lay it? Yes if it uses a member that is leaving, or
+    /// (when no member is faulted) if the current members would lay it
+    /// wider or with another parity.
     fn misshapen(&self, core: &Core, s: usize, leaving: u32, faulted: u32) -> bool {
         let seg = &core.segments[s];
         if seg.members_mask & leaving != 0 {
@@ -389,16 +397,12 @@ impl PoolInner {
     /// (segments, live bytes) the reshape has left to move.
     pub(crate) fn reshape_left(&self) -> (u64, u64) {
         let core = self.core.lock();
-        let leaving = core.members_in(MemberState::Removing);
-        let faulted = core.members_in(MemberState::Faulted);
-        let mut left = (0, 0);
-        for s in 0..core.segments.len() {
-            if self.needs_reshape(&core, s, leaving, faulted) {
-                left.0 += 1;
-                left.1 += core.segments[s].live_blocks as u64 * BLOCK_BYTES;
-            }
-        }
-        left
+        let todo = self.reshape_todo(&core);
+        let bytes = todo
+            .iter()
+            .map(|&s| core.segments[s].live_blocks as u64 * BLOCK_BYTES)
+            .sum();
+        (todo.len() as u64, bytes)
     }
 
     /// Moves one segment that needs it; when none is left, finishes the
@@ -409,17 +413,15 @@ impl PoolInner {
         let victim = {
             let core = self.core.lock();
             check_writable(&core)?;
-            let leaving = core.members_in(MemberState::Removing);
-            let faulted = core.members_in(MemberState::Faulted);
             // Segments over a leaving member that cannot be read first
             // (they are the ones at risk), then the rest in order.
-            let at_risk = |s: usize| {
-                let mask = core.segments[s].members_mask & leaving;
-                (0..MAX_MEMBERS).any(|m| mask & (1 << m) != 0 && self.device(m).is_none())
-            };
-            (0..core.segments.len())
-                .filter(|&s| self.needs_reshape(&core, s, leaving, faulted))
-                .min_by_key(|&s| (!at_risk(s), s))
+            let leaving = core.members_in(MemberState::Removing);
+            let gone = (0..core.members.len())
+                .filter(|&m| leaving & (1 << m) != 0 && self.device(m).is_none())
+                .fold(0u32, |mask, m| mask | 1 << m);
+            self.reshape_todo(&core)
+                .into_iter()
+                .min_by_key(|&s| (core.segments[s].members_mask & gone == 0, s))
         };
         let Some(victim) = victim else {
             if self.move_misshapen_heads()? {

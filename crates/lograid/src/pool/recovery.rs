@@ -364,14 +364,7 @@ impl Core {
 /// is durable). Recovery accepts a row under a mask only if it continues
 /// its chain, so a wrong guess is never taken for a row.
 pub(crate) fn segment_mask_candidates(shape: &Shape) -> Vec<u32> {
-    let in_state = |state: MemberState| {
-        shape
-            .recorded_members
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.state == state)
-            .fold(0u32, |m, (i, _)| m | 1 << i)
-    };
+    let in_state = |state: MemberState| recorded_in(shape, state);
     let active = in_state(MemberState::Active);
     let optional = in_state(MemberState::Joining) | in_state(MemberState::Removing);
     let mut out: Vec<u32> = Vec::new();
@@ -386,6 +379,16 @@ pub(crate) fn segment_mask_candidates(shape: &Shape) -> Vec<u32> {
     // Fewest failures first, then the recorded table.
     out.sort_by_key(|&m| ((m ^ active).count_ones(), m));
     out
+}
+
+/// Members (mask) the superblock this pool was opened from records in `state`.
+fn recorded_in(shape: &Shape, state: MemberState) -> u32 {
+    shape
+        .recorded_members
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.state == state)
+        .fold(0u32, |m, (i, _)| m | 1 << i)
 }
 
 /// Every subset of `mask`, the empty one first.
@@ -855,12 +858,33 @@ impl PoolInner {
     /// The row header at (segment, offset) that `accept` takes, trying each
     /// shape the segment may have been written with (`segment_shapes`).
     fn find_row(&self, s: u32, off: u32, accept: impl Fn(&FoundRow) -> bool) -> Option<FoundRow> {
-        self.segment_shapes(s)
-            .into_iter()
-            .find_map(|(mask, parity)| {
-                self.load_row_header(s, off, mask, parity)
-                    .filter(|row| accept(row))
-            })
+        let try_shape = |(mask, parity): (u32, u8)| {
+            self.load_row_header(s, off, mask, parity)
+                .filter(|row| accept(row))
+        };
+        // The likely shape first (every row of a chain but the last is
+        // found with it); the whole list only when that fails.
+        let likely = self.likely_shape(s);
+        try_shape(likely).or_else(|| {
+            self.segment_shapes(s)
+                .into_iter()
+                .filter(|&shape| shape != likely)
+                .find_map(try_shape)
+        })
+    }
+
+    /// The shape the checkpoint records for segment `s`, or for a segment
+    /// taken after it, the members the superblock records as active.
+    fn likely_shape(&self, s: u32) -> (u32, u8) {
+        let core = self.core.lock();
+        match core.segments.get(s as usize) {
+            Some(seg) if seg.state != SegState::Free => (seg.members_mask, seg.parity),
+            _ => {
+                let active = recorded_in(&self.shape, MemberState::Active);
+                let mask = self.shape.geometry.segment_members(s, active);
+                (mask, self.shape.segment_parity(mask))
+            }
+        }
     }
 
     /// Members and parity rows in segment `s` may have been written with,
@@ -868,40 +892,40 @@ impl PoolInner {
     /// after it, see `segment_mask_candidates`.
     fn segment_shapes(&self, s: u32) -> Vec<(u32, u8)> {
         let core = self.core.lock();
-        let found = core.segments.get(s as usize);
+        // The shape the checkpoint records first; then every shape the
+        // segment may have been given since (a segment only reserved then,
+        // or emptied and taken again, got its shape after the checkpoint,
+        // when the member set or parity may have changed).
+        let mut shapes: Vec<(u32, u8)> = Vec::new();
+        if let Some(seg) = core
+            .segments
+            .get(s as usize)
+            .filter(|seg| seg.state != SegState::Free)
         {
-            // The shape the checkpoint records first; then every shape the
-            // segment may have been given since (a segment only reserved
-            // then, or emptied and taken again, got its shape after the
-            // checkpoint, when the member set or parity may have changed).
-            {
-                let mut shapes: Vec<(u32, u8)> = Vec::new();
-                if let Some(seg) = found.filter(|seg| seg.state != SegState::Free) {
-                    shapes.push((seg.members_mask, seg.parity));
+            shapes.push((seg.members_mask, seg.parity));
+        }
+        let masks: Vec<u32> = segment_mask_candidates(&self.shape)
+            .into_iter()
+            .map(|eligible| self.shape.geometry.segment_members(s, eligible))
+            .collect();
+        let mut push = |shape: (u32, u8)| {
+            if !shapes.contains(&shape) {
+                shapes.push(shape);
+            }
+        };
+        // The recorded parity first; then any other (the parity may have
+        // been changed after the checkpoint, `Pool::set_parity`).
+        for &mask in &masks {
+            push((mask, self.shape.segment_parity(mask)));
+        }
+        for &mask in &masks {
+            for parity in 0..=crate::format::MAX_PARITY as u8 {
+                if (parity as u32) < mask.count_ones() {
+                    push((mask, parity));
                 }
-                let masks: Vec<u32> = segment_mask_candidates(&self.shape)
-                    .into_iter()
-                    .map(|eligible| self.shape.geometry.segment_members(s, eligible))
-                    .collect();
-                // The recorded parity first; then any other (the parity may
-                // have been changed after the checkpoint, `Pool::set_parity`).
-                for &mask in &masks {
-                    let shape = (mask, self.shape.segment_parity(mask));
-                    if !shapes.contains(&shape) {
-                        shapes.push(shape);
-                    }
-                }
-                for &mask in &masks {
-                    for parity in 0..=crate::format::MAX_PARITY as u8 {
-                        let shape = (mask, parity);
-                        if (parity as u32) < mask.count_ones() && !shapes.contains(&shape) {
-                            shapes.push(shape);
-                        }
-                    }
-                }
-                shapes
             }
         }
+        shapes
     }
     /// Follows each head's chain from its checkpointed position, then applies
     /// the rows found in global sequence order. Returns (rows, blocks).
@@ -1048,7 +1072,7 @@ impl PoolInner {
         let mut parity = vec![vec![0u8; BLOCK_SIZE]; p];
         for blk in 0..g.height as usize {
             let block_of = |c: usize| -> Option<&[u8]> {
-                if c < k && c >= g.data_columns as usize {
+                if !g.column_used(c) {
                     return Some(&ZERO_BLOCK[..]);
                 }
                 columns[c]
@@ -1140,13 +1164,12 @@ impl PoolInner {
     /// Every written column of a row, read whole and in parallel (None
     /// where unreadable; unused data columns are not read).
     pub(crate) fn read_row_columns(&self, g: &RowGeom) -> Vec<Option<AlignedBuf>> {
-        let k = g.data_capacity_columns();
         let bytes = g.height as usize * BLOCK_SIZE;
         let jobs: Vec<crate::device::IoJob<Option<AlignedBuf>>> = (0..g.width())
             .map(|c| {
                 let pba = g.pba(&self.shape.geometry, c, 0);
                 let dev = self.device(pba.member as usize);
-                let unused = c < k && c >= g.data_columns as usize;
+                let unused = !g.column_used(c);
                 Box::new(move || {
                     let dev = dev.filter(|_| !unused)?;
                     let mut buf = AlignedBuf::zeroed(bytes);
