@@ -16,6 +16,7 @@ use tokio::time::timeout;
 use crate::dispatch::{error_reply, execute, ReplyOptions};
 use crate::negotiate::{ExportRegistry, Negotiation, NegotiationPolicy, Session, Step};
 use crate::proto::*;
+use crate::tls::TlsSettings;
 
 /// How long a closing connection keeps reading (and discarding) what the client still sends, so
 /// that the last replies are not destroyed by a TCP reset.
@@ -64,6 +65,8 @@ pub(crate) struct Shared {
     /// Bytes of request and reply buffers across all connections.
     pub global_bytes: Arc<Semaphore>,
     pub shutdown: watch::Receiver<bool>,
+    /// Present when the policy offers or requires TLS.
+    pub tls: Option<TlsSettings>,
 }
 
 /// Buffers and slots one request holds until its reply is written (or dropped).
@@ -104,24 +107,64 @@ async fn linger<R: AsyncRead + Unpin>(reader: &mut R) {
     let _ = timeout(LINGER_TIME, tokio::io::copy(&mut limited, &mut sink)).await;
 }
 
-/// Serves one accepted connection to its end. `peer` is only used in logs.
-pub(crate) async fn serve<R, W>(reader: R, writer: W, peer: String, shared: Arc<Shared>)
-where
-    R: AsyncRead + Unpin + Send + 'static,
-    W: AsyncWrite + Unpin + Send + 'static,
-{
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
-    let mut writer = BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
-    let mut shutdown = shared.shutdown.clone();
+/// A connected stream the handshake runs on, and that splits into halves for transmission.
+pub(crate) trait Duplex: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    type Reader: AsyncRead + Unpin + Send + 'static;
+    type Writer: AsyncWrite + Unpin + Send + 'static;
+    fn into_halves(self) -> (Self::Reader, Self::Writer);
+}
 
+impl Duplex for tokio::net::TcpStream {
+    type Reader = tokio::net::tcp::OwnedReadHalf;
+    type Writer = tokio::net::tcp::OwnedWriteHalf;
+    fn into_halves(self) -> (Self::Reader, Self::Writer) {
+        self.into_split()
+    }
+}
+
+impl Duplex for tokio::net::UnixStream {
+    type Reader = tokio::net::unix::OwnedReadHalf;
+    type Writer = tokio::net::unix::OwnedWriteHalf;
+    fn into_halves(self) -> (Self::Reader, Self::Writer) {
+        self.into_split()
+    }
+}
+
+/// How a successful handshake left the connection.
+enum Negotiated<S> {
+    Plain(S, Session),
+    Tls(Box<tokio_rustls::server::TlsStream<S>>, Session),
+}
+
+/// A failed handshake: why, and the stream (plain or encrypted) to close politely.
+struct Failed {
+    reason: String,
+    stream: Option<Box<dyn Lingering>>,
+}
+
+trait Lingering: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Lingering for T {}
+
+impl Failed {
+    fn new<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(reason: String, stream: S) -> Self {
+        Failed {
+            reason,
+            stream: Some(Box::new(stream)),
+        }
+    }
+}
+
+/// Serves one accepted connection to its end. `peer` is only used in logs.
+pub(crate) async fn serve<S: Duplex>(stream: S, peer: String, shared: Arc<Shared>) {
+    let mut shutdown = shared.shutdown.clone();
     let outcome = tokio::select! {
-        outcome = timeout(shared.limits.handshake_timeout, handshake(&mut reader, &mut writer, &shared)) => outcome,
+        outcome = timeout(shared.limits.handshake_timeout, handshake(stream, &shared)) => outcome,
         _ = wait_true(&mut shutdown) => {
             tracing::debug!(%peer, "server shutting down during handshake");
             return;
         }
     };
-    let session = match outcome {
+    let negotiated = match outcome {
         Err(_) => {
             shared
                 .counters
@@ -130,38 +173,101 @@ where
             tracing::info!(%peer, "handshake timed out");
             return;
         }
-        Ok(Err(reason)) => {
+        Ok(Err(failed)) => {
             shared
                 .counters
                 .handshake_failures
                 .fetch_add(1, Ordering::Relaxed);
-            tracing::info!(%peer, %reason, "handshake ended");
-            let _ = timeout(Duration::from_secs(1), writer.shutdown()).await;
-            linger(&mut reader).await;
+            tracing::info!(%peer, reason = %failed.reason, "handshake ended");
+            if let Some(mut stream) = failed.stream {
+                let _ = timeout(Duration::from_secs(1), stream.shutdown()).await;
+                linger(&mut stream).await;
+            }
             return;
         }
-        Ok(Ok(session)) => session,
+        Ok(Ok(negotiated)) => negotiated,
     };
-    tracing::info!(%peer, export = session.export.name(), flags = session.transmission_flags, "transmission started");
-    transmission(reader, writer, peer, session, shared).await;
+    match negotiated {
+        Negotiated::Plain(stream, session) => {
+            tracing::info!(%peer, export = session.export.name(), flags = session.transmission_flags, "transmission started");
+            let (reader, writer) = stream.into_halves();
+            transmission(reader, writer, peer, session, shared).await;
+        }
+        Negotiated::Tls(stream, session) => {
+            tracing::info!(%peer, export = session.export.name(), flags = session.transmission_flags, "transmission started over TLS");
+            let (reader, writer) = tokio::io::split(*stream);
+            transmission(reader, writer, peer, session, shared).await;
+        }
+    }
 }
 
-/// Runs option haggling; returns the negotiated session or why the connection must close.
-async fn handshake<R, W>(reader: &mut R, writer: &mut W, shared: &Shared) -> Result<Session, String>
+/// Runs the handshake: greeting, option haggling, and the switch to TLS if the client asks for
+/// it (or must). The stream is not buffered here, so nothing a client sends early is lost when
+/// the connection is split (or encrypted) afterwards.
+async fn handshake<S: Duplex>(mut stream: S, shared: &Shared) -> Result<Negotiated<S>, Failed> {
+    let io = |error: std::io::Error| format!("I/O error: {error}");
+    let greeting = async {
+        stream.write_all(&server_greeting()).await.map_err(io)?;
+        stream.flush().await.map_err(io)?;
+        let mut flags = [0u8; 4];
+        stream.read_exact(&mut flags).await.map_err(io)?;
+        parse_client_flags(&flags).map_err(|error| error.to_string())
+    };
+    let client = match greeting.await {
+        Ok(client) => client,
+        Err(reason) => return Err(Failed::new(reason, stream)),
+    };
+    let mut negotiation = Negotiation::new(shared.registry.clone(), shared.limits.policy, client);
+    match haggle(&mut stream, &mut negotiation, shared).await {
+        Ok(Haggled::Session(session)) => return Ok(Negotiated::Plain(stream, session)),
+        Ok(Haggled::StartTls) => {}
+        Err(reason) => return Err(Failed::new(reason, stream)),
+    }
+    let Some(tls) = &shared.tls else {
+        return Err(Failed::new("STARTTLS without TLS settings".into(), stream));
+    };
+    let mut stream = match tls.acceptor.accept(stream).await {
+        Ok(stream) => stream,
+        // The TLS layer has already told the client what went wrong (an alert), if it could.
+        Err(error) => {
+            return Err(Failed {
+                reason: format!("TLS handshake failed: {error}"),
+                stream: None,
+            })
+        }
+    };
+    negotiation.tls_started();
+    match haggle(&mut stream, &mut negotiation, shared).await {
+        Ok(Haggled::Session(session)) => Ok(Negotiated::Tls(Box::new(stream), session)),
+        Ok(Haggled::StartTls) => Err(Failed::new(
+            "STARTTLS on an encrypted connection".into(),
+            stream,
+        )),
+        Err(reason) => Err(Failed::new(reason, stream)),
+    }
+}
+
+/// Where option haggling stopped.
+enum Haggled {
+    Session(Session),
+    /// NBD_OPT_STARTTLS was acknowledged: the TLS handshake comes next.
+    StartTls,
+}
+
+/// Reads and answers options until the client picks an export, asks for TLS, or the
+/// connection must close (the error says why).
+async fn haggle<S>(
+    stream: &mut S,
+    negotiation: &mut Negotiation,
+    shared: &Shared,
+) -> Result<Haggled, String>
 where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
 {
     let io = |error: std::io::Error| format!("I/O error: {error}");
-    writer.write_all(&server_greeting()).await.map_err(io)?;
-    writer.flush().await.map_err(io)?;
-    let mut flags = [0u8; 4];
-    reader.read_exact(&mut flags).await.map_err(io)?;
-    let client = parse_client_flags(&flags).map_err(|error| error.to_string())?;
-    let mut negotiation = Negotiation::new(shared.registry.clone(), shared.limits.policy, client);
     loop {
         let mut raw = [0u8; OPTION_HEADER_LEN];
-        reader.read_exact(&mut raw).await.map_err(io)?;
+        stream.read_exact(&mut raw).await.map_err(io)?;
         let header = parse_option_header(&raw).map_err(|error| {
             shared
                 .counters
@@ -172,7 +278,7 @@ where
         let step = if header.length > MAX_OPTION_LEN {
             let (step, discard) = negotiation.oversized_option(header);
             if discard {
-                let mut limited = (&mut *reader).take(u64::from(header.length));
+                let mut limited = (&mut *stream).take(u64::from(header.length));
                 let copied = tokio::io::copy(&mut limited, &mut tokio::io::sink())
                     .await
                     .map_err(io)?;
@@ -183,24 +289,19 @@ where
             step
         } else {
             let mut data = vec![0u8; header.length as usize];
-            reader.read_exact(&mut data).await.map_err(io)?;
+            stream.read_exact(&mut data).await.map_err(io)?;
             negotiation.handle_option(header.option, &data)
         };
-        match step {
-            Step::Reply(bytes) => {
-                writer.write_all(&bytes).await.map_err(io)?;
-                writer.flush().await.map_err(io)?;
-            }
-            Step::Transmit { reply, session } => {
-                writer.write_all(&reply).await.map_err(io)?;
-                writer.flush().await.map_err(io)?;
-                return Ok(session);
-            }
-            Step::Close { reply, reason } => {
-                writer.write_all(&reply).await.map_err(io)?;
-                writer.flush().await.map_err(io)?;
-                return Err(reason);
-            }
+        let (reply, next) = match step {
+            Step::Reply(bytes) => (bytes, None),
+            Step::Transmit { reply, session } => (reply, Some(Ok(Haggled::Session(session)))),
+            Step::StartTls(reply) => (reply, Some(Ok(Haggled::StartTls))),
+            Step::Close { reply, reason } => (reply, Some(Err(reason))),
+        };
+        stream.write_all(&reply).await.map_err(io)?;
+        stream.flush().await.map_err(io)?;
+        if let Some(next) = next {
+            return next;
         }
     }
 }
@@ -219,8 +320,8 @@ enum ReaderEnd {
 }
 
 async fn transmission<R, W>(
-    mut reader: BufReader<R>,
-    writer: BufWriter<W>,
+    reader: R,
+    writer: W,
     peer: String,
     session: Session,
     shared: Arc<Shared>,
@@ -228,6 +329,8 @@ async fn transmission<R, W>(
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
+    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, reader);
+    let writer = BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
     let (reply_tx, reply_rx) = mpsc::unbounded_channel::<Outgoing>();
     let (abort_tx, abort_rx) = watch::channel(false);
     let writer_task = tokio::spawn(write_replies(

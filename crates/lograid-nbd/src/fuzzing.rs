@@ -12,6 +12,7 @@ use crate::dispatch::{block_status_descriptors, execute, plan_read, ReplyOptions
 use crate::export::{Allocation, Export};
 use crate::negotiate::{ExportRegistry, Negotiation, NegotiationPolicy, Step};
 use crate::proto::*;
+use crate::tls::TlsMode;
 
 /// Requests longer than this are validated but not executed (keeps each run fast).
 const MAX_EXECUTED_LEN: u32 = 1 << 20;
@@ -198,6 +199,12 @@ pub fn fuzz_protocol(input: &[u8]) -> FuzzReach {
     let policy = NegotiationPolicy {
         read_only: false,
         max_payload: DEFAULT_MAX_PAYLOAD,
+        // Mostly off, so that most sessions reach transmission.
+        tls: match setup[6] >> 5 {
+            6 => TlsMode::Optional,
+            7 => TlsMode::Required,
+            _ => TlsMode::Off,
+        },
     };
     let mut negotiation = Negotiation::new(registry, policy, client);
     let session = loop {
@@ -226,6 +233,8 @@ pub fn fuzz_protocol(input: &[u8]) -> FuzzReach {
         };
         match step {
             Step::Reply(_) => continue,
+            // As if the TLS handshake succeeded.
+            Step::StartTls(_) => negotiation.tls_started(),
             Step::Close { .. } => return reach,
             Step::Transmit { session, .. } => break session,
         }

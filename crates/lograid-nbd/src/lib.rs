@@ -1,5 +1,6 @@
 //! lograid-nbd: an NBD server (fixed newstyle handshake, structured replies, `base:allocation`
-//! block status, FLUSH/FUA/TRIM/WRITE_ZEROES, multi-conn, export list; TCP and Unix sockets)
+//! block status, FLUSH/FUA/TRIM/WRITE_ZEROES, multi-conn, export list; TCP and Unix sockets;
+//! TLS through STARTTLS)
 //! over any [`Export`], plus the helpers that turn an export into a kernel block device on hosts
 //! without the nbd driver.
 //!
@@ -10,6 +11,7 @@
 //! - `dispatch`: runs a validated request on an export and encodes the reply.
 //! - `connection`: per-connection I/O, bounds and the reply writer.
 //! - [`server`]: listeners, limits, shutdown; [`Server`], [`serve_until`].
+//! - [`tls`]: certificates and rustls settings for `NBD_OPT_STARTTLS`.
 //! - [`mod@attach`]: nbdfuse + loop device attach/detach.
 //! - [`harden`]: `PR_SET_IO_FLUSHER` + `mlockall` for a process backing a local block device.
 //!
@@ -41,6 +43,7 @@ pub mod mem_export;
 pub mod negotiate;
 pub mod proto;
 pub mod server;
+pub mod tls;
 
 pub use attach::{attach, detach, list_attachments, AttachError, Attached, AttachmentRecord};
 pub use dispatch::{block_status_descriptors, plan_read, ReadPiece};
@@ -50,3 +53,4 @@ pub use server::{
     serve_until, ListenAddr, Server, ServerConfig, ServerError, ServerStats, ShutdownHandle,
     StatsHandle,
 };
+pub use tls::{TlsFiles, TlsMode, TlsSettings};

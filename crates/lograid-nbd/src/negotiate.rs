@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::export::Export;
 use crate::proto::*;
+use crate::tls::TlsMode;
 
 /// Most options one client may send before the server gives up on it.
 pub const MAX_OPTIONS_PER_HANDSHAKE: u32 = 1024;
@@ -74,6 +75,8 @@ pub struct NegotiationPolicy {
     pub read_only: bool,
     /// Maximum block size advertised, and largest READ/WRITE accepted.
     pub max_payload: u32,
+    /// Whether `NBD_OPT_STARTTLS` is offered or required.
+    pub tls: TlsMode,
 }
 
 /// What the transmission phase needs to know about the negotiated session.
@@ -103,6 +106,9 @@ pub enum Step {
     Transmit { reply: Vec<u8>, session: Session },
     /// Send these bytes (possibly none), then close the connection.
     Close { reply: Vec<u8>, reason: String },
+    /// Send these bytes (the `NBD_OPT_STARTTLS` acknowledgement), then run the TLS handshake as
+    /// the server, call [`Negotiation::tls_started`] and read the next option over TLS.
+    StartTls(Vec<u8>),
 }
 
 /// Size advertised for an export: rounded down to the minimum block size, so that every byte a
@@ -137,6 +143,8 @@ pub struct Negotiation {
     /// Export index for which `base:allocation` is selected.
     meta_context_export: Option<usize>,
     options_seen: u32,
+    /// The connection is encrypted.
+    tls_active: bool,
 }
 
 impl Negotiation {
@@ -148,6 +156,42 @@ impl Negotiation {
             structured_replies: false,
             meta_context_export: None,
             options_seen: 0,
+            tls_active: false,
+        }
+    }
+
+    /// Records that the TLS handshake succeeded. Everything negotiated in plaintext is forgotten
+    /// (a man in the middle could have injected it; compare nbdkit's CVE-2021-3716).
+    pub fn tls_started(&mut self) {
+        debug_assert!(!self.tls_active, "TLS started twice");
+        self.tls_active = true;
+        self.structured_replies = false;
+        self.meta_context_export = None;
+    }
+
+    /// Whether the connection is encrypted.
+    pub fn tls_active(&self) -> bool {
+        self.tls_active
+    }
+
+    /// With TLS required and not yet active: the answer to any option but STARTTLS and ABORT.
+    fn tls_required(&self, option: u32) -> Option<Step> {
+        if self.policy.tls != TlsMode::Required || self.tls_active {
+            return None;
+        }
+        match option {
+            NBD_OPT_STARTTLS | NBD_OPT_ABORT => None,
+            // EXPORT_NAME cannot be answered with an error.
+            NBD_OPT_EXPORT_NAME => Some(Step::Close {
+                reply: Vec::new(),
+                reason: "NBD_OPT_EXPORT_NAME before NBD_OPT_STARTTLS; this server requires TLS"
+                    .into(),
+            }),
+            _ => Some(Step::Reply(error_reply(
+                option,
+                NBD_REP_ERR_TLS_REQD,
+                "this server requires TLS: send NBD_OPT_STARTTLS first",
+            ))),
         }
     }
 
@@ -195,6 +239,9 @@ impl Negotiation {
                 reason: format!("more than {MAX_OPTIONS_PER_HANDSHAKE} options"),
             };
         }
+        if let Some(step) = self.tls_required(option) {
+            return step;
+        }
         let parsed = match parse_option(option, data) {
             Ok(parsed) => parsed,
             Err(error) => {
@@ -218,11 +265,17 @@ impl Negotiation {
                 reason: "client sent NBD_OPT_ABORT".into(),
             },
             ClientOption::List => Step::Reply(self.list(option)),
-            ClientOption::StartTls => Step::Reply(error_reply(
+            ClientOption::StartTls if self.policy.tls == TlsMode::Off => Step::Reply(error_reply(
                 option,
                 NBD_REP_ERR_UNSUP,
-                "TLS is not supported by this server",
+                "TLS is not configured on this server",
             )),
+            ClientOption::StartTls if self.tls_active => Step::Reply(error_reply(
+                option,
+                NBD_REP_ERR_INVALID,
+                "TLS is already active on this connection",
+            )),
+            ClientOption::StartTls => Step::StartTls(option_reply(option, NBD_REP_ACK, &[])),
             ClientOption::Info { go, name, requests } => self.info(option, go, &name, &requests),
             ClientOption::StructuredReply => {
                 self.structured_replies = true;
@@ -396,4 +449,116 @@ fn description_string(export: &dyn Export) -> String {
 
 fn error_reply(option: u32, reply_type: u32, message: &str) -> Vec<u8> {
     option_reply(option, reply_type, bounded_message(message).as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mem_export::MemExport;
+
+    fn negotiation(tls: TlsMode) -> Negotiation {
+        let registry = ExportRegistry::new(vec![
+            Arc::new(MemExport::new("disk", 1 << 20)) as Arc<dyn Export>
+        ])
+        .unwrap();
+        let policy = NegotiationPolicy {
+            read_only: false,
+            max_payload: DEFAULT_MAX_PAYLOAD,
+            tls,
+        };
+        let client = ClientFlags {
+            fixed_newstyle: true,
+            no_zeroes: true,
+        };
+        Negotiation::new(registry, policy, client)
+    }
+
+    /// The reply type of the first option reply in `bytes`.
+    fn reply_type(bytes: &[u8]) -> u32 {
+        u32::from_be_bytes(bytes[12..16].try_into().unwrap())
+    }
+
+    fn go(n: &mut Negotiation) -> Step {
+        let mut data = Vec::new();
+        data.extend_from_slice(&4u32.to_be_bytes());
+        data.extend_from_slice(b"disk");
+        data.extend_from_slice(&0u16.to_be_bytes());
+        n.handle_option(NBD_OPT_GO, &data)
+    }
+
+    #[test]
+    fn starttls_is_unsupported_when_off() {
+        let mut n = negotiation(TlsMode::Off);
+        let Step::Reply(bytes) = n.handle_option(NBD_OPT_STARTTLS, &[]) else {
+            panic!("expected a reply");
+        };
+        assert_eq!(reply_type(&bytes), NBD_REP_ERR_UNSUP);
+    }
+
+    #[test]
+    fn required_tls_refuses_everything_before_starttls() {
+        let mut n = negotiation(TlsMode::Required);
+        for option in [
+            NBD_OPT_LIST,
+            NBD_OPT_INFO,
+            NBD_OPT_GO,
+            NBD_OPT_STRUCTURED_REPLY,
+            NBD_OPT_LIST_META_CONTEXT,
+            NBD_OPT_SET_META_CONTEXT,
+            99,
+        ] {
+            let Step::Reply(bytes) = n.handle_option(option, &[]) else {
+                panic!("option {option}: expected a reply");
+            };
+            assert_eq!(reply_type(&bytes), NBD_REP_ERR_TLS_REQD, "option {option}");
+        }
+        assert!(matches!(
+            n.handle_option(NBD_OPT_EXPORT_NAME, b"disk"),
+            Step::Close { .. }
+        ));
+        let mut n = negotiation(TlsMode::Required);
+        assert!(matches!(
+            n.handle_option(NBD_OPT_ABORT, &[]),
+            Step::Close { .. }
+        ));
+        let mut n = negotiation(TlsMode::Required);
+        let Step::Reply(bytes) = n.handle_option(NBD_OPT_STARTTLS, b"x") else {
+            panic!("STARTTLS with data: expected an error reply");
+        };
+        assert_eq!(reply_type(&bytes), NBD_REP_ERR_INVALID);
+        let Step::StartTls(bytes) = n.handle_option(NBD_OPT_STARTTLS, &[]) else {
+            panic!("STARTTLS: expected the switch to TLS");
+        };
+        assert_eq!(reply_type(&bytes), NBD_REP_ACK);
+        n.tls_started();
+        assert!(matches!(go(&mut n), Step::Transmit { .. }));
+    }
+
+    #[test]
+    fn starttls_forgets_plaintext_state_and_is_refused_twice() {
+        let mut n = negotiation(TlsMode::Optional);
+        assert!(matches!(
+            n.handle_option(NBD_OPT_STRUCTURED_REPLY, &[]),
+            Step::Reply(_)
+        ));
+        assert!(matches!(
+            n.handle_option(NBD_OPT_STARTTLS, &[]),
+            Step::StartTls(_)
+        ));
+        n.tls_started();
+        assert!(n.tls_active());
+        let Step::Reply(bytes) = n.handle_option(NBD_OPT_STARTTLS, &[]) else {
+            panic!("second STARTTLS: expected an error reply");
+        };
+        assert_eq!(reply_type(&bytes), NBD_REP_ERR_INVALID);
+        // Structured replies negotiated in plaintext do not survive the upgrade.
+        let Step::Transmit { session, .. } = go(&mut n) else {
+            panic!("expected transmission");
+        };
+        assert!(!session.limits.structured_replies);
+        assert_eq!(session.transmission_flags & NBD_FLAG_SEND_DF, 0);
+        // In optional mode a plaintext client is served.
+        let mut n = negotiation(TlsMode::Optional);
+        assert!(matches!(go(&mut n), Step::Transmit { .. }));
+    }
 }

@@ -406,7 +406,13 @@ pub fn parse_option(option: u32, data: &[u8]) -> Result<ClientOption, OptionErro
                 Err(OptionError::invalid("NBD_OPT_LIST takes no data"))
             }
         }
-        NBD_OPT_STARTTLS => Ok(ClientOption::StartTls),
+        NBD_OPT_STARTTLS => {
+            if data.is_empty() {
+                Ok(ClientOption::StartTls)
+            } else {
+                Err(OptionError::invalid("NBD_OPT_STARTTLS takes no data"))
+            }
+        }
         NBD_OPT_STRUCTURED_REPLY => {
             if data.is_empty() {
                 Ok(ClientOption::StructuredReply)

@@ -16,10 +16,11 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Semaphore};
 
-use crate::connection::{self, ConnectionLimits, Counters, Shared};
+use crate::connection::{self, ConnectionLimits, Counters, Duplex, Shared};
 use crate::export::Export;
 use crate::negotiate::{ExportRegistry, NegotiationPolicy, RegistryError};
 use crate::proto::{DEFAULT_MAX_PAYLOAD, MIN_BLOCK_SIZE};
+use crate::tls::{TlsMode, TlsSettings};
 
 /// Largest configurable payload (a READ reply chunk must stay far below 4 GiB).
 pub const MAX_CONFIGURABLE_PAYLOAD: u32 = 1 << 30;
@@ -73,6 +74,8 @@ pub struct ServerConfig {
     pub blocking_threads: usize,
     /// On shutdown, how long to wait for connections to finish before flushing anyway.
     pub shutdown_grace: Duration,
+    /// TLS through `NBD_OPT_STARTTLS` (offered or required, per its mode); `None` for plaintext.
+    pub tls: Option<TlsSettings>,
 }
 
 impl Default for ServerConfig {
@@ -93,6 +96,7 @@ impl Default for ServerConfig {
             runtime_worker_threads: 2,
             blocking_threads: 64,
             shutdown_grace: Duration::from_secs(60),
+            tls: None,
         }
     }
 }
@@ -349,6 +353,7 @@ impl Server {
                 policy: NegotiationPolicy {
                     read_only: config.read_only,
                     max_payload: config.max_payload_bytes,
+                    tls: config.tls.as_ref().map_or(TlsMode::Off, |tls| tls.mode),
                 },
             },
             counters: counters.clone(),
@@ -358,6 +363,7 @@ impl Server {
                     .min(Semaphore::MAX_PERMITS),
             )),
             shutdown: shutdown_tx.subscribe(),
+            tls: config.tls.clone(),
         });
         let connection_slots = Arc::new(Semaphore::new(config.max_connections));
         let allow_list: Option<Arc<Vec<IpAddr>>> = config
@@ -520,17 +526,15 @@ async fn accept_tcp(
         };
         let _ = stream.set_nodelay(true);
         set_keepalive(&stream);
-        let (reader, writer) = stream.into_split();
-        spawn_connection(shared.clone(), reader, writer, peer.to_string(), slot);
+        spawn_connection(shared.clone(), stream, peer.to_string(), slot);
     }
 }
 
 /// Serves one accepted connection on its own task, counting it while it
 /// lives; `slot` (its place under the connection limit) is released at the end.
-fn spawn_connection<R, W, S>(shared: Arc<Shared>, reader: R, writer: W, peer: String, slot: S)
+fn spawn_connection<D, S>(shared: Arc<Shared>, stream: D, peer: String, slot: S)
 where
-    R: tokio::io::AsyncRead + Unpin + Send + 'static,
-    W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    D: Duplex,
     S: Send + 'static,
 {
     tokio::spawn(async move {
@@ -542,7 +546,7 @@ where
             .counters
             .connections_active
             .fetch_add(1, Ordering::Relaxed);
-        connection::serve(reader, writer, peer, shared.clone()).await;
+        connection::serve(stream, peer, shared.clone()).await;
         shared
             .counters
             .connections_active
@@ -600,7 +604,6 @@ async fn accept_unix(
             tracing::warn!("connection limit reached; closing");
             continue;
         };
-        let (reader, writer) = stream.into_split();
-        spawn_connection(shared.clone(), reader, writer, "unix".to_string(), slot);
+        spawn_connection(shared.clone(), stream, "unix".to_string(), slot);
     }
 }

@@ -13,7 +13,7 @@ use crate::size::human;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use lograid::{CreateOptions, Pool, PoolOptions};
-use lograid_nbd::{Export, ListenAddr, Server, ServerConfig};
+use lograid_nbd::{Export, ListenAddr, Server, ServerConfig, TlsFiles, TlsMode, TlsSettings};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -45,6 +45,17 @@ pub struct ServeArgs {
     /// Serve only TCP clients from these addresses (comma-separated).
     #[arg(long, value_name = "IP,...", value_delimiter = ',')]
     pub allow: Vec<IpAddr>,
+    /// TLS (NBD STARTTLS): off, on (clients choose) or require (default when
+    /// --tls-certificates is given).
+    #[arg(long, value_name = "MODE", value_parser = ["off", "on", "require"])]
+    pub tls: Option<String>,
+    /// Directory with server-cert.pem and server-key.pem (and ca-cert.pem for
+    /// --tls-verify-peer), the layout nbdkit and qemu-nbd use.
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+    /// Serve only clients whose certificate is issued by DIR/ca-cert.pem.
+    #[arg(long, requires = "tls_certificates")]
+    pub tls_verify_peer: bool,
     /// How the cleaner picks segments to empty: cost-benefit (default; best on skewed
     /// overwrites) or greedy (the emptiest segment; as good on uniform ones).
     #[arg(long, value_name = "POLICY", default_value = "cost-benefit")]
@@ -123,6 +134,26 @@ fn client_uri(addr: &ListenAddr, export: &str) -> String {
             format!("nbd://{a}/{export}")
         }
         ListenAddr::Unix(path) => format!("nbd+unix:///{export}?socket={}", path.display()),
+    }
+}
+
+/// The TLS form of a plaintext NBD URI (nbd:// → nbds://, nbd+unix:// → nbds+unix://).
+fn tls_uri(uri: &str) -> String {
+    if let Some(rest) = uri.strip_prefix("nbd+unix://") {
+        format!("nbds+unix://{rest}")
+    } else if let Some(rest) = uri.strip_prefix("nbd://") {
+        format!("nbds://{rest}")
+    } else {
+        uri.to_string()
+    }
+}
+
+/// The host a local client uses for a TCP listener (loopback for an unspecified address).
+fn uri_host(sa: &SocketAddr) -> String {
+    if sa.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        sa.ip().to_string()
     }
 }
 
@@ -218,6 +249,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         eprintln!("lograid: warning: {warning}");
     }
 
+    let tls = tls_settings(&a)?;
     let mut listen = Vec::new();
     let tcp = match (&a.listen, &a.socket) {
         (Some(text), _) => Some(parse_listen(text)?),
@@ -225,7 +257,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
         (None, Some(_)) => None,
     };
     if let Some(addr) = tcp {
-        if !addr.ip().is_loopback() {
+        let authenticated =
+            tls.as_ref().is_some_and(|t| t.mode == TlsMode::Required) && a.tls_verify_peer;
+        if !addr.ip().is_loopback() && !authenticated {
             eprintln!(
                 "lograid: warning: listening on {addr}, beyond this host: NBD has no authentication here, anyone who \
                  can reach this address can read and overwrite the volumes{}",
@@ -270,7 +304,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
             None
         }
     };
-    let result = serve_pool(&pool, listen, &a);
+    let result = serve_pool(&pool, listen, tls, &a);
     drop(control);
     drop(scheduler);
     jobs.stop();
@@ -289,7 +323,38 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
 }
 
-fn serve_pool(pool: &Pool, listen: Vec<ListenAddr>, a: &ServeArgs) -> Result<()> {
+/// The TLS settings the flags ask for (loaded and checked before the pool is opened).
+fn tls_settings(a: &ServeArgs) -> Result<Option<TlsSettings>> {
+    let mode = match (a.tls.as_deref(), &a.tls_certificates) {
+        (None, None) | (Some("off"), None) => return Ok(None),
+        (Some("off"), Some(_)) => {
+            bail!("--tls off contradicts --tls-certificates; drop one of them")
+        }
+        (Some(mode), None) => bail!(
+            "--tls {mode} needs --tls-certificates DIR (with server-cert.pem and server-key.pem)"
+        ),
+        (Some("on"), Some(_)) => TlsMode::Optional,
+        (None | Some(_), Some(_)) => TlsMode::Required,
+    };
+    let dir = a.tls_certificates.as_ref().expect("checked above");
+    if !dir.is_dir() {
+        bail!("--tls-certificates {}: not a directory", dir.display());
+    }
+    let files = TlsFiles {
+        certificate: dir.join("server-cert.pem"),
+        key: dir.join("server-key.pem"),
+        client_ca: a.tls_verify_peer.then(|| dir.join("ca-cert.pem")),
+    };
+    let settings = TlsSettings::load(&files, mode).map_err(|e| anyhow::anyhow!(e))?;
+    Ok(Some(settings))
+}
+
+fn serve_pool(
+    pool: &Pool,
+    listen: Vec<ListenAddr>,
+    tls: Option<TlsSettings>,
+    a: &ServeArgs,
+) -> Result<()> {
     let volumes = pool.volumes();
     if volumes.is_empty() {
         bail!(
@@ -324,6 +389,7 @@ fn serve_pool(pool: &Pool, listen: Vec<ListenAddr>, a: &ServeArgs) -> Result<()>
         read_only: a.read_only,
         runtime_worker_threads: 2,
         shutdown_grace: Duration::from_secs(30),
+        tls: tls.clone(),
         ..ServerConfig::default()
     };
     let server = Server::bind(config, exports.clone()).context("starting the NBD server")?;
@@ -361,7 +427,13 @@ fn serve_pool(pool: &Pool, listen: Vec<ListenAddr>, a: &ServeArgs) -> Result<()>
         })
         .context("starting the signal thread")?;
 
-    print_how_to_connect(pool, server.local_addrs(), &exports, a.read_only);
+    print_how_to_connect(
+        pool,
+        server.local_addrs(),
+        &exports,
+        a.read_only,
+        tls.map(|t| t.mode),
+    );
     let served = server.serve();
     signals_handle.close();
     let _ = signal_thread.join();
@@ -374,6 +446,7 @@ fn print_how_to_connect(
     addrs: &[ListenAddr],
     exports: &[Arc<dyn Export>],
     read_only: bool,
+    tls: Option<TlsMode>,
 ) {
     let status = pool.status();
     let mut out = String::new();
@@ -383,12 +456,17 @@ fn print_how_to_connect(
         .collect::<Vec<_>>()
         .join(" and ");
     out.push_str(&format!(
-        "lograid: serving pool '{}' ({} drives, parity {}, {}){} on {where_}\n",
+        "lograid: serving pool '{}' ({} drives, parity {}, {}){}{} on {where_}\n",
         status.name,
         status.members_total,
         status.parity,
         status.state,
         if read_only { ", read-only" } else { "" },
+        match tls {
+            Some(TlsMode::Required) => ", TLS required",
+            Some(TlsMode::Optional) => ", TLS offered",
+            _ => "",
+        },
     ));
     for e in exports {
         out.push_str(&format!(
@@ -400,6 +478,24 @@ fn print_how_to_connect(
     let first = exports[0].name();
     let addr = &addrs[0];
     let uri = client_uri(addr, first);
+    if tls == Some(TlsMode::Required) {
+        let uri = tls_uri(&uri);
+        out.push_str(&format!(
+            "connect with TLS (DIR holds the CA certificate as ca-cert.pem, and client-cert.pem and client-key.pem\n\
+             if peers are verified):\n  nbdinfo '{uri}?tls-certificates=DIR'\n  \
+             qemu-img info --object tls-creds-x509,id=tls0,endpoint=client,dir=DIR --image-opts \\\n    \
+             driver=nbd,{},export={first},tls-creds=tls0\n",
+            match addr {
+                ListenAddr::Tcp(sa) => format!("host={},port={}", uri_host(sa), sa.port()),
+                ListenAddr::Unix(path) => format!("path={}", path.display()),
+            }
+        ));
+        out.push_str("stop with Ctrl-C or SIGTERM (flushes and checkpoints before exiting)\n");
+        let mut stdout = std::io::stdout().lock();
+        let _ = stdout.write_all(out.as_bytes());
+        let _ = stdout.flush();
+        return;
+    }
     out.push_str("connect with:\n");
     out.push_str(&format!(
         "  nbdinfo --list {}\n",
@@ -456,6 +552,11 @@ mod tests {
         assert_eq!(
             client_uri(&unix, "vol0"),
             "nbd+unix:///vol0?socket=/run/x.sock"
+        );
+        assert_eq!(tls_uri("nbd://127.0.0.1:1/a"), "nbds://127.0.0.1:1/a");
+        assert_eq!(
+            tls_uri("nbd+unix:///a?socket=/s"),
+            "nbds+unix:///a?socket=/s"
         );
         assert!(parse_listen("127.0.0.1:10809").is_ok());
         assert!(parse_listen("nonsense").is_err());
