@@ -592,8 +592,10 @@ impl PoolInner {
     pub(crate) fn read_blocks(&self, id: u32, name: &str, lba: u64, out: &mut [u8]) -> Result<()> {
         let _guard = self.reuse.read();
         let mut plan: Vec<(usize, Pba, u32)> = Vec::new();
+        let degraded;
         {
             let mut core = self.core.lock();
+            degraded = self.lost_members(&core) > 0;
             core.counters.user_bytes_read += out.len() as u64;
             let vol = core.volume(id).ok_or_else(|| gone(name))?;
             for (i, block) in out.chunks_exact_mut(BLOCK_SIZE).enumerate() {
@@ -614,6 +616,10 @@ impl PoolInner {
                 }
             }
         }
+        // In a degraded pool, column ranges read by this call are kept, so
+        // that rebuilding a lost column reuses what the request reads of the
+        // other columns anyway (and the other way round).
+        let mut cache = ColumnCache::default();
         // Coalesce runs of consecutive blocks on one member into one read.
         let mut start = 0;
         while start < plan.len() {
@@ -629,9 +635,16 @@ impl PoolInner {
             let run = &plan[start..end];
             let mut buf = AlignedBuf::zeroed(run.len() * BLOCK_SIZE);
             let first = run[0].1;
-            let read_ok = match self.device(first.member as usize) {
-                Some(dev) => dev.read_at(&mut buf, first.byte_offset()).is_ok(),
-                None => false,
+            let mut from_device = false;
+            let read_ok = if let Some(cached) = cache.get(first.member, first.block, run.len()) {
+                buf.copy_from_slice(cached);
+                true
+            } else {
+                from_device = true;
+                match self.device(first.member as usize) {
+                    Some(dev) => dev.read_at(&mut buf, first.byte_offset()).is_ok(),
+                    None => false,
+                }
             };
             // A member that is gone or failing: rebuild the run a row at a
             // time from the same range of the other columns.
@@ -640,7 +653,7 @@ impl PoolInner {
                 self.check_read_health();
                 let mut j = 0;
                 while j < run.len() {
-                    let n = self.rebuild_run(&run[j..], &mut buf[j * BLOCK_SIZE..]);
+                    let n = self.rebuild_run(&run[j..], &mut buf[j * BLOCK_SIZE..], &mut cache);
                     rebuilt[j..j + n.max(1)].fill(n > 0);
                     j += n.max(1);
                 }
@@ -667,6 +680,9 @@ impl PoolInner {
                 dest.copy_from_slice(&fixed);
                 self.rewrite_block(pba, &fixed);
             }
+            if degraded && read_ok && from_device {
+                cache.put(first.member, first.block, buf);
+            }
             start = end;
         }
         Ok(())
@@ -676,7 +692,12 @@ impl PoolInner {
     /// member) that lie in one row, from the same block range of the
     /// row's other columns: one read per column instead of one per block.
     /// Writes them to the front of `out`; returns how many (0: could not).
-    fn rebuild_run(&self, run: &[(usize, Pba, u32)], out: &mut [u8]) -> usize {
+    fn rebuild_run(
+        &self,
+        run: &[(usize, Pba, u32)],
+        out: &mut [u8],
+        cache: &mut ColumnCache,
+    ) -> usize {
         let geometry = &self.shape.geometry;
         let Some(geom) = self.row_of(run[0].1) else {
             return 0;
@@ -689,7 +710,7 @@ impl PoolInner {
             .enumerate()
             .take_while(|(j, r)| geom.locate(geometry, r.1) == Some((col, blk + j)))
             .count();
-        match self.rebuild_column_range(&geom, col, blk, n) {
+        match self.rebuild_column_range(&geom, col, blk, n, cache) {
             Some(bytes) => {
                 out[..n * BLOCK_SIZE].copy_from_slice(&bytes);
                 n
@@ -701,31 +722,46 @@ impl PoolInner {
     /// Blocks `blk..blk+n` of column `col` of a row, rebuilt from the same
     /// range of its other columns (unreadable ones erased too, up to the
     /// parity). Not checked against checksums: the caller does that.
-    pub(crate) fn rebuild_column_range(
+    fn rebuild_column_range(
         &self,
         geom: &RowGeom,
         col: usize,
         blk: usize,
         n: usize,
+        cache: &mut ColumnCache,
     ) -> Option<AlignedBuf> {
         // Read in this thread, one column after the other: handing the
         // reads to the I/O pool costs more (thread hand-offs on few cores)
         // than it gains, since readers run many at once anyway.
+        let mut fresh = vec![false; geom.width()];
         let mut columns: Vec<Option<AlignedBuf>> = (0..geom.width())
             .map(|c| {
                 if c == col || !geom.column_used(c) {
                     return None;
                 }
                 let pba = geom.pba(&self.shape.geometry, c, blk);
-                let dev = self.device(pba.member as usize)?;
                 let mut buf = AlignedBuf::zeroed(n * BLOCK_SIZE);
+                if let Some(cached) = cache.get(pba.member, pba.block, n) {
+                    buf.copy_from_slice(cached);
+                    return Some(buf);
+                }
+                let dev = self.device(pba.member as usize)?;
                 dev.read_at(&mut buf, pba.byte_offset()).ok()?;
+                fresh[c] = true;
                 Some(buf)
             })
             .collect();
-        rebuild_missing_columns(geom, &mut columns, n * BLOCK_SIZE)
-            .then(|| columns.swap_remove(col))
-            .flatten()
+        let rebuilt = rebuild_missing_columns(geom, &mut columns, n * BLOCK_SIZE)
+            .then(|| columns[col].take())
+            .flatten();
+        // The columns read from the drives serve the rest of the request.
+        for (c, column) in columns.into_iter().enumerate() {
+            if let (true, Some(bytes)) = (fresh[c], column) {
+                let pba = geom.pba(&self.shape.geometry, c, blk);
+                cache.put(pba.member, pba.block, bytes);
+            }
+        }
+        rebuilt
     }
 
     /// Writes a repaired block back where it belongs (its row's parity is
@@ -805,6 +841,32 @@ impl PoolInner {
                 Some(buf.to_vec())
             })
             .collect()
+    }
+}
+
+/// Column ranges (member, first block, bytes) one degraded read has read
+/// already. Lives for one `read_blocks` call, so it holds at most about
+/// twice the request; found ranges must lie wholly inside one entry.
+#[derive(Default)]
+pub(crate) struct ColumnCache {
+    ranges: Vec<(u8, u64, AlignedBuf)>,
+}
+
+impl ColumnCache {
+    fn get(&self, member: u8, block: u64, n: usize) -> Option<&[u8]> {
+        self.ranges.iter().find_map(|(m, first, bytes)| {
+            let len = (bytes.len() / BLOCK_SIZE) as u64;
+            (*m == member && block >= *first && block + n as u64 <= first + len).then(|| {
+                let at = (block - first) as usize * BLOCK_SIZE;
+                &bytes[at..at + n * BLOCK_SIZE]
+            })
+        })
+    }
+
+    fn put(&mut self, member: u8, block: u64, bytes: AlignedBuf) {
+        if self.get(member, block, bytes.len() / BLOCK_SIZE).is_none() {
+            self.ranges.push((member, block, bytes));
+        }
     }
 }
 
