@@ -470,6 +470,9 @@ impl PoolInner {
         core.active_mask &= !(1 << m);
         core.dirty_members &= !(1 << m);
         core.member_set_changed(&self.shape);
+        // New rows are narrower: the pool holds less (writes of new blocks
+        // get NoSpace once it is full at the new width).
+        core.update_capacity(&self.shape);
         core.checkpoint_wanted = true;
         Ok(())
     }
