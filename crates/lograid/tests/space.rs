@@ -1,7 +1,9 @@
 //! Space: a volume larger than the pool fills it up, gets ENOSPC, and loses
 //! nothing already written; trimming frees space for new writes; a volume
 //! that fits is overwritten many times over without running out (the
-//! cleaner keeps up).
+//! cleaner keeps up). A degraded pool (narrower rows) holds less: its
+//! status says so, and filled past that it refuses new blocks promptly
+//! instead of crawling, and gets its capacity back with a replacement.
 
 mod common;
 
@@ -182,4 +184,314 @@ fn stuck_writer_on_a_full_pool_is_freed_by_delete_and_trim() {
         );
     }
     pool.pool().check_invariants().expect("invariants");
+}
+
+/// Data blocks of a full row of `k` data columns `chunk` blocks high (one
+/// header block in these small rows).
+fn row_slots(k: u64, chunk: u64) -> u64 {
+    k * chunk - 1
+}
+
+/// Runs `body` and fails if it has not finished within `secs` seconds (a
+/// hang detector: a single call that crawls is caught too).
+fn within(secs: u64, body: impl FnOnce() + Send + 'static) {
+    let (done, wait) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        body();
+        let _ = done.send(());
+    });
+    match wait.recv_timeout(std::time::Duration::from_secs(secs)) {
+        Ok(()) => thread.join().expect("test body"),
+        // The body panicked: report its panic.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            if let Err(panic) = thread.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("not done after {secs} s: something crawls or hangs")
+        }
+    }
+}
+
+/// A pool 70% full loses a member: its rows get narrower (3 members, P=1:
+/// one data column instead of two), so it now holds more than it can hold.
+/// New blocks are refused at once (not after a crawl of cleaning), reads,
+/// overwrites and trims go on, nothing is lost, and once the member is
+/// replaced and the rebuild is done the pool has its full capacity again.
+#[test]
+fn degraded_pool_over_its_capacity_refuses_new_blocks_promptly() {
+    within(20, || degraded_pool_over_its_capacity(false));
+}
+
+/// The same with the background cleaner running (as a served pool has it):
+/// it must not spin on the degraded pool either.
+#[test]
+fn degraded_pool_over_its_capacity_with_the_background_cleaner() {
+    within(20, || degraded_pool_over_its_capacity(true));
+}
+
+fn degraded_pool_over_its_capacity(background_cleaner: bool) {
+    let options = lograid::PoolOptions {
+        background_cleaner,
+        ..common::test_options()
+    };
+    let pool = SimPool::create_with_options(3, 1, 8 << 20, 1.0, options);
+    let vol = pool.volume().clone();
+    let size = pool.volume_size();
+    let healthy = pool.pool().status();
+    let mut model = Model::new(size);
+    let chunk = 64 * 1024;
+    let fill_end = size * 7 / 10 / chunk * chunk;
+    let mut off = 0;
+    while off < fill_end {
+        let data = model.write(off, chunk);
+        vol.write(off, &data)
+            .unwrap_or_else(|e| panic!("fill at {off}: {e}"));
+        off += chunk;
+    }
+    vol.flush().expect("flush");
+    model.flushed();
+    pool.sims[2].set_dead(true);
+    // New blocks: accepted until the fault is noticed, then refused.
+    let mut refused = false;
+    while off + chunk <= size {
+        let data = model.write(off, chunk);
+        match vol.write(off, &data).and_then(|()| vol.flush()) {
+            Ok(()) => off += chunk,
+            Err(lograid::Error::NoSpace) => {
+                model.forget_last_write();
+                refused = true;
+                break;
+            }
+            Err(e) => panic!("write of new blocks at {off} after the fault: {e}"),
+        }
+    }
+    assert!(
+        refused,
+        "the degraded pool took a volume of its healthy size"
+    );
+    model.flushed();
+    let degraded = pool.pool().status();
+    assert!(degraded.state.starts_with("degraded"), "{}", degraded.state);
+    assert!(
+        degraded.usable_bytes < healthy.usable_bytes * 6 / 10,
+        "usable {} degraded, {} healthy",
+        degraded.usable_bytes,
+        healthy.usable_bytes
+    );
+    assert!(degraded.stored_bytes > degraded.usable_bytes);
+    assert_eq!(degraded.free_bytes, 0);
+    // Still refused, every time, at once.
+    for _ in 0..20 {
+        let data = model.write(off, chunk);
+        assert!(matches!(
+            vol.write(off, &data),
+            Err(lograid::Error::NoSpace)
+        ));
+        model.forget_last_write();
+    }
+    // Overwrites of stored blocks go through (until the cleaner cannot
+    // make room: then they are refused too, promptly).
+    let mut rng = SimRng(5);
+    let mut overwritten = 0;
+    for i in 0..300 {
+        let len = (rng.below(4) + 1) * 4096;
+        let at = rng.below((fill_end - len) / 4096) * 4096;
+        let data = model.write(at, len);
+        match vol.write(at, &data) {
+            Ok(()) => overwritten += 1,
+            Err(lograid::Error::NoSpace) => model.forget_last_write(),
+            Err(e) => panic!("overwrite {i} at {at}: {e}"),
+        }
+    }
+    eprintln!("{overwritten} of 300 overwrites went through");
+    assert!(
+        overwritten >= 20,
+        "only {overwritten} overwrites went through"
+    );
+    vol.flush().expect("flush");
+    model.flushed();
+    let all = pool.read_all().expect("read all degraded");
+    model.check_exact(0, &all).expect("contents degraded");
+    // Trims go through (their records may need the cleaner's reserve) and
+    // give room back.
+    vol.trim(0, fill_end / 4)
+        .expect("trim on the degraded pool");
+    model.trim(0, fill_end / 4);
+    vol.flush().expect("flush after trim");
+    model.flushed();
+    let data = model.write(fill_end / 2, chunk);
+    vol.write(fill_end / 2, &data)
+        .expect("overwrite after the trim");
+    pool.pool().check_invariants().expect("invariants degraded");
+    // Replace the failed member: full capacity again, new blocks fit.
+    let new = std::sync::Arc::new(lograid::device::SimMember::new("new", 8 << 20));
+    pool.pool()
+        .replace_member(2, new)
+        .expect("replace the failed member");
+    pool.pool().reshape(|_, _| true).expect("rebuild");
+    let after = pool.pool().status();
+    assert_eq!(after.state, "online");
+    assert!(after.reshape.is_none(), "{:?}", after.reshape);
+    assert_eq!(after.capacity_bytes, healthy.capacity_bytes);
+    assert_eq!(after.usable_bytes, healthy.usable_bytes);
+    let data = model.write(off, chunk);
+    vol.write(off, &data)
+        .expect("new blocks after the replacement");
+    vol.flush().expect("flush");
+    model.flushed();
+    let all = pool.read_all().expect("read all after the rebuild");
+    model
+        .check_exact(0, &all)
+        .expect("contents after the rebuild");
+    pool.pool().check_invariants().expect("invariants");
+    let report = pool.pool().scrub(false, |_, _| true).expect("scrub");
+    assert!(report.lost_blocks.is_empty() && report.unreadable_rows == 0);
+}
+
+/// `status` of a degraded pool reports what its narrower rows hold: with 3
+/// members and P=1, one data column where there were two; with 4, two
+/// where there were three. Replacing the member gives it all back.
+#[test]
+fn degraded_status_reports_the_capacity_of_narrower_rows() {
+    for members in [3u64, 4] {
+        let pool = SimPool::create(members as usize, 1, 8 << 20, 0.2);
+        let healthy = pool.pool().status();
+        let data = vec![7u8; 64 * 1024];
+        pool.sims[1].set_dead(true);
+        for i in 0..8 {
+            pool.volume()
+                .write(i * data.len() as u64, &data)
+                .expect("write");
+            pool.volume().flush().expect("flush");
+        }
+        let degraded = pool.pool().status();
+        assert!(degraded.state.starts_with("degraded"), "{}", degraded.state);
+        let chunk = healthy.chunk_bytes / 4096;
+        let ratio = row_slots(members - 2, chunk) as f64 / row_slots(members - 1, chunk) as f64;
+        for (what, d, h) in [
+            ("capacity", degraded.capacity_bytes, healthy.capacity_bytes),
+            ("usable", degraded.usable_bytes, healthy.usable_bytes),
+        ] {
+            let got = d as f64 / h as f64;
+            assert!(
+                (got - ratio).abs() < 0.01,
+                "{members} members: {what} {d} degraded, {h} healthy: ratio {got:.3}, expected {ratio:.3}"
+            );
+        }
+        assert_eq!(
+            degraded.free_bytes,
+            degraded.usable_bytes - degraded.stored_bytes
+        );
+        let new = std::sync::Arc::new(lograid::device::SimMember::new("new", 8 << 20));
+        pool.pool().replace_member(1, new).expect("replace");
+        pool.pool().reshape(|_, _| true).expect("rebuild");
+        let after = pool.pool().status();
+        assert_eq!(after.state, "online");
+        assert_eq!(after.capacity_bytes, healthy.capacity_bytes);
+        assert_eq!(after.usable_bytes, healthy.usable_bytes);
+    }
+}
+
+/// A pool that fits in its narrower rows after losing a member (3 members,
+/// P=1, a third full): new blocks are taken at a normal pace until it is
+/// full at the new width, then refused; overwrites go on while the cleaner
+/// can make room and are refused at once when it cannot (as in a healthy
+/// full pool), never a crawl; once data is trimmed, every overwrite goes
+/// through again. Nothing is lost.
+#[test]
+fn degraded_pool_fills_to_its_new_capacity_then_overwrites_go_on() {
+    within(20, || {
+        let pool = SimPool::create(3, 1, 8 << 20, 1.0);
+        let vol = pool.volume().clone();
+        let size = pool.volume_size();
+        let mut model = Model::new(size);
+        let chunk = 64 * 1024;
+        let fill_end = size / 3 / chunk * chunk;
+        let mut off = 0;
+        while off < fill_end {
+            let data = model.write(off, chunk);
+            vol.write(off, &data).expect("fill");
+            off += chunk;
+        }
+        vol.flush().expect("flush");
+        model.flushed();
+        pool.sims[0].set_dead(true);
+        // Random writes anywhere (new blocks and overwrites) until full.
+        let mut rng = SimRng(17);
+        let mut writes = 0u64;
+        loop {
+            let len = (rng.below(16) + 1) * 4096;
+            let at = rng.below((size - len) / 4096) * 4096;
+            let data = model.write(at, len);
+            match vol.write(at, &data) {
+                Ok(()) => writes += 1,
+                Err(lograid::Error::NoSpace) => {
+                    model.forget_last_write();
+                    break;
+                }
+                Err(e) => panic!("write {writes} at {at}: {e}"),
+            }
+            if writes.is_multiple_of(64) {
+                vol.flush().expect("flush");
+                model.flushed();
+            }
+        }
+        vol.flush().expect("flush");
+        model.flushed();
+        let st = pool.pool().status();
+        assert!(st.state.starts_with("degraded"), "{}", st.state);
+        assert!(
+            st.stored_bytes <= st.usable_bytes && st.stored_bytes > st.usable_bytes * 9 / 10,
+            "refused at {} stored of {} usable",
+            st.stored_bytes,
+            st.usable_bytes
+        );
+        // Full: overwrites of what was written first, each through or
+        // refused at once.
+        let mut overwritten = 0;
+        for i in 0..500 {
+            let len = (rng.below(4) + 1) * 4096;
+            let at = rng.below((fill_end - len) / 4096) * 4096;
+            let data = model.write(at, len);
+            match vol.write(at, &data) {
+                Ok(()) => overwritten += 1,
+                Err(lograid::Error::NoSpace) => model.forget_last_write(),
+                Err(e) => panic!("overwrite {i} of a full degraded pool: {e}"),
+            }
+            if i % 64 == 0 {
+                vol.flush().expect("flush");
+                model.flushed();
+            }
+        }
+        assert!(
+            overwritten >= 100,
+            "only {overwritten} overwrites went through"
+        );
+        vol.flush().expect("flush");
+        model.flushed();
+        // With room again (half of the first third trimmed), every
+        // overwrite goes through.
+        vol.trim(0, fill_end / 2).expect("trim");
+        model.trim(0, fill_end / 2);
+        vol.flush().expect("flush");
+        model.flushed();
+        for i in 0..1000 {
+            let len = (rng.below(4) + 1) * 4096;
+            let at = fill_end / 2 + rng.below((fill_end / 2 - len) / 4096) * 4096;
+            let data = model.write(at, len);
+            vol.write(at, &data)
+                .unwrap_or_else(|e| panic!("overwrite {i} after the trim: {e}"));
+            if i % 64 == 0 {
+                vol.flush().expect("flush");
+                model.flushed();
+            }
+        }
+        vol.flush().expect("flush");
+        model.flushed();
+        let all = pool.read_all().expect("read all");
+        model.check_exact(0, &all).expect("contents");
+        pool.pool().check_invariants().expect("invariants");
+    });
 }

@@ -92,6 +92,13 @@ fn print_human(st: &PoolStatus) {
         human(st.stored_bytes),
         human(st.free_bytes)
     );
+    if st.stored_bytes > st.usable_bytes {
+        println!(
+            "           {} more than the pool can hold now (degraded: rows are narrower); \
+             writes of new data get 'no space' until a replacement is added",
+            human(st.stored_bytes - st.usable_bytes)
+        );
+    }
     println!(
         "segments:  {} total, {} free, {} in use, {} awaiting flush",
         st.segments_total, st.segments_free, st.segments_in_use, st.segments_pending_free

@@ -31,8 +31,13 @@ impl PoolInner {
         let _m = self.maintenance.lock();
         let mut cleaned = 0;
         while cleaned < want {
-            if !self.clean_one(urgent)? {
-                break;
+            match self.clean_one(urgent) {
+                Ok(true) => {}
+                Ok(false) => break,
+                // The cleaner's head found no free segment: segments
+                // emptied earlier may only wait for the checkpoint below.
+                Err(Error::NoSpace) => break,
+                Err(e) => return Err(e),
             }
             cleaned += 1;
             self.stats.lock().segments_cleaned += 1;
@@ -112,15 +117,33 @@ impl PoolInner {
     fn pick_victim(&self, urgent: bool) -> Option<u32> {
         let core = self.core.lock();
         let now = core.next_seq;
-        // What a segment written now holds: moving more live blocks than
-        // that gains nothing (in a degraded pool new rows are narrower, and
-        // moving a full segment of wide rows would take more than it frees).
+        // What a segment written now holds (in a degraded pool new rows
+        // are narrower: moving a full segment of wide rows would take more
+        // room than it frees).
         let active = core.segments.first().map_or(0, |_| {
             self.shape.geometry.segment_members(0, core.active_mask)
         });
         let destination = self
             .shape
             .segment_capacity(active, self.shape.segment_parity(active));
+        // Moved blocks fill whole rows (and a short one when the move is
+        // flushed), and a segment frees whole rows: a victim gains only
+        // the rows its live blocks do not need. One whose blocks need all
+        // the rows it frees gains nothing, however little it holds less
+        // than full, and moving such victims over and over was a livelock.
+        // A pool within its usable capacity has victims that gain (its
+        // accounting keeps slack for that); one holding more than that (a
+        // member failed and rows got narrower) may not, and there only
+        // victims that gain a quarter of a segment are taken: when none is
+        // left, writers needing room get NoSpace instead of a crawl.
+        let rows = (self.shape.geometry.segment_blocks / self.shape.geometry.chunk_blocks) as u64;
+        let row_slots = destination / rows.max(1);
+        let min_gain = if core.stored_blocks > core.usable_blocks {
+            (rows / 4).max(1)
+        } else {
+            1
+        };
+        let gains = |live: u64| row_slots > 0 && live.div_ceil(row_slots) + min_gain <= rows;
         // Sealed segments with something to gain: (index, live, capacity).
         let candidates = core
             .segments
@@ -131,7 +154,10 @@ impl PoolInner {
                 let capacity = self.shape.segment_capacity(s.members_mask, s.parity);
                 (i as u32, s, capacity)
             })
-            .filter(|(_, s, capacity)| (s.live_blocks as u64) < (*capacity).min(destination));
+            .filter(|(_, s, capacity)| {
+                let live = s.live_blocks as u64;
+                live < *capacity && gains(live)
+            });
         if urgent || self.options.cleaner_policy == CleanerPolicy::Greedy {
             return candidates
                 .min_by_key(|(_, s, _)| s.live_blocks)

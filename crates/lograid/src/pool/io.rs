@@ -208,6 +208,10 @@ impl PoolInner {
             }
         }
         let mut lba = first;
+        // Trims and zeroes free room: if the cleaner cannot make any for
+        // their records (a pool holding more than it may, after a member
+        // failed), they may use the cleaner's reserve.
+        let mut relief = false;
         while lba < last {
             let mut sealed = Vec::new();
             let mut need_segment = false;
@@ -243,6 +247,7 @@ impl PoolInner {
                     start,
                     (run_end - start) as u32,
                     kind,
+                    relief,
                     &self.shape,
                 ) {
                     Ok(row) => {
@@ -254,7 +259,14 @@ impl PoolInner {
             }
             self.write_rows(sealed)?;
             if need_segment {
-                self.make_space()?;
+                if relief {
+                    return Err(Error::NoSpace);
+                }
+                match self.make_space() {
+                    Ok(()) => {}
+                    Err(Error::NoSpace) => relief = true,
+                    Err(e) => return Err(e),
+                }
             }
         }
         Ok(())
@@ -470,6 +482,9 @@ impl PoolInner {
         core.active_mask &= !(1 << m);
         core.dirty_members &= !(1 << m);
         core.member_set_changed(&self.shape);
+        // New rows are narrower: the pool holds less (writes of new blocks
+        // get NoSpace once it is full at the new width).
+        core.update_capacity(&self.shape);
         core.checkpoint_wanted = true;
         Ok(())
     }

@@ -24,11 +24,26 @@ impl Core {
     /// Takes a free segment for `head`, keeping the floor that lets the
     /// cleaner and the checkpoint always proceed.
     pub fn take_free_segment(&mut self, head: HeadId, shape: &Shape) -> Option<u32> {
-        let floor = match head {
+        self.take_free_segment_above(head, shape, None)
+    }
+
+    /// Free segments `head` must leave (`floor` if given: see
+    /// `append_range_record`).
+    fn head_floor(&self, head: HeadId, shape: &Shape, floor: Option<usize>) -> usize {
+        floor.unwrap_or_else(|| match head {
             HeadId::User => shape.user_floor_segments(self),
             HeadId::Cleaner => shape.cleaner_floor_segments(self),
             HeadId::Checkpoint => 0,
-        };
+        })
+    }
+
+    fn take_free_segment_above(
+        &mut self,
+        head: HeadId,
+        shape: &Shape,
+        floor: Option<usize>,
+    ) -> Option<u32> {
+        let floor = self.head_floor(head, shape, floor);
         if self.free.len() <= floor {
             return None;
         }
@@ -49,8 +64,14 @@ impl Core {
     }
 
     /// Makes sure `head` has a segment with room for a full row and a
-    /// reserved next segment.
-    fn ensure_head_room(&mut self, head: HeadId, shape: &Shape) -> Result<(), AppendError> {
+    /// reserved next segment (leaving `floor` free segments if given, else
+    /// the head's own floor).
+    fn ensure_head_room(
+        &mut self,
+        head: HeadId,
+        shape: &Shape,
+        floor: Option<usize>,
+    ) -> Result<(), AppendError> {
         let chunk = shape.geometry.chunk_blocks;
         let seg_blocks = shape.geometry.segment_blocks;
         let h = &self.heads[head.index()];
@@ -61,12 +82,12 @@ impl Core {
         // reserve the one after it first so the chain never dangles.
         let fresh = h.next_segment == NO_SEGMENT;
         let current = if fresh {
-            self.take_free_segment(head, shape)
+            self.take_free_segment_above(head, shape, floor)
                 .ok_or(AppendError::NeedSegment)?
         } else {
             h.next_segment
         };
-        let next = match self.take_free_segment(head, shape) {
+        let next = match self.take_free_segment_above(head, shape, floor) {
             Some(n) => n,
             None => {
                 if fresh {
@@ -166,12 +187,12 @@ impl Core {
             return Ok(());
         }
         h.offset = shape.geometry.segment_blocks;
-        self.ensure_head_room(head, shape)
+        self.ensure_head_room(head, shape, None)
     }
 
     /// Gives a head its first segment and the reserved next one (at creation).
     pub fn prime_head(&mut self, head: HeadId, shape: &Shape) -> Result<(), AppendError> {
-        self.ensure_head_room(head, shape)
+        self.ensure_head_room(head, shape, None)
     }
 
     fn release_reserved(&mut self, s: u32) {
@@ -192,8 +213,14 @@ impl Core {
     }
 
     /// Opens a row for `head` at its current position.
-    fn open_row(&mut self, head: HeadId, kind: RowKind, shape: &Shape) -> Result<(), AppendError> {
-        self.ensure_head_room(head, shape)?;
+    fn open_row(
+        &mut self,
+        head: HeadId,
+        kind: RowKind,
+        shape: &Shape,
+        floor: Option<usize>,
+    ) -> Result<(), AppendError> {
+        self.ensure_head_room(head, shape, floor)?;
         let h = &self.heads[head.index()];
         let seg = &self.segments[h.segment as usize];
         let width = seg.members_mask.count_ones() as usize;
@@ -232,8 +259,18 @@ impl Core {
         kind: RowKind,
         shape: &Shape,
     ) -> Result<&mut OpenRow, AppendError> {
+        self.open_row_mut_above(head, kind, shape, None)
+    }
+
+    fn open_row_mut_above(
+        &mut self,
+        head: HeadId,
+        kind: RowKind,
+        shape: &Shape,
+        floor: Option<usize>,
+    ) -> Result<&mut OpenRow, AppendError> {
         if self.heads[head.index()].open.is_none() {
-            self.open_row(head, kind, shape)?;
+            self.open_row(head, kind, shape, floor)?;
         }
         Ok(self.heads[head.index()].open.as_mut().expect("open row"))
     }
@@ -297,16 +334,21 @@ impl Core {
 
     /// Appends a trim or zero record covering [lba, lba+count) to the user
     /// head and updates the map. Returns a sealed row if the entry filled it.
+    /// With `relief`, the head may take the free segments kept for the
+    /// cleaner (not those kept for checkpoints): for records that give room
+    /// back when the cleaner cannot make any.
     pub fn append_range_record(
         &mut self,
         volume: u32,
         lba: u64,
         count: u32,
         kind: EntryKind,
+        relief: bool,
         shape: &Shape,
     ) -> Result<Option<Arc<SealedRow>>, AppendError> {
         debug_assert!(matches!(kind, EntryKind::Trim | EntryKind::Zero));
-        let row = self.open_row_mut(HeadId::User, RowKind::Data, shape)?;
+        let floor = relief.then(|| shape.cleaner_floor_segments(self));
+        let row = self.open_row_mut_above(HeadId::User, RowKind::Data, shape, floor)?;
         row.entries.push(Entry {
             kind,
             volume,

@@ -112,6 +112,9 @@ impl Pool {
                 let mut core = self.inner.core.lock();
                 let was = core.members[old].state;
                 core.members[old].state = MemberState::Removing;
+                // A healthy member leaving no longer counts; its
+                // replacement (joining) does.
+                core.update_capacity(&self.inner.shape);
                 if was == MemberState::Faulted {
                     drop(core);
                     // Its columns are rebuilt from parity; it is not read.

@@ -331,22 +331,32 @@ pub(crate) fn new_inner(
 }
 
 impl Core {
-    /// Recomputes the pool's capacity from its member table. Capacity is
-    /// that of the whole pool: faulted members count (a degraded pool
-    /// keeps its data where it is, and runs out of free segments, not of
-    /// accounting, if new rows hold less), members being removed do not.
+    /// Members new rows may be laid over, now or once the superblocks
+    /// record them: active ones (present and working) and joining ones.
+    /// Faulted, missing, leaving and removed members are not.
+    pub(crate) fn writable_members(&self) -> u32 {
+        (self.active_mask & self.members_in(MemberState::Active))
+            | self.members_in(MemberState::Joining)
+    }
+
+    /// Recomputes the pool's capacity from its member table: what every
+    /// segment holds at the width new rows are written with now (over the
+    /// writable members, see `writable_members`). A degraded pool's rows
+    /// are narrower, so its capacity shrinks to what they hold, even for
+    /// segments still holding wider rows: the cleaner rewrites those at the
+    /// new width, and accounting them wider would let the pool take more
+    /// than the cleaner can make room for. Called whenever the member set
+    /// or the parity changes.
     pub(crate) fn update_capacity(&mut self, shape: &Shape) {
-        let all = self.members_in(MemberState::Active)
-            | self.members_in(MemberState::Faulted)
-            | self.members_in(MemberState::Joining);
+        let writable = self.writable_members();
         let segment_count = shape.geometry.segment_count();
-        let full_mask = shape.geometry.segment_members(0, all);
+        let at_width = |m: u32| shape.segment_capacity(m, shape.segment_parity(m));
         let capacity_blocks: u64 = (0..segment_count)
-            .map(|s| shape.geometry.segment_members(s, all))
-            .filter(|&m| shape.segment_usable(m, all))
-            .map(|m| shape.segment_capacity(m, shape.parity()))
+            .map(|s| shape.geometry.segment_members(s, writable))
+            .filter(|&m| shape.segment_usable(m, writable))
+            .map(at_width)
             .sum();
-        let per_segment = shape.segment_capacity(full_mask, shape.parity());
+        let per_segment = at_width(shape.geometry.segment_members(0, writable));
         // Reserve: two segments per head, two for the cleaner, 5% slack, and a checkpoint.
         let reserve_segments = 8 + (segment_count as u64).div_ceil(20);
         self.capacity_blocks = capacity_blocks;
