@@ -15,7 +15,10 @@ use crate::format::superblock::{CheckpointPointer, MemberRecord, MemberState, Su
 use crate::format::{crc32c, BLOCK_SIZE};
 
 impl PoolInner {
+    /// Makes every acknowledged write durable (sub-block writes held in
+    /// memory are merged first) and writes a checkpoint.
     pub(crate) fn checkpoint(&self) -> Result<()> {
+        self.resolve_acknowledged()?;
         let _m = self.maintenance.lock();
         self.checkpoint_locked()
     }

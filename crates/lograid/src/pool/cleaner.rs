@@ -410,7 +410,13 @@ fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
                 || core.log_blocks_since_checkpoint >= inner.options.checkpoint_interval_blocks
         };
         if due {
-            if let Err(e) = inner.guarded("checkpoint", || inner.checkpoint()) {
+            // For recovery time only: sub-block writes held in memory
+            // are left to the resolver and the next flush.
+            let checkpoint = || {
+                let _m = inner.maintenance.lock();
+                inner.checkpoint_locked()
+            };
+            if let Err(e) = inner.guarded("checkpoint", checkpoint) {
                 tracing::warn!("background checkpoint: {e}");
             }
         }
