@@ -1,5 +1,6 @@
-//! Sub-block writes at queue depth 1: random 512-byte writes, and random
-//! 512 B-64 KiB writes at 512-byte granularity, into a volume whose blocks
+//! Sub-block writes at queue depth 1: random 512-byte writes (also with a
+//! flush every 64 writes), and random 512 B-64 KiB writes at 512-byte
+//! granularity, into a volume whose blocks
 //! are all stored (so a write that covers a block only partly has an old
 //! block to merge with). Three sparse 1 GiB file members opened with
 //! O_DIRECT, parity 1. Reports writes/s, member reads during the writes,
@@ -30,7 +31,12 @@ fn main() {
 }
 
 fn run(dir: &Path, writes: u64) {
-    for (name, max_sectors) in [("random 512 B", 1u64), ("random 512 B-64 KiB", 128)] {
+    let workloads = [
+        ("random 512 B", 1u64, u64::MAX),
+        ("random 512 B, flush every 64", 1, 64),
+        ("random 512 B-64 KiB", 128, u64::MAX),
+    ];
+    for (name, max_sectors, flush_every) in workloads {
         let paths: Vec<PathBuf> = (0..3).map(|i| dir.join(format!("m{i}.img"))).collect();
         for p in &paths {
             let _ = std::fs::remove_file(p);
@@ -45,7 +51,7 @@ fn run(dir: &Path, writes: u64) {
         let volume = pool.create_volume("v", VOLUME_BYTES).expect("volume");
         let mut model = vec![0u8; VOLUME_BYTES as usize];
         // Every block stored: 1 MiB sequential writes.
-        let mut rng = 0x1234_5678_9abc_def1u64 ^ max_sectors;
+        let mut rng = 0x1234_5678_9abc_def1u64 ^ max_sectors ^ flush_every;
         for (i, chunk) in model.chunks_mut(1 << 20).enumerate() {
             fill(&mut rng, chunk);
             volume.write((i as u64) << 20, chunk).expect("prefill");
@@ -55,7 +61,8 @@ fn run(dir: &Path, writes: u64) {
         let mut data = vec![0u8; 128 * 512];
         let mut bytes = 0u64;
         let start = Instant::now();
-        for _ in 0..writes {
+        let mut flushes = 0u64;
+        for i in 0..writes {
             let sectors = 1 + next(&mut rng) % max_sectors;
             let len = sectors * 512;
             let off = next(&mut rng) % (VOLUME_BYTES / 512 - sectors + 1) * 512;
@@ -64,6 +71,10 @@ fn run(dir: &Path, writes: u64) {
             volume.write(off, buf).expect("write");
             model[off as usize..(off + len) as usize].copy_from_slice(buf);
             bytes += len;
+            if i % flush_every == flush_every - 1 {
+                volume.flush().expect("flush");
+                flushes += 1;
+            }
         }
         let write_secs = start.elapsed().as_secs_f64();
         let reads_during = member_reads(&pool) - reads_before;
@@ -72,7 +83,7 @@ fn run(dir: &Path, writes: u64) {
         let flush_secs = t.elapsed().as_secs_f64();
         let total_secs = start.elapsed().as_secs_f64();
         println!(
-            "{name}: {writes} writes ({:.1} MiB) in {write_secs:.2} s = {:.0} writes/s; \
+            "{name}: {writes} writes ({:.1} MiB, {flushes} flushes) in {write_secs:.2} s = {:.0} writes/s; \
              member reads during the writes: {reads_during}; final flush {:.1} ms; \
              with the flush {:.0} writes/s",
             bytes as f64 / (1 << 20) as f64,
