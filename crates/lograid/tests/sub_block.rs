@@ -708,6 +708,9 @@ fn unreadable_old_block_fails_the_flush_and_keeps_the_write() {
     }
     vol.write(victim * BS + 3 * SECTOR as u64, &patch)
         .expect("a sub-block write does not read the old block");
+    // Another block's sub-block write: the failing flush still merges it.
+    vol.write(9 * BS + 512, &[0x77; 512]).unwrap();
+    assert_eq!(pool.pool().status().overlay_blocks, 2);
     for attempt in 0..2 {
         match vol.flush() {
             Err(Error::Unrecoverable { offset, .. }) => assert_eq!(offset, victim * BS),
@@ -727,6 +730,10 @@ fn unreadable_old_block_fails_the_flush_and_keeps_the_write() {
     // Other blocks are fine, and the pool still writes.
     vol.read(0, &mut buf).expect("another block");
     assert_eq!(&buf[..], &whole[..BLOCK_SIZE]);
+    vol.read(9 * BS, &mut buf).expect("the other merged block");
+    let mut want = whole[9 * BLOCK_SIZE..10 * BLOCK_SIZE].to_vec();
+    want[512..1024].fill(0x77);
+    assert_eq!(buf, want);
     // A whole-block write replaces the old block and the overlay.
     let mut fresh = vec![0u8; BLOCK_SIZE];
     for (j, c) in fresh.chunks_mut(SECTOR).enumerate() {

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE;
 use crate::map::Loc;
 use parking_lot::Mutex;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -324,13 +324,13 @@ impl OverlayTable {
         o.born = o.born.max(cond.version + 1);
     }
 
-    /// Up to `max` overlays `pick` takes.
-    fn pick(&self, pick: Pick, max: usize) -> Vec<(u32, u64)> {
+    /// Up to `max` overlays `pick` takes (but none in `skip`).
+    fn pick(&self, pick: Pick, max: usize, skip: &HashSet<(u32, u64)>) -> Vec<(u32, u64)> {
         match pick {
             Pick::BornBy(t) => self
                 .map
                 .iter()
-                .filter(|(_, o)| o.born <= t)
+                .filter(|(k, o)| o.born <= t && !skip.contains(k))
                 .take(max)
                 .map(|(k, _)| *k)
                 .collect(),
@@ -393,7 +393,8 @@ impl PoolInner {
     }
 
     /// Merges every overlay holding a write acknowledged before the call,
-    /// in parallel batches.
+    /// in parallel batches. One that fails is left (and the others merged):
+    /// the first error is returned.
     pub(crate) fn resolve_acknowledged(&self) -> Result<()> {
         let t = {
             let core = self.core.lock();
@@ -402,19 +403,21 @@ impl PoolInner {
             }
             core.overlays.tick
         };
+        let mut failed = HashSet::new();
+        let mut first_error = None;
         loop {
             let _r = self.resolving.lock();
             let keys = self
                 .core
                 .lock()
                 .overlays
-                .pick(Pick::BornBy(t), RESOLVE_BATCH);
+                .pick(Pick::BornBy(t), RESOLVE_BATCH, &failed);
             if keys.is_empty() {
-                return Ok(());
+                return first_error.map_or(Ok(()), Err);
             }
-            let (_, error) = self.resolve_keys(&keys);
-            if let Some(e) = error {
-                return Err(e);
+            for (key, e) in self.resolve_keys(&keys).1 {
+                failed.insert(key);
+                first_error.get_or_insert(e);
             }
         }
     }
@@ -428,10 +431,11 @@ impl PoolInner {
             if core.overlays.len() < core.overlays.limit {
                 return Ok(());
             }
-            core.overlays.pick(Pick::Oldest, RESOLVE_BATCH)
+            core.overlays
+                .pick(Pick::Oldest, RESOLVE_BATCH, &HashSet::new())
         };
         match self.resolve_keys(&keys) {
-            (0, Some(e)) => Err(e),
+            (0, mut errors) if !errors.is_empty() => Err(errors.swap_remove(0).1),
             _ => Ok(()),
         }
     }
@@ -445,22 +449,24 @@ impl PoolInner {
             if core.overlays.len() <= core.overlays.low_watermark() {
                 return Ok(false);
             }
-            core.overlays.pick(Pick::Oldest, RESOLVE_BATCH)
+            core.overlays
+                .pick(Pick::Oldest, RESOLVE_BATCH, &HashSet::new())
         };
         match self.resolve_keys(&keys) {
-            (_, Some(e)) => Err(e),
+            (_, mut errors) if !errors.is_empty() => Err(errors.swap_remove(0).1),
             _ => Ok(true),
         }
     }
 
     /// Resolves `keys`, `RESOLVE_THREADS` at a time (their base reads
     /// overlap). Returns how many were merged (or found gone) and the
-    /// first error.
-    fn resolve_keys(&self, keys: &[(u32, u64)]) -> (usize, Option<Error>) {
+    /// errors of the others.
+    #[allow(clippy::type_complexity)]
+    fn resolve_keys(&self, keys: &[(u32, u64)]) -> (usize, Vec<((u32, u64), Error)>) {
         let threads = RESOLVE_THREADS.min(keys.len());
         let next = AtomicUsize::new(0);
         let done = AtomicUsize::new(0);
-        let first_error: Mutex<Option<Error>> = Mutex::new(None);
+        let errors: Mutex<Vec<((u32, u64), Error)>> = Mutex::new(Vec::new());
         let work = || loop {
             let Some(&(vol, lba)) = keys.get(next.fetch_add(1, Ordering::Relaxed)) else {
                 return;
@@ -469,9 +475,7 @@ impl PoolInner {
                 Ok(()) => {
                     done.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(e) => {
-                    first_error.lock().get_or_insert(e);
-                }
+                Err(e) => errors.lock().push(((vol, lba), e)),
             }
         };
         if threads <= 1 {
@@ -483,7 +487,7 @@ impl PoolInner {
                 }
             });
         }
-        (done.into_inner(), first_error.into_inner())
+        (done.into_inner(), errors.into_inner())
     }
 
     /// Merges the overlay of one block into it: snapshot (map entry and
