@@ -844,7 +844,9 @@ fn deleting_a_volume_drops_its_overlays() {
     pool.pool()
         .check_invariants()
         .expect("invariants after the delete");
-    // The delete checkpointed, which merged the other volume's overlays.
+    assert_eq!(pool.pool().status().overlay_blocks, 4);
+    assert_eq!(pool.pool().status().overlay_blocks_unstored, 4);
+    pool.volume().flush().unwrap();
     assert_eq!(pool.pool().status().overlay_blocks, 0);
     let mut buf = vec![0u8; BLOCK_SIZE];
     pool.volume().read(2 * BS, &mut buf).unwrap();

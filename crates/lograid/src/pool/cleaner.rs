@@ -410,13 +410,7 @@ fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
                 || core.log_blocks_since_checkpoint >= inner.options.checkpoint_interval_blocks
         };
         if due {
-            // For recovery time only: sub-block writes held in memory
-            // are left to the resolver and the next flush.
-            let checkpoint = || {
-                let _m = inner.maintenance.lock();
-                inner.checkpoint_locked()
-            };
-            if let Err(e) = inner.guarded("checkpoint", checkpoint) {
+            if let Err(e) = inner.guarded("checkpoint", || inner.checkpoint()) {
                 tracing::warn!("background checkpoint: {e}");
             }
         }

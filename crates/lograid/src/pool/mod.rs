@@ -471,7 +471,8 @@ impl Pool {
     /// Flushes everything (sub-block writes held in memory included) and
     /// writes a checkpoint.
     pub fn checkpoint(&self) -> Result<()> {
-        self.inner.guarded("checkpoint", || self.inner.checkpoint())
+        self.inner
+            .guarded("checkpoint", || self.inner.checkpoint_all())
     }
 
     /// Runs the cleaner until `segments` more segments are free or nothing
@@ -479,8 +480,9 @@ impl Pool {
     pub fn clean(&self, segments: usize) -> Result<usize> {
         self.inner.guarded("cleaning", || {
             let cleaned = self.inner.clean_segments(segments, false)?;
-            // Make what was emptied reusable now.
-            self.inner.checkpoint()?;
+            // Make what was emptied reusable now (and, as ever, everything
+            // acknowledged durable).
+            self.inner.checkpoint_all()?;
             Ok(cleaned)
         })
     }
@@ -521,7 +523,8 @@ impl Pool {
         self._resolver.stop();
         let read_only = self.inner.core.lock().read_only_reason.is_some();
         if !read_only {
-            self.inner.guarded("close", || self.inner.checkpoint())?;
+            self.inner
+                .guarded("close", || self.inner.checkpoint_all())?;
         }
         self.inner.closed.store(true, Ordering::SeqCst);
         Ok(())
