@@ -109,6 +109,12 @@ fn print_human(st: &PoolStatus) {
         human(st.member_bytes_written),
         st.write_amplification
     );
+    if st.overlay_blocks > 0 {
+        println!(
+            "held:      sub-block writes to {} blocks in memory (merged by the next flush)",
+            st.overlay_blocks
+        );
+    }
     println!(
         "integrity: {} checksum errors found, {} blocks repaired",
         st.checksum_errors, st.repaired_blocks

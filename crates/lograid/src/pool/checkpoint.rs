@@ -15,9 +15,21 @@ use crate::format::superblock::{CheckpointPointer, MemberRecord, MemberState, Su
 use crate::format::{crc32c, BLOCK_SIZE};
 
 impl PoolInner {
+    /// Writes a checkpoint of the bookkeeping (the log up to now made
+    /// durable). Sub-block writes held in memory are not merged: see
+    /// `checkpoint_all`.
     pub(crate) fn checkpoint(&self) -> Result<()> {
         let _m = self.maintenance.lock();
         self.checkpoint_locked()
+    }
+
+    /// Makes every acknowledged write durable (sub-block writes held in
+    /// memory merged first) and writes a checkpoint. If a merge fails, the
+    /// checkpoint is still written and the merge's error returned.
+    pub(crate) fn checkpoint_all(&self) -> Result<()> {
+        let resolved = self.resolve_acknowledged();
+        self.checkpoint()?;
+        resolved
     }
 
     /// Writes a checkpoint; the caller holds `maintenance`.

@@ -4,6 +4,7 @@
 //! block from the rest of its row.
 
 use super::log::AppendError;
+use super::overlay::{Cond, Written};
 use super::state::{Core, SealedRow, SegState};
 use super::{check_writable, Allocation, PoolInner};
 use crate::device::AlignedBuf;
@@ -58,8 +59,9 @@ impl PoolInner {
         Ok(())
     }
 
-    /// Read-merge-write of one block, committed only if the block did not
-    /// change in between (retried otherwise).
+    /// A write covering block `lba` only partly: held as an overlay (see
+    /// `overlay`), merged into the block later; no read here. One that
+    /// completes its overlay's block is written as a whole block.
     fn write_partial(
         &self,
         id: u32,
@@ -69,17 +71,28 @@ impl PoolInner {
         bytes: &[u8],
     ) -> Result<()> {
         for _ in 0..PARTIAL_WRITE_ATTEMPTS {
-            let before = self
-                .core
-                .lock()
-                .volume(id)
-                .map(|v| v.map.get(lba))
-                .ok_or_else(|| gone(name))?;
-            let mut block = vec![0u8; BLOCK_SIZE];
-            self.read_blocks(id, name, lba, &mut block)?;
-            block[within..within + bytes.len()].copy_from_slice(bytes);
-            if self.write_blocks(id, lba, &block, Some(before))? {
-                return Ok(());
+            let written = {
+                let mut core = self.core.lock();
+                check_writable(&core)?;
+                let vol = core.volume(id).ok_or_else(|| gone(name))?;
+                let base_stored = vol.map.get(lba).0.is_stored();
+                let (stored, usable) = (core.stored_blocks, core.usable_blocks);
+                core.overlays
+                    .write(id, lba, within, bytes, base_stored, stored, usable)?
+            };
+            match written {
+                Written::Held { wake } => {
+                    if wake {
+                        self.overlay_wake.notify_one();
+                    }
+                    return Ok(());
+                }
+                Written::Full(block, cond) => {
+                    if self.write_blocks(id, lba, &block, Some(cond))? {
+                        return Ok(());
+                    }
+                }
+                Written::TableFull => self.make_overlay_room()?,
             }
         }
         Err(Error::Refused(format!(
@@ -87,14 +100,17 @@ impl PoolInner {
         )))
     }
 
-    /// Appends whole blocks to the user head. With `expect`, writes only if
-    /// the (single) block's map entry still equals it; returns whether it wrote.
-    fn write_blocks(
+    /// Appends whole blocks to the user head, dropping their overlays. With
+    /// `cond` (a single block carrying an overlay), writes only if the
+    /// overlay is still the one merged and the block's map entry (if given)
+    /// still equals the one read, then settles the overlay; returns whether
+    /// it wrote.
+    pub(crate) fn write_blocks(
         &self,
         id: u32,
         lba: u64,
         data: &[u8],
-        expect: Option<(Loc, u32)>,
+        cond: Option<Cond>,
     ) -> Result<bool> {
         let n = data.len() / BLOCK_SIZE;
         let crcs: Vec<u32> = data.chunks_exact(BLOCK_SIZE).map(crc32c).collect();
@@ -110,7 +126,13 @@ impl PoolInner {
                 let vol = core
                     .volume(id)
                     .ok_or_else(|| Error::NotFound(format!("volume {id} was deleted")))?;
-                if let Some(exp) = expect {
+                if let Some(c) = cond {
+                    debug_assert_eq!(n, 1);
+                    if !core.overlays.is_incarnation(id, lba, c.created) {
+                        return Ok(false);
+                    }
+                }
+                if let Some(exp) = cond.and_then(|c| c.entry) {
                     // Changed since it was read? A block the cleaner moved
                     // meanwhile holds the same bytes (same checksum): not a
                     // change (in a full pool the cleaner may move it every
@@ -124,7 +146,12 @@ impl PoolInner {
                 while i < n {
                     let b = lba + i as u64;
                     let (old, _) = core.volume(id).expect("volume").map.get(b);
-                    if !old.is_stored() && core.stored_blocks >= core.usable_blocks {
+                    // A new block: room for it beyond the blocks reserved
+                    // for overlays (its own overlay's reservation is its).
+                    if !old.is_stored()
+                        && core.stored_blocks + core.overlays.unstored_except(id, b)
+                            >= core.usable_blocks
+                    {
                         outcome = Err(Error::NoSpace);
                         break;
                     }
@@ -148,6 +175,10 @@ impl PoolInner {
                             need_segment = true;
                             break;
                         }
+                    }
+                    match &cond {
+                        Some(c) => core.overlays.settle(id, b, c),
+                        None => core.overlays.remove(id, b),
                     }
                     core.counters.user_bytes_written += BLOCK_BYTES;
                     i += 1;
@@ -231,6 +262,8 @@ impl PoolInner {
                     // Only mapped blocks need a record: the next run of them.
                     let Some((next, _, _)) = vol.map.iter_from(lba).next().filter(|e| e.0 < last)
                     else {
+                        // The rest is unmapped: only overlays to drop.
+                        core.overlays.remove_range(id, lba, last);
                         break;
                     };
                     let mut run_end = next;
@@ -252,6 +285,8 @@ impl PoolInner {
                 ) {
                     Ok(row) => {
                         sealed.extend(row);
+                        // Blocks skipped before the run were unmapped.
+                        core.overlays.remove_range(id, lba, run_end);
                         lba = run_end;
                     }
                     Err(AppendError::NeedSegment) => need_segment = true,
@@ -285,6 +320,7 @@ impl PoolInner {
             let lba = pos / BLOCK_BYTES;
             let next = ((lba + 1) * BLOCK_BYTES).min(end);
             let state = match vol.map.get(lba).0 {
+                _ if core.overlays.contains(id, lba) => Allocation::Data,
                 Loc::Unmapped => Allocation::Hole,
                 Loc::Zero => Allocation::Zero,
                 _ => Allocation::Data,
@@ -382,7 +418,10 @@ impl PoolInner {
         error.map_or(Ok(()), Err)
     }
 
-    /// Makes every write acknowledged before the call durable on every member.
+    /// Makes every block the log took before the call durable on every
+    /// member. Sub-block writes still held as overlays are not merged here
+    /// (the cleaner and members call this holding `maintenance`, which
+    /// merging may need): `flush_all` makes every acknowledged write durable.
     pub(crate) fn flush(&self) -> Result<()> {
         let (sealed, target_seq, gen) = {
             let mut core = self.core.lock();
@@ -603,15 +642,37 @@ impl PoolInner {
         }
     }
 
-    /// Reads whole blocks from `lba` into `out`, verifying every checksum.
+    /// Reads whole blocks from `lba` into `out`, verifying every checksum,
+    /// with their overlays applied.
     pub(crate) fn read_blocks(&self, id: u32, name: &str, lba: u64, out: &mut [u8]) -> Result<()> {
+        let (n, bytes) = ((out.len() / BLOCK_SIZE) as u64, out.len() as u64);
+        let overlays = self.read_base(id, name, lba, out, |core| {
+            core.counters.user_bytes_read += bytes;
+            core.overlays.copies(id, lba, n)
+        })?;
+        for (i, o) in overlays {
+            o.apply(&mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
+        }
+        Ok(())
+    }
+
+    /// Reads whole blocks from `lba` into `out` as stored (no overlays),
+    /// verifying every checksum. `snapshot` runs under the lock section of
+    /// the map lookup; its result is returned.
+    pub(crate) fn read_base<T>(
+        &self,
+        id: u32,
+        name: &str,
+        lba: u64,
+        out: &mut [u8],
+        snapshot: impl FnOnce(&mut Core) -> T,
+    ) -> Result<T> {
         let _guard = self.reuse.read();
         let mut plan: Vec<(usize, Pba, u32)> = Vec::new();
         let degraded;
-        {
+        let snap = {
             let mut core = self.core.lock();
             degraded = self.lost_members(&core) > 0;
-            core.counters.user_bytes_read += out.len() as u64;
             let vol = core.volume(id).ok_or_else(|| gone(name))?;
             for (i, block) in out.chunks_exact_mut(BLOCK_SIZE).enumerate() {
                 let (loc, crc) = vol.map.get(lba + i as u64);
@@ -630,7 +691,8 @@ impl PoolInner {
                     },
                 }
             }
-        }
+            snapshot(&mut core)
+        };
         // In a degraded pool, column ranges read by this call are kept, so
         // that rebuilding a lost column reuses what the request reads of the
         // other columns anyway (and the other way round).
@@ -700,7 +762,7 @@ impl PoolInner {
             }
             start = end;
         }
-        Ok(())
+        Ok(snap)
     }
 
     /// Rebuilds the leading blocks of `run` (consecutive blocks of one

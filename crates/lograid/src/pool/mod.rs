@@ -2,7 +2,8 @@
 //! This module owns the pool's lifecycle (create, open with recovery, close
 //! with a checkpoint), the volume table, and the public API. The data path
 //! is split by concern: `log` (heads, open rows, sealing), `io` (writing
-//! rows, flush, reads with checksum verification and repair), `recovery`
+//! rows, flush, reads with checksum verification and repair), `overlay`
+//! (sub-block writes held in memory until merged into their blocks), `recovery`
 //! (checkpoint load and roll-forward), `checkpoint`, `cleaner`, `create`.
 //!
 //! Locking: one mutex (`Core`) guards all bookkeeping and is never held
@@ -16,6 +17,7 @@ pub mod create;
 mod io;
 mod log;
 mod members;
+mod overlay;
 mod recovery;
 mod scrub;
 mod state;
@@ -63,6 +65,13 @@ pub struct PoolOptions {
     /// Share of the time a rebuild or rebalance may take while users are
     /// doing I/O (0.05 to 1; it runs flat out when they are idle).
     pub reshape_share: f64,
+    /// Blocks with sub-block writes held in memory (4 KiB each), at most;
+    /// they are merged into their blocks in the background, by a writer
+    /// that finds the table full, and by every flush (at least 1).
+    pub max_overlays: usize,
+    /// Start a background thread that merges sub-block writes into their
+    /// blocks (keeping the table at most a quarter full).
+    pub background_resolver: bool,
 }
 
 /// How the cleaner chooses its victim segment.
@@ -114,6 +123,8 @@ impl Default for PoolOptions {
             cleaner_policy: CleanerPolicy::default(),
             discard: false,
             reshape_share: 0.5,
+            max_overlays: 4096,
+            background_resolver: true,
         }
     }
 }
@@ -287,6 +298,11 @@ pub(crate) struct PoolInner {
     pub core: Mutex<Core>,
     /// Signalled when rows complete or segments are freed.
     pub progress: Condvar,
+    /// Signalled when the overlay table passes its low watermark.
+    pub overlay_wake: Condvar,
+    /// Held while resolving a batch of overlays (one batch at a time, so
+    /// that no two threads merge the same overlay).
+    pub resolving: Mutex<()>,
     pub reuse: RwLock<()>,
     /// Serializes flushes, checkpoints and cleaning passes.
     pub maintenance: Mutex<()>,
@@ -305,6 +321,7 @@ pub(crate) struct PoolInner {
 pub struct Pool {
     inner: Arc<PoolInner>,
     _cleaner: Arc<cleaner::BackgroundCleaner>,
+    _resolver: Arc<overlay::BackgroundResolver>,
 }
 
 /// Allocation state of a range, as block status reports it.
@@ -328,9 +345,11 @@ pub const SECTOR: u64 = 512;
 impl Pool {
     fn from_inner(inner: Arc<PoolInner>) -> Pool {
         let cleaner = cleaner::BackgroundCleaner::start(&inner);
+        let resolver = overlay::BackgroundResolver::start(&inner);
         Pool {
             inner,
             _cleaner: cleaner,
+            _resolver: resolver,
         }
     }
 
@@ -434,6 +453,7 @@ impl Pool {
                     .ok_or_else(|| Error::NotFound(format!("volume '{name}'")))?;
                 // Seal first so no open slot refers to the volume.
                 let sealed = self.inner.seal_open_rows(&mut core);
+                core.overlays.remove_volume(id);
                 let vol = core.volumes.remove(&id).expect("volume");
                 for (_, loc, _) in vol.map.iter_from(0) {
                     core.release_loc(loc, &self.inner.shape);
@@ -448,9 +468,11 @@ impl Pool {
         self.inner.checkpoint()
     }
 
-    /// Flushes everything and writes a checkpoint.
+    /// Flushes everything (sub-block writes held in memory included) and
+    /// writes a checkpoint.
     pub fn checkpoint(&self) -> Result<()> {
-        self.inner.guarded("checkpoint", || self.inner.checkpoint())
+        self.inner
+            .guarded("checkpoint", || self.inner.checkpoint_all())
     }
 
     /// Runs the cleaner until `segments` more segments are free or nothing
@@ -458,8 +480,9 @@ impl Pool {
     pub fn clean(&self, segments: usize) -> Result<usize> {
         self.inner.guarded("cleaning", || {
             let cleaned = self.inner.clean_segments(segments, false)?;
-            // Make what was emptied reusable now.
-            self.inner.checkpoint()?;
+            // Make what was emptied reusable now (and, as ever, everything
+            // acknowledged durable).
+            self.inner.checkpoint_all()?;
             Ok(cleaned)
         })
     }
@@ -497,9 +520,11 @@ impl Pool {
             return Ok(());
         }
         self._cleaner.stop();
+        self._resolver.stop();
         let read_only = self.inner.core.lock().read_only_reason.is_some();
         if !read_only {
-            self.inner.guarded("close", || self.inner.checkpoint())?;
+            self.inner
+                .guarded("close", || self.inner.checkpoint_all())?;
         }
         self.inner.closed.store(true, Ordering::SeqCst);
         Ok(())
@@ -593,7 +618,7 @@ impl Volume {
         if self.inner.closed.load(Ordering::Relaxed) {
             return Err(Error::ReadOnly("pool is closed".into()));
         }
-        self.inner.guarded("flush", || self.inner.flush())
+        self.inner.guarded("flush", || self.inner.flush_all())
     }
 
     /// Unmaps whole 4 KiB blocks inside the range (a hint: partial blocks at

@@ -307,6 +307,7 @@ pub(crate) fn new_inner(
         stored_blocks: 0,
         spare_buffers: Vec::new(),
         checkpoint_wanted: false,
+        overlays: super::overlay::OverlayTable::new(options.max_overlays),
     };
     for (s, seg) in core.segments.iter_mut().enumerate() {
         seg.members_mask = shape.geometry.segment_members(s as u32, active_mask);
@@ -319,6 +320,8 @@ pub(crate) fn new_inner(
         devices: RwLock::new(devices),
         core: Mutex::new(core),
         progress: Condvar::new(),
+        overlay_wake: Condvar::new(),
+        resolving: Mutex::new(()),
         reuse: RwLock::new(()),
         maintenance: Mutex::new(()),
         options,

@@ -218,6 +218,8 @@ pub struct Core {
     /// A checkpoint should be written soon (a member was faulted: the
     /// superblocks must say so).
     pub checkpoint_wanted: bool,
+    /// Sub-block writes not yet merged into their blocks.
+    pub overlays: super::overlay::OverlayTable,
 }
 
 impl Core {
@@ -347,6 +349,6 @@ impl Core {
                 self.stored_blocks
             ));
         }
-        Ok(())
+        self.overlays.check(self)
     }
 }

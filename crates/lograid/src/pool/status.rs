@@ -140,6 +140,16 @@ pub struct PoolStatus {
     /// A rebuild or rebalance under way.
     #[serde(default)]
     pub reshape: Option<super::ReshapeStatus>,
+    /// Sub-block writes held in memory: the blocks they are in (merged
+    /// into them by the next flush at the latest).
+    #[serde(default)]
+    pub overlay_blocks: usize,
+    /// Of those, blocks not stored yet (reserved: not in `free_bytes`).
+    #[serde(default)]
+    pub overlay_blocks_unstored: u64,
+    /// Overlays merged into their blocks since the pool was opened.
+    #[serde(default)]
+    pub overlays_merged: u64,
 }
 
 /// A state change worth telling the user about.
@@ -216,7 +226,10 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
         capacity_bytes: core.capacity_blocks * BLOCK_BYTES,
         usable_bytes: core.usable_blocks * BLOCK_BYTES,
         stored_bytes: stored_blocks * BLOCK_BYTES,
-        free_bytes: core.usable_blocks.saturating_sub(stored_blocks) * BLOCK_BYTES,
+        free_bytes: core
+            .usable_blocks
+            .saturating_sub(stored_blocks + core.overlays.unstored())
+            * BLOCK_BYTES,
         segments_total: core.segments.len(),
         segments_free: core.free.len(),
         segments_sealed: core
@@ -264,6 +277,9 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
             .collect(),
         members,
         reshape,
+        overlay_blocks: core.overlays.len(),
+        overlay_blocks_unstored: core.overlays.unstored(),
+        overlays_merged: core.overlays.resolved,
     }
 }
 

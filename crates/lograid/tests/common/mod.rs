@@ -16,6 +16,9 @@ pub fn test_options() -> PoolOptions {
         max_inflight_rows: 8,
         max_inflight_bytes: 16 << 20,
         background_cleaner: false,
+        // Sub-block writes are merged by writers and flushes only (no
+        // background thread: runs are reproducible from their seed).
+        background_resolver: false,
         // Freed segments are zeroed by the simulated drives, so a segment
         // freed while still needed shows up as lost data.
         discard: true,
@@ -28,6 +31,8 @@ pub struct SimPool {
     pub sims: Vec<Arc<SimMember>>,
     pool: Option<Pool>,
     volume: Option<Volume>,
+    /// The options the pool is opened with (again after a crash).
+    options: PoolOptions,
 }
 
 impl SimPool {
@@ -55,7 +60,7 @@ impl SimPool {
             force: true,
             initial_volume: None,
         };
-        let pool = create_pool(dyn_members, &opts, options).expect("create pool");
+        let pool = create_pool(dyn_members, &opts, options.clone()).expect("create pool");
         let usable = pool.status().usable_bytes;
         let size = ((usable as f64 * fill) as u64 / 4096).max(16) * 4096;
         let volume = pool.create_volume("vol", size).expect("create volume");
@@ -63,6 +68,7 @@ impl SimPool {
             sims,
             pool: Some(pool),
             volume: Some(volume),
+            options,
         }
     }
 
@@ -76,7 +82,11 @@ impl SimPool {
         self.volume().size_bytes()
     }
 
-    fn reopen_from(images: Vec<Vec<u8>>, rng: Option<&mut SimRng>) -> lograid::Result<SimPool> {
+    fn reopen_from(
+        images: Vec<Vec<u8>>,
+        rng: Option<&mut SimRng>,
+        options: PoolOptions,
+    ) -> lograid::Result<SimPool> {
         let sims: Vec<Arc<SimMember>> = images
             .into_iter()
             .enumerate()
@@ -90,12 +100,13 @@ impl SimPool {
                 order.swap(i, j);
             }
         }
-        let pool = open_members(order, test_options(), false)?;
+        let pool = open_members(order, options.clone(), false)?;
         let volume = pool.volume("vol")?;
         Ok(SimPool {
             sims,
             pool: Some(pool),
             volume: Some(volume),
+            options,
         })
     }
 
@@ -104,7 +115,7 @@ impl SimPool {
         let images: Vec<Vec<u8>> = self.sims.iter().map(|s| s.crash_image(mode, rng)).collect();
         self.volume.take();
         self.pool.take();
-        Self::reopen_from(images, Some(rng))
+        Self::reopen_from(images, Some(rng), self.options.clone())
     }
 
     /// Clean close and reopen.
@@ -113,7 +124,7 @@ impl SimPool {
         let images: Vec<Vec<u8>> = self.sims.iter().map(|s| s.snapshot()).collect();
         self.volume.take();
         self.pool.take();
-        Self::reopen_from(images, None)
+        Self::reopen_from(images, None, self.options.clone())
     }
 
     pub fn read_all(&self) -> lograid::Result<Vec<u8>> {
