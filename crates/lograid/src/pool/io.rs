@@ -433,7 +433,11 @@ impl PoolInner {
         self.write_rows(sealed)?;
         let mask = {
             let mut core = self.core.lock();
-            while core.inflight.iter().any(|r| r.geom.seq < target_seq) {
+            // A pool that stopped writing (a row write failed beyond the
+            // parity, or panicked) may never complete its rows.
+            while core.read_only_reason.is_none()
+                && core.inflight.iter().any(|r| r.geom.seq < target_seq)
+            {
                 self.progress.wait(&mut core);
             }
             if let Some(r) = &core.read_only_reason {
