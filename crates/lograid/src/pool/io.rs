@@ -92,7 +92,28 @@ impl PoolInner {
                         return Ok(());
                     }
                 }
-                Written::TableFull => self.make_overlay_room()?,
+                // The table is full. Merge a batch of it, unless another
+                // thread is doing that already: then merge this write with
+                // its block here (read, merge, conditional write), in
+                // parallel with the other writers, instead of queueing
+                // behind the batch (at high queue depths the table fills
+                // faster than one batch at a time empties it).
+                Written::TableFull => match self.try_make_overlay_room() {
+                    Some(made) => made?,
+                    None => {
+                        let before = {
+                            let core = self.core.lock();
+                            let vol = core.volume(id).ok_or_else(|| gone(name))?;
+                            vol.map.get(lba)
+                        };
+                        let mut block = vec![0u8; BLOCK_SIZE];
+                        self.read_blocks(id, name, lba, &mut block)?;
+                        block[within..within + bytes.len()].copy_from_slice(bytes);
+                        if self.write_blocks(id, lba, &block, Some(Cond::no_overlay(before)))? {
+                            return Ok(());
+                        }
+                    }
+                },
             }
         }
         Err(Error::Refused(format!(
@@ -128,7 +149,12 @@ impl PoolInner {
                     .ok_or_else(|| Error::NotFound(format!("volume {id} was deleted")))?;
                 if let Some(c) = cond {
                     debug_assert_eq!(n, 1);
-                    if !core.overlays.is_incarnation(id, lba, c.created) {
+                    let current = if c.carries_overlay() {
+                        core.overlays.is_incarnation(id, lba, c.created)
+                    } else {
+                        !core.overlays.contains(id, lba)
+                    };
+                    if !current {
                         return Ok(false);
                     }
                 }
@@ -177,8 +203,8 @@ impl PoolInner {
                         }
                     }
                     match &cond {
-                        Some(c) => core.overlays.settle(id, b, c),
-                        None => core.overlays.remove(id, b),
+                        Some(c) if c.carries_overlay() => core.overlays.settle(id, b, c),
+                        _ => core.overlays.remove(id, b),
                     }
                     core.counters.user_bytes_written += BLOCK_BYTES;
                     i += 1;

@@ -95,6 +95,25 @@ pub struct Cond {
     pub version: u64,
 }
 
+impl Cond {
+    /// Written only if the block's map entry is still `entry` and it has no
+    /// overlay (a read-merge-write done without the table).
+    pub fn no_overlay(entry: (Loc, u32)) -> Cond {
+        Cond {
+            entry: Some(entry),
+            created: NO_OVERLAY,
+            version: 0,
+        }
+    }
+
+    pub fn carries_overlay(&self) -> bool {
+        self.created != NO_OVERLAY
+    }
+}
+
+/// `Cond::created` of a write that must find no overlay on its block.
+const NO_OVERLAY: u64 = u64::MAX;
+
 /// What a sub-block write did to the table.
 pub enum Written {
     /// Held in the table; `wake`: the table is above the low watermark.
@@ -422,10 +441,16 @@ impl PoolInner {
         }
     }
 
-    /// A writer found the table full: merges a batch (unless another thread
-    /// made room meanwhile). Fails only if nothing could be merged.
-    pub(crate) fn make_overlay_room(&self) -> Result<()> {
-        let _r = self.resolving.lock();
+    /// A writer found the table full: merges a batch of the oldest overlays
+    /// (unless another thread made room meanwhile; fails only if nothing
+    /// could be merged), or returns None at once if another thread is
+    /// merging a batch already (the caller does not wait for it).
+    pub(crate) fn try_make_overlay_room(&self) -> Option<Result<()>> {
+        let r = self.resolving.try_lock()?;
+        Some(self.make_overlay_room_locked(r))
+    }
+
+    fn make_overlay_room_locked(&self, _r: parking_lot::MutexGuard<'_, ()>) -> Result<()> {
         let keys = {
             let core = self.core.lock();
             if core.overlays.len() < core.overlays.limit {
