@@ -16,7 +16,6 @@ use crate::error::{Error, Result};
 use crate::format::row::{Entry, EntryKind, HeadId};
 use crate::format::{crc32c, BLOCK_SIZE};
 use crate::map::Loc;
-use parking_lot::Mutex;
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -361,49 +360,9 @@ impl PoolInner {
     }
 }
 
-/// The background thread that keeps free segments ahead of writers and
+/// The background thread (`lograid-cleaner`) that keeps free segments ahead of writers and
 /// writes checkpoints when enough log has accumulated.
-pub(crate) struct BackgroundCleaner {
-    stop: Arc<AtomicBool>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-}
-
-impl BackgroundCleaner {
-    pub fn start(inner: &Arc<PoolInner>) -> Arc<BackgroundCleaner> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = if inner.options.background_cleaner {
-            let weak: Weak<PoolInner> = Arc::downgrade(inner);
-            let stop = stop.clone();
-            Some(
-                std::thread::Builder::new()
-                    .name("lograid-cleaner".into())
-                    .spawn(move || background_loop(weak, stop))
-                    .expect("spawn cleaner"),
-            )
-        } else {
-            None
-        };
-        Arc::new(BackgroundCleaner {
-            stop,
-            thread: Mutex::new(thread),
-        })
-    }
-
-    pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.lock().take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for BackgroundCleaner {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
+pub(crate) fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::SeqCst) {
         let Some(inner) = weak.upgrade() else { return };
         if inner.closed.load(Ordering::SeqCst) || inner.core.lock().read_only_reason.is_some() {

@@ -11,6 +11,7 @@
 //! reading member blocks, so that a segment freed by the cleaner is never
 //! rewritten under a reader.
 
+mod background;
 mod checkpoint;
 mod cleaner;
 pub mod create;
@@ -320,8 +321,8 @@ pub(crate) struct PoolInner {
 #[derive(Clone)]
 pub struct Pool {
     inner: Arc<PoolInner>,
-    _cleaner: Arc<cleaner::BackgroundCleaner>,
-    _resolver: Arc<overlay::BackgroundResolver>,
+    _cleaner: Arc<background::BackgroundThread>,
+    _resolver: Arc<background::BackgroundThread>,
 }
 
 /// Allocation state of a range, as block status reports it.
@@ -344,8 +345,18 @@ pub const SECTOR: u64 = 512;
 
 impl Pool {
     fn from_inner(inner: Arc<PoolInner>) -> Pool {
-        let cleaner = cleaner::BackgroundCleaner::start(&inner);
-        let resolver = overlay::BackgroundResolver::start(&inner);
+        let cleaner = background::BackgroundThread::start(
+            &inner,
+            inner.options.background_cleaner,
+            "lograid-cleaner",
+            cleaner::background_loop,
+        );
+        let resolver = background::BackgroundThread::start(
+            &inner,
+            inner.options.background_resolver,
+            "lograid-resolver",
+            overlay::background_loop,
+        );
         Pool {
             inner,
             _cleaner: cleaner,

@@ -558,49 +558,9 @@ impl PoolInner {
     }
 }
 
-/// The thread that keeps the overlay table below its low watermark, so
+/// The background thread (`lograid-resolver`) that keeps the overlay table below its low watermark, so
 /// that writers rarely find it full and flushes have little to merge.
-pub(crate) struct BackgroundResolver {
-    stop: Arc<AtomicBool>,
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-}
-
-impl BackgroundResolver {
-    pub fn start(inner: &Arc<PoolInner>) -> Arc<BackgroundResolver> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = if inner.options.background_resolver {
-            let weak: Weak<PoolInner> = Arc::downgrade(inner);
-            let stop = stop.clone();
-            Some(
-                std::thread::Builder::new()
-                    .name("lograid-resolver".into())
-                    .spawn(move || background_loop(weak, stop))
-                    .expect("spawn overlay resolver"),
-            )
-        } else {
-            None
-        };
-        Arc::new(BackgroundResolver {
-            stop,
-            thread: Mutex::new(thread),
-        })
-    }
-
-    pub fn stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.thread.lock().take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for BackgroundResolver {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
+pub(crate) fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::SeqCst) {
         let Some(inner) = weak.upgrade() else { return };
         {
