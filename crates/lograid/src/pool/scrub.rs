@@ -46,7 +46,7 @@ impl ScrubReport {
 }
 
 /// Rows checked at once.
-const SCRUB_THREADS: usize = 2;
+const SCRUB_THREADS: usize = 4;
 
 impl PoolInner {
     /// Scrubs every row; `progress(done, total)` is called every 20 ms or
