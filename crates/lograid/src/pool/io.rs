@@ -210,7 +210,7 @@ impl PoolInner {
                     i += 1;
                 }
             }
-            self.write_rows(sealed)?;
+            self.submit_rows(sealed)?;
             outcome?;
             if need_segment {
                 self.make_space()?;

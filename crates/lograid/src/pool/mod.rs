@@ -20,6 +20,7 @@ mod log;
 mod members;
 mod overlay;
 mod recovery;
+mod row_writer;
 mod scrub;
 mod state;
 mod status;
@@ -315,6 +316,8 @@ pub(crate) struct PoolInner {
     pub stats: Mutex<status::RuntimeStats>,
     pub reshape: Mutex<members::ReshapeStats>,
     pub reshape_paused: AtomicBool,
+    /// Writes the rows user writes seal, in the background.
+    pub row_writer: row_writer::RowWriter,
 }
 
 /// An open pool. Cheap to clone; closing writes a final checkpoint.
@@ -345,6 +348,7 @@ pub const SECTOR: u64 = 512;
 
 impl Pool {
     fn from_inner(inner: Arc<PoolInner>) -> Pool {
+        row_writer::RowWriter::start(&inner);
         let cleaner = background::BackgroundThread::start(
             &inner,
             inner.options.background_cleaner,
@@ -537,6 +541,7 @@ impl Pool {
             self.inner
                 .guarded("close", || self.inner.checkpoint_all())?;
         }
+        self.inner.row_writer.stop();
         self.inner.closed.store(true, Ordering::SeqCst);
         Ok(())
     }

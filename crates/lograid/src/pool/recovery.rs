@@ -330,6 +330,7 @@ pub(crate) fn new_inner(
         stats: Mutex::new(Default::default()),
         reshape: Mutex::new(Default::default()),
         reshape_paused: AtomicBool::new(false),
+        row_writer: super::row_writer::RowWriter::inline(),
     }
 }
 
