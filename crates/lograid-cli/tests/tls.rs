@@ -476,7 +476,15 @@ fn attach_over_tls_makes_a_working_block_device() {
     file.write_all(&data).unwrap();
     file.sync_all().unwrap();
     drop(file);
-    assert_eq!(read_file(&device)[..data.len()], data[..]);
+    let back = std::fs::read(&device).unwrap_or_else(|e| {
+        panic!(
+            "reading {} back: {e}\nserver log:\n{}\nstate dir: {:?}",
+            device.display(),
+            server.stderr(),
+            std::fs::read_dir(&state).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+        )
+    });
+    assert_eq!(back[..data.len()], data[..]);
     attachment.detach();
     // What went through the encrypted block device is on the volume.
     let out = qemu_io_tls(&server, "vol0", &certs.join("client"), &["read -v 0 16"]);
