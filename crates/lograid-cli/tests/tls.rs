@@ -481,7 +481,8 @@ fn attach_over_tls_makes_a_working_block_device() {
             "reading {} back: {e}\nserver log:\n{}\nstate dir: {:?}",
             device.display(),
             server.stderr(),
-            std::fs::read_dir(&state).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+            std::fs::read_dir(&state)
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
         )
     });
     assert_eq!(back[..data.len()], data[..]);
