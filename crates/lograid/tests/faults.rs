@@ -300,10 +300,9 @@ fn scrub_cut_by_a_power_failure_runs_again_and_finishes() {
     }
 }
 
-/// Degraded reads of every request size and alignment return the right bytes
-/// whichever columns are lost: the column ranges one request reads are
-/// reused to rebuild its lost columns, in either order (lost column before
-/// or after the ones read).
+/// Degraded reads of every request size and alignment, forwards and
+/// backwards, return the right bytes whichever columns are lost (first,
+/// middle or last of a row).
 #[test]
 fn degraded_reads_of_any_size_and_order_are_right() {
     for (members, parity, lose) in [

@@ -109,7 +109,15 @@ impl PoolInner {
                         let mut block = vec![0u8; BLOCK_SIZE];
                         self.read_blocks(id, name, lba, &mut block)?;
                         block[within..within + bytes.len()].copy_from_slice(bytes);
-                        if self.write_blocks(id, lba, &block, Some(Cond::no_overlay(before)))? {
+                        if self.write_blocks(
+                            id,
+                            lba,
+                            &block,
+                            Some(Cond {
+                                entry: Some(before),
+                                overlay: None,
+                            }),
+                        )? {
                             return Ok(());
                         }
                     }
@@ -147,14 +155,9 @@ impl PoolInner {
                 let vol = core
                     .volume(id)
                     .ok_or_else(|| Error::NotFound(format!("volume {id} was deleted")))?;
-                if let Some(c) = cond {
+                if let Some(c) = &cond {
                     debug_assert_eq!(n, 1);
-                    let current = if c.carries_overlay() {
-                        core.overlays.is_incarnation(id, lba, c.created)
-                    } else {
-                        !core.overlays.contains(id, lba)
-                    };
-                    if !current {
+                    if !core.overlays.admits(id, lba, c) {
                         return Ok(false);
                     }
                 }
@@ -202,10 +205,7 @@ impl PoolInner {
                             break;
                         }
                     }
-                    match &cond {
-                        Some(c) if c.carries_overlay() => core.overlays.settle(id, b, c),
-                        _ => core.overlays.remove(id, b),
-                    }
+                    core.overlays.appended(id, b, cond.and_then(|c| c.overlay));
                     core.counters.user_bytes_written += BLOCK_BYTES;
                     i += 1;
                 }
@@ -699,10 +699,8 @@ impl PoolInner {
     ) -> Result<T> {
         let _guard = self.reuse.read();
         let mut plan: Vec<(usize, Pba, u32)> = Vec::new();
-        let degraded;
         let snap = {
             let mut core = self.core.lock();
-            degraded = self.lost_members(&core) > 0;
             let vol = core.volume(id).ok_or_else(|| gone(name))?;
             for (i, block) in out.chunks_exact_mut(BLOCK_SIZE).enumerate() {
                 let (loc, crc) = vol.map.get(lba + i as u64);
@@ -723,10 +721,6 @@ impl PoolInner {
             }
             snapshot(&mut core)
         };
-        // In a degraded pool, column ranges read by this call are kept, so
-        // that rebuilding a lost column reuses what the request reads of the
-        // other columns anyway (and the other way round).
-        let mut cache = ColumnCache::default();
         // Coalesce runs of consecutive blocks on one member into one read.
         let mut start = 0;
         while start < plan.len() {
@@ -742,16 +736,9 @@ impl PoolInner {
             let run = &plan[start..end];
             let mut buf = AlignedBuf::zeroed(run.len() * BLOCK_SIZE);
             let first = run[0].1;
-            let mut from_device = false;
-            let read_ok = if let Some(cached) = cache.get(first.member, first.block, run.len()) {
-                buf.copy_from_slice(cached);
-                true
-            } else {
-                from_device = true;
-                match self.device(first.member as usize) {
-                    Some(dev) => dev.read_at(&mut buf, first.byte_offset()).is_ok(),
-                    None => false,
-                }
+            let read_ok = match self.device(first.member as usize) {
+                Some(dev) => dev.read_at(&mut buf, first.byte_offset()).is_ok(),
+                None => false,
             };
             // A member that is gone or failing: rebuild the run a row at a
             // time from the same range of the other columns.
@@ -760,7 +747,7 @@ impl PoolInner {
                 self.check_read_health();
                 let mut j = 0;
                 while j < run.len() {
-                    let n = self.rebuild_run(&run[j..], &mut buf[j * BLOCK_SIZE..], &mut cache);
+                    let n = self.rebuild_run(&run[j..], &mut buf[j * BLOCK_SIZE..]);
                     rebuilt[j..j + n.max(1)].fill(n > 0);
                     j += n.max(1);
                 }
@@ -787,9 +774,6 @@ impl PoolInner {
                 dest.copy_from_slice(&fixed);
                 self.rewrite_block(pba, &fixed);
             }
-            if degraded && read_ok && from_device {
-                cache.put(first.member, first.block, buf);
-            }
             start = end;
         }
         Ok(snap)
@@ -799,12 +783,7 @@ impl PoolInner {
     /// member) that lie in one row, from the same block range of the
     /// row's other columns: one read per column instead of one per block.
     /// Writes them to the front of `out`; returns how many (0: could not).
-    fn rebuild_run(
-        &self,
-        run: &[(usize, Pba, u32)],
-        out: &mut [u8],
-        cache: &mut ColumnCache,
-    ) -> usize {
+    fn rebuild_run(&self, run: &[(usize, Pba, u32)], out: &mut [u8]) -> usize {
         let geometry = &self.shape.geometry;
         let Some(geom) = self.row_of(run[0].1) else {
             return 0;
@@ -817,7 +796,7 @@ impl PoolInner {
             .enumerate()
             .take_while(|(j, r)| geom.locate(geometry, r.1) == Some((col, blk + j)))
             .count();
-        match self.rebuild_column_range(&geom, col, blk, n, cache) {
+        match self.rebuild_column_range(&geom, col, blk, n) {
             Some(bytes) => {
                 out[..n * BLOCK_SIZE].copy_from_slice(&bytes);
                 n
@@ -835,40 +814,25 @@ impl PoolInner {
         col: usize,
         blk: usize,
         n: usize,
-        cache: &mut ColumnCache,
     ) -> Option<AlignedBuf> {
         // Read in this thread, one column after the other: handing the
         // reads to the I/O pool costs more (thread hand-offs on few cores)
         // than it gains, since readers run many at once anyway.
-        let mut fresh = vec![false; geom.width()];
         let mut columns: Vec<Option<AlignedBuf>> = (0..geom.width())
             .map(|c| {
                 if c == col || !geom.column_used(c) {
                     return None;
                 }
                 let pba = geom.pba(&self.shape.geometry, c, blk);
-                let mut buf = AlignedBuf::zeroed(n * BLOCK_SIZE);
-                if let Some(cached) = cache.get(pba.member, pba.block, n) {
-                    buf.copy_from_slice(cached);
-                    return Some(buf);
-                }
                 let dev = self.device(pba.member as usize)?;
+                let mut buf = AlignedBuf::zeroed(n * BLOCK_SIZE);
                 dev.read_at(&mut buf, pba.byte_offset()).ok()?;
-                fresh[c] = true;
                 Some(buf)
             })
             .collect();
-        let rebuilt = rebuild_missing_columns(geom, &mut columns, n * BLOCK_SIZE)
+        rebuild_missing_columns(geom, &mut columns, n * BLOCK_SIZE)
             .then(|| columns[col].take())
-            .flatten();
-        // The columns read from the drives serve the rest of the request.
-        for (c, column) in columns.into_iter().enumerate() {
-            if let (true, Some(bytes)) = (fresh[c], column) {
-                let pba = geom.pba(&self.shape.geometry, c, blk);
-                cache.put(pba.member, pba.block, bytes);
-            }
-        }
-        rebuilt
+            .flatten()
     }
 
     /// Writes a repaired block back where it belongs (its row's parity is
@@ -948,32 +912,6 @@ impl PoolInner {
                 Some(buf.to_vec())
             })
             .collect()
-    }
-}
-
-/// Column ranges (member, first block, bytes) one degraded read has read
-/// already. Lives for one `read_blocks` call, so it holds at most about
-/// twice the request; found ranges must lie wholly inside one entry.
-#[derive(Default)]
-pub(crate) struct ColumnCache {
-    ranges: Vec<(u8, u64, AlignedBuf)>,
-}
-
-impl ColumnCache {
-    fn get(&self, member: u8, block: u64, n: usize) -> Option<&[u8]> {
-        self.ranges.iter().find_map(|(m, first, bytes)| {
-            let len = (bytes.len() / BLOCK_SIZE) as u64;
-            (*m == member && block >= *first && block + n as u64 <= first + len).then(|| {
-                let at = (block - first) as usize * BLOCK_SIZE;
-                &bytes[at..at + n * BLOCK_SIZE]
-            })
-        })
-    }
-
-    fn put(&mut self, member: u8, block: u64, bytes: AlignedBuf) {
-        if self.get(member, block, bytes.len() / BLOCK_SIZE).is_none() {
-            self.ranges.push((member, block, bytes));
-        }
     }
 }
 

@@ -61,6 +61,15 @@ struct Overlay {
     unstored: bool,
 }
 
+impl Overlay {
+    fn carried(&self) -> Carried {
+        Carried {
+            created: self.created,
+            version: self.version,
+        }
+    }
+}
+
 /// A copy of an overlay taken with a map lookup.
 #[derive(Clone)]
 pub struct OverlayCopy {
@@ -71,6 +80,13 @@ pub struct OverlayCopy {
 }
 
 impl OverlayCopy {
+    fn carried(&self) -> Carried {
+        Carried {
+            created: self.created,
+            version: self.version,
+        }
+    }
+
     /// Lays the overlay's sectors over `block` (the base).
     pub fn apply(&self, block: &mut [u8]) {
         for s in 0..SECTORS {
@@ -82,37 +98,26 @@ impl OverlayCopy {
     }
 }
 
-/// The condition of a block write that carries an overlay: the overlay is
-/// still the one merged (`created`) and, when resolving, the base is still
-/// the one read (`entry`). After the append, the overlay is dropped if no
-/// write was merged into it meanwhile (`version`), else kept: its sectors
-/// are a superset of those merged, so it still lies correctly over the new
-/// block.
+/// The condition of a conditional block write. With an overlay carried:
+/// the overlay is still the one merged (`Carried::created`) and, when
+/// resolving, the base is still the one read (`entry`); after the append the
+/// overlay is dropped if no write was merged into it meanwhile
+/// (`Carried::version`), else kept: its sectors are a superset of those
+/// merged, so it still lies correctly over the new block. Without one (a
+/// read-merge-write done beside the table): the base is still `entry` and
+/// the block has no overlay.
 #[derive(Debug, Clone, Copy)]
 pub struct Cond {
     pub entry: Option<(Loc, u32)>,
-    pub created: u64,
-    pub version: u64,
+    pub overlay: Option<Carried>,
 }
 
-impl Cond {
-    /// Written only if the block's map entry is still `entry` and it has no
-    /// overlay (a read-merge-write done without the table).
-    pub fn no_overlay(entry: (Loc, u32)) -> Cond {
-        Cond {
-            entry: Some(entry),
-            created: NO_OVERLAY,
-            version: 0,
-        }
-    }
-
-    pub fn carries_overlay(&self) -> bool {
-        self.created != NO_OVERLAY
-    }
+/// Which overlay a conditional write carries.
+#[derive(Debug, Clone, Copy)]
+pub struct Carried {
+    created: u64,
+    version: u64,
 }
-
-/// `Cond::created` of a write that must find no overlay on its block.
-const NO_OVERLAY: u64 = u64::MAX;
 
 /// What a sub-block write did to the table.
 pub enum Written {
@@ -202,8 +207,7 @@ impl OverlayTable {
                 block[within..within + bytes.len()].copy_from_slice(bytes);
                 let cond = Cond {
                     entry: None,
-                    created: o.created,
-                    version: o.version,
+                    overlay: Some(o.carried()),
                 };
                 return Ok(Written::Full(block, cond));
             }
@@ -285,13 +289,6 @@ impl OverlayTable {
         self.unstored - u64::from(own)
     }
 
-    /// Is the overlay of block `lba` the one created at `created`?
-    pub fn is_incarnation(&self, vol: u32, lba: u64, created: u64) -> bool {
-        self.map
-            .get(&(vol, lba))
-            .is_some_and(|o| o.created == created)
-    }
-
     /// Block `lba` was replaced as a whole (written, trimmed, zeroed).
     pub fn remove(&mut self, vol: u32, lba: u64) {
         if self.map.is_empty() {
@@ -322,17 +319,35 @@ impl OverlayTable {
         self.remove_range(vol, 0, u64::MAX);
     }
 
-    /// A block carrying the overlay described by `cond` was appended (in
-    /// this lock section): drop the overlay if nothing was merged into it
-    /// since, else keep it over the new block, which is stored now.
-    pub fn settle(&mut self, vol: u32, lba: u64, cond: &Cond) {
+    /// Whether a conditional write of block `lba` may go ahead, as far as
+    /// overlays go: the overlay it carries is still there, or, carrying none,
+    /// none has appeared.
+    pub fn admits(&self, vol: u32, lba: u64, cond: &Cond) -> bool {
+        match cond.overlay {
+            Some(c) => self
+                .map
+                .get(&(vol, lba))
+                .is_some_and(|o| o.created == c.created),
+            None => !self.contains(vol, lba),
+        }
+    }
+
+    /// Block `lba` was appended whole (in this lock section). Carrying an
+    /// overlay: drop it if nothing was merged into it since, else keep it
+    /// over the new block, which is stored now. Otherwise the block replaced
+    /// any overlay.
+    pub fn appended(&mut self, vol: u32, lba: u64, carried: Option<Carried>) {
+        let Some(c) = carried else {
+            self.remove(vol, lba);
+            return;
+        };
         let o = self
             .map
             .get_mut(&(vol, lba))
             .expect("the overlay a conditional write carried");
-        assert_eq!(o.created, cond.created, "overlay replaced under its write");
+        assert_eq!(o.created, c.created, "overlay replaced under its write");
         self.resolved += 1;
-        if o.version == cond.version {
+        if o.version == c.version {
             self.remove(vol, lba);
             return;
         }
@@ -340,7 +355,7 @@ impl OverlayTable {
             o.unstored = false;
             self.unstored -= 1;
         }
-        o.born = o.born.max(cond.version + 1);
+        o.born = o.born.max(c.version + 1);
     }
 
     /// Up to `max` overlays `pick` takes (but none in `skip`).
@@ -545,8 +560,7 @@ impl PoolInner {
             overlay.apply(&mut block);
             let cond = Cond {
                 entry: Some(entry),
-                created: overlay.created,
-                version: overlay.version,
+                overlay: Some(overlay.carried()),
             };
             if self.write_blocks(vol, lba, &block, Some(cond))? {
                 return Ok(());
@@ -700,8 +714,7 @@ mod tests {
             .unwrap();
         let cond = Cond {
             entry: Some(entry),
-            created: copy.created,
-            version: copy.version,
+            overlay: Some(copy.carried()),
         };
         assert!(!pool
             .inner
@@ -732,8 +745,7 @@ mod tests {
             .unwrap();
         let cond = Cond {
             entry: Some(entry),
-            created: copy.created,
-            version: copy.version,
+            overlay: Some(copy.carried()),
         };
         assert!(pool
             .inner
