@@ -481,8 +481,13 @@ fn attach_over_tls_makes_a_working_block_device() {
             "reading {} back: {e}\nserver log:\n{}\nstate dir: {:?}",
             device.display(),
             server.stderr(),
-            std::fs::read_dir(&state)
-                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+            std::fs::read_dir(&state).map(|d| d
+                .flatten()
+                .map(|e| (
+                    e.file_name(),
+                    std::fs::read_to_string(e.path()).unwrap_or_default()
+                ))
+                .collect::<Vec<_>>())
         )
     });
     assert_eq!(back[..data.len()], data[..]);

@@ -120,19 +120,7 @@ fn parse_listen(text: &str) -> Result<SocketAddr> {
 /// How a client on this host reaches a TCP listener (an unspecified address means loopback).
 fn client_uri(addr: &ListenAddr, export: &str) -> String {
     match addr {
-        ListenAddr::Tcp(a) => {
-            let a = if a.ip().is_unspecified() {
-                let ip = if a.is_ipv4() {
-                    IpAddr::V4(Ipv4Addr::LOCALHOST)
-                } else {
-                    IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
-                };
-                SocketAddr::new(ip, a.port())
-            } else {
-                *a
-            };
-            format!("nbd://{a}/{export}")
-        }
+        ListenAddr::Tcp(a) => format!("nbd://{}/{export}", local_client_addr(a)),
         ListenAddr::Unix(path) => format!("nbd+unix:///{export}?socket={}", path.display()),
     }
 }
@@ -148,13 +136,18 @@ fn tls_uri(uri: &str) -> String {
     }
 }
 
-/// The host a local client uses for a TCP listener (loopback for an unspecified address).
-fn uri_host(sa: &SocketAddr) -> String {
-    if sa.ip().is_unspecified() {
-        "127.0.0.1".to_string()
-    } else {
-        sa.ip().to_string()
+/// Where a client on this host reaches a TCP listener: loopback (of the
+/// same family) for an unspecified address.
+fn local_client_addr(sa: &SocketAddr) -> SocketAddr {
+    if !sa.ip().is_unspecified() {
+        return *sa;
     }
+    let ip = if sa.is_ipv4() {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+    };
+    SocketAddr::new(ip, sa.port())
 }
 
 /// Whether opening failed because another process holds a drive's lock.
@@ -486,50 +479,42 @@ fn print_how_to_connect(
              qemu-img info --object tls-creds-x509,id=tls0,endpoint=client,dir=DIR --image-opts \\\n    \
              driver=nbd,{},export={first},tls-creds=tls0\n",
             match addr {
-                ListenAddr::Tcp(sa) => format!("host={},port={}", uri_host(sa), sa.port()),
+                ListenAddr::Tcp(sa) => format!("host={},port={}", local_client_addr(sa).ip(), sa.port()),
                 ListenAddr::Unix(path) => format!("path={}", path.display()),
             }
         ));
-        out.push_str("stop with Ctrl-C or SIGTERM (flushes and checkpoints before exiting)\n");
-        let mut stdout = std::io::stdout().lock();
-        let _ = stdout.write_all(out.as_bytes());
-        let _ = stdout.flush();
-        return;
-    }
-    out.push_str("connect with:\n");
-    out.push_str(&format!(
-        "  nbdinfo --list {}\n",
-        client_uri(addr, "").trim_end_matches('/')
-    ));
-    out.push_str(&format!("  qemu-img info {uri}\n"));
-    match addr {
-        ListenAddr::Tcp(_) => {
-            let server = client_uri(addr, "");
-            let server = server.trim_end_matches('/');
-            out.push_str(&format!(
+    } else {
+        out.push_str("connect with:\n");
+        out.push_str(&format!(
+            "  nbdinfo --list {}\n",
+            client_uri(addr, "").trim_end_matches('/')
+        ));
+        out.push_str(&format!("  qemu-img info {uri}\n"));
+        match addr {
+            ListenAddr::Tcp(_) => {
+                let server = client_uri(addr, "");
+                let server = server.trim_end_matches('/');
+                out.push_str(&format!(
                 "  lograid attach --server {server} --export {first}      (as root: a /dev/loopN via nbdfuse)\n"
             ));
-            if let ListenAddr::Tcp(sa) = addr {
-                let host = if sa.ip().is_unspecified() {
-                    "127.0.0.1".to_string()
-                } else {
-                    sa.ip().to_string()
-                };
-                out.push_str(&format!(
+                if let ListenAddr::Tcp(sa) = addr {
+                    let host = local_client_addr(sa).ip();
+                    out.push_str(&format!(
                     "  nbd-client -N {first} {host} {} /dev/nbd0      (kernels with the nbd driver)\n",
                     sa.port()
                 ));
+                }
             }
-        }
-        ListenAddr::Unix(path) => {
-            out.push_str(&format!(
+            ListenAddr::Unix(path) => {
+                out.push_str(&format!(
                 "  lograid attach --socket {} --export {first}      (as root: a /dev/loopN via nbdfuse)\n",
                 path.display()
             ));
-            out.push_str(&format!(
+                out.push_str(&format!(
                 "  nbd-client -unix {} /dev/nbd0 -N {first}      (kernels with the nbd driver)\n",
                 path.display()
             ));
+            }
         }
     }
     out.push_str("stop with Ctrl-C or SIGTERM (flushes and checkpoints before exiting)\n");

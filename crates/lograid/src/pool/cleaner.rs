@@ -222,6 +222,17 @@ impl PoolInner {
         write: &std::sync::mpsc::SyncSender<Vec<Arc<SealedRow>>>,
     ) -> Result<u64> {
         let mut moved = 0u64;
+        // Every column of a row, read whole, lost ones rebuilt from parity.
+        let read_whole = |geom: &crate::layout::RowGeom| {
+            let _r = self.reuse.read();
+            let mut columns = self.read_row_columns(geom);
+            super::io::rebuild_missing_columns(
+                geom,
+                &mut columns,
+                geom.height as usize * BLOCK_SIZE,
+            );
+            columns
+        };
         for geom in rows {
             // A row whose header column is on a member that is gone (a
             // rebuild): read it whole and rebuild in memory, header included.
@@ -230,16 +241,7 @@ impl PoolInner {
             let found = if self.device(header_member).is_some() {
                 self.load_row_header_pub(&geom)
             } else {
-                let columns = {
-                    let _r = self.reuse.read();
-                    let mut columns = self.read_row_columns(&geom);
-                    super::io::rebuild_missing_columns(
-                        &geom,
-                        &mut columns,
-                        geom.height as usize * BLOCK_SIZE,
-                    );
-                    columns
-                };
+                let columns = read_whole(&geom);
                 let header = columns[0].as_ref().and_then(|c| {
                     let hb = geom.header_blocks as usize * BLOCK_SIZE;
                     crate::format::row::RowHeader::decode(&c[..hb])
@@ -284,14 +286,7 @@ impl PoolInner {
             } else if let Some(columns) = whole {
                 columns
             } else {
-                let _r = self.reuse.read();
-                let mut columns = self.read_row_columns(&geom);
-                super::io::rebuild_missing_columns(
-                    &geom,
-                    &mut columns,
-                    geom.height as usize * BLOCK_SIZE,
-                );
-                columns
+                read_whole(&geom)
             };
             // The live blocks' bytes: from the columns read, checked; else
             // read (or rebuilt) one by one.

@@ -90,18 +90,25 @@ impl PoolInner {
         }
         let writer = &self.row_writer;
         let n = rows.len();
-        if writer.queued.load(Ordering::SeqCst) + n <= QUEUE_ROWS {
-            if let Some(sender) = writer.sender.lock().as_ref() {
-                writer.queued.fetch_add(n, Ordering::SeqCst);
-                match sender.send(rows) {
-                    Ok(()) => return Ok(()),
-                    Err(crossbeam_channel::SendError(rows)) => {
-                        writer.queued.fetch_sub(n, Ordering::SeqCst);
-                        return self.write_rows(rows);
-                    }
-                }
-            }
+        // Take places in the queue, or write here if there are none.
+        let reserved = writer
+            .queued
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
+                (q + n <= QUEUE_ROWS).then_some(q + n)
+            })
+            .is_ok();
+        if !reserved {
+            return self.write_rows(rows);
         }
+        let rows = match writer.sender.lock().as_ref() {
+            Some(sender) => match sender.send(rows) {
+                Ok(()) => return Ok(()),
+                Err(crossbeam_channel::SendError(rows)) => rows,
+            },
+            None => rows,
+        };
+        // Stopped: give the places back and write here.
+        writer.queued.fetch_sub(n, Ordering::SeqCst);
         self.write_rows(rows)
     }
 }
