@@ -55,8 +55,14 @@ impl PoolInner {
         self.write_rows(sealed)?;
         {
             let mut core = self.core.lock();
-            while core.inflight.iter().any(|r| r.geom.seq < target_seq) {
+            // A pool that stopped writing may never complete its rows.
+            while core.read_only_reason.is_none()
+                && core.inflight.iter().any(|r| r.geom.seq < target_seq)
+            {
                 self.progress.wait(&mut core);
+            }
+            if let Some(r) = &core.read_only_reason {
+                return Err(Error::ReadOnly(r.clone()));
             }
         }
         let (pointer, visited) = self.write_checkpoint_rows(checkpoint_id, &blob)?;

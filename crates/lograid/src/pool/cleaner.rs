@@ -21,6 +21,36 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+/// Times in a row a writer may call `make_space` and still find no room
+/// for its next block before it gives up with ENOSPC. Cleaning can reach a
+/// fixed point in a nearly full pool (each pass frees about what its
+/// relocations and the checkpoint that releases the segment take): without
+/// this bound the writer would clean forever.
+const MAX_SPACE_STALLS: u32 = 16;
+
+/// Counts a writer's calls to `make_space` that let it append nothing.
+#[derive(Default)]
+pub(crate) struct SpaceStalls(u32);
+
+impl SpaceStalls {
+    /// Called before each `make_space`; `progressed`: the writer appended
+    /// something since the last call. ENOSPC after `MAX_SPACE_STALLS` in a
+    /// row without progress.
+    pub fn check(&mut self, progressed: bool) -> Result<()> {
+        if progressed {
+            self.0 = 0;
+        }
+        self.0 += 1;
+        if self.0 > MAX_SPACE_STALLS {
+            tracing::warn!(
+                "a writer found no free segment after cleaning {MAX_SPACE_STALLS} times: pool full"
+            );
+            return Err(Error::NoSpace);
+        }
+        Ok(())
+    }
+}
+
 impl PoolInner {
     /// Cleans up to `want` segments by the pool's policy (`urgent`: for a
     /// writer out of space, see `pick_victim`), then, if space is short

@@ -3,6 +3,7 @@
 //! reads that verify every block's checksum and rebuild a bad or unreadable
 //! block from the rest of its row.
 
+use super::cleaner::SpaceStalls;
 use super::log::AppendError;
 use super::overlay::{Cond, Written};
 use super::state::{Core, SealedRow, SegState};
@@ -144,10 +145,12 @@ impl PoolInner {
         let n = data.len() / BLOCK_SIZE;
         let crcs: Vec<u32> = data.chunks_exact(BLOCK_SIZE).map(crc32c).collect();
         let mut i = 0;
+        let mut stalls = SpaceStalls::default();
         while i < n {
             let mut sealed = Vec::new();
             let mut outcome: Result<()> = Ok(());
             let mut need_segment = false;
+            let before = i;
             {
                 let mut core = self.core.lock();
                 self.wait_for_inflight_room(&mut core);
@@ -177,7 +180,13 @@ impl PoolInner {
                     let (old, _) = core.volume(id).expect("volume").map.get(b);
                     // A new block: room for it beyond the blocks reserved
                     // for overlays (its own overlay's reservation is its).
+                    // An overlay merged into its block had its room
+                    // reserved when it was acknowledged: it is written even
+                    // if the pool holds less since (a member failed).
+                    let reserved =
+                        cond.is_some_and(|c| c.overlay.is_some()) && core.overlays.reserves(id, b);
                     if !old.is_stored()
+                        && !reserved
                         && core.stored_blocks + core.overlays.unstored_except(id, b)
                             >= core.usable_blocks
                     {
@@ -213,17 +222,21 @@ impl PoolInner {
             self.submit_rows(sealed)?;
             outcome?;
             if need_segment {
+                stalls.check(i > before)?;
                 self.make_space()?;
             }
         }
         Ok(true)
     }
 
-    /// Blocks while too many rows are in flight (bounds memory).
+    /// Blocks while too many rows are in flight (bounds memory). Returns at
+    /// once in a pool that stopped writing: its rows may never complete,
+    /// and the caller's `check_writable` refuses.
     fn wait_for_inflight_room(&self, core: &mut parking_lot::MutexGuard<'_, Core>) {
-        while core.inflight.len() >= self.options.max_inflight_rows
-            || core.inflight.iter().map(|r| r.buf.len()).sum::<usize>()
-                >= self.options.max_inflight_bytes
+        while core.read_only_reason.is_none()
+            && (core.inflight.len() >= self.options.max_inflight_rows
+                || core.inflight.iter().map(|r| r.buf.len()).sum::<usize>()
+                    >= self.options.max_inflight_bytes)
         {
             self.progress.wait(core);
         }
@@ -269,9 +282,11 @@ impl PoolInner {
         // their records (a pool holding more than it may, after a member
         // failed), they may use the cleaner's reserve.
         let mut relief = false;
+        let mut stalls = SpaceStalls::default();
         while lba < last {
             let mut sealed = Vec::new();
             let mut need_segment = false;
+            let before = lba;
             {
                 let mut core = self.core.lock();
                 self.wait_for_inflight_room(&mut core);
@@ -323,6 +338,7 @@ impl PoolInner {
                 if relief {
                     return Err(Error::NoSpace);
                 }
+                stalls.check(lba > before)?;
                 match self.make_space() {
                     Ok(()) => {}
                     Err(Error::NoSpace) => relief = true,
