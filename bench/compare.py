@@ -67,7 +67,7 @@ from xml.sax.saxutils import escape
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from stacks import (BtrfsStack, Ext4Stack, Interrupted, LograidStack, PathRefStack,  # noqa: E402
-                    ZfsFuseStack, HOST_MARGIN, RECOMMENDED_METADATA, log, parse_size, run)
+                    ZfsFuseStack, HOST_MARGIN, RECOMMENDED_METADATA, log, machine_cpu_seconds, parse_size, run)
 from steady import fio_json_objects, loadavg, machine_string  # noqa: E402
 from steady_report import Svg, nice_ticks, tick_label  # noqa: E402
 
@@ -540,6 +540,21 @@ def timed_phase(stack, fn):
     return t2 - t0, t1 - t0, (b1 - b0 if b0 is not None and b1 is not None else None)
 
 
+def cpu_snapshot(stack):
+    """CPU seconds so far: the whole machine, and the NBD server and nbdfuse of an
+    attached stack."""
+    snap = {"machine": machine_cpu_seconds()}
+    if hasattr(stack, "cpu_seconds"):
+        snap.update(stack.cpu_seconds())
+    return snap
+
+
+def cpu_delta(before, after):
+    """{what: CPU seconds between two snapshots} (None where either is missing)."""
+    return {k: (round(after[k] - before[k], 2) if before.get(k) is not None and after.get(k) is not None else None)
+            for k in before}
+
+
 def exp_a(ctx, stack, tag):
     n, buf = ctx.a.a_files, ctx.src14
     total = n * len(buf)
@@ -552,7 +567,9 @@ def exp_a(ctx, stack, tag):
         for i in range(n):
             with open(os.path.join(d, "f%d" % i), "wb", buffering=0) as f:
                 f.write(buf)
+    c0 = cpu_snapshot(stack)
     secs, write_part, dev = timed_phase(stack, many)
+    det["manyfiles_cpu_s"] = cpu_delta(c0, cpu_snapshot(stack))
     m["manyfiles_MBps"] = round(total / secs / 1e6, 1)
     m["manyfiles_wa"] = round(dev / total, 4) if dev is not None else None
     det.update(manyfiles_seconds=round(secs, 3), manyfiles_write_part_seconds=round(write_part, 3),
@@ -570,7 +587,9 @@ def exp_a(ctx, stack, tag):
         with open(os.path.join(d, "big"), "wb", buffering=0) as f:
             for _ in range(n):
                 f.write(buf)
+    c0 = cpu_snapshot(stack)
     secs, write_part, dev = timed_phase(stack, big)
+    det["bigfile_cpu_s"] = cpu_delta(c0, cpu_snapshot(stack))
     m["bigfile_MBps"] = round(total / secs / 1e6, 1)
     m["bigfile_wa"] = round(dev / total, 4) if dev is not None else None
     det.update(bigfile_seconds=round(secs, 3), bigfile_write_part_seconds=round(write_part, 3),
@@ -788,7 +807,7 @@ def make_stack(ctx, key, exp, tag):
         return ZfsFuseStack("stripe" if parity == 0 else "raidz1", a.members, a.member_size, a.dir)
     if family == "ref":
         return PathRefStack(path_ref_size(a.members, a.member_size), a.dir, a.lograid,
-                            log_dir=os.path.join(ctx.out, "logs", tag))
+                            log_dir=os.path.join(ctx.out, "logs", tag), allocator=a.path_ref_allocator)
     return Ext4Stack(a.member_size, a.dir)
 
 
@@ -846,6 +865,7 @@ def machine_details(a):
         "bonnie++": first_line(["dpkg-query", "-W", "-f", "${Version}", "bonnie++"]),
         "zfs-fuse": first_line(["dpkg-query", "-W", "-f", "${Version}", "zfs-fuse"]),
         "nbdfuse": first_line(["nbdfuse", "--version"]),
+        "nbdkit": first_line(["nbdkit", "--version"]),
         "python": platform.python_version(),
     }
     return d
@@ -992,6 +1012,8 @@ def report(out, setup, runs):
         L += [absolute_table(runs, exp)]
         if exp == "B":
             L += [engine_note(runs)]
+        if exp == "A":
+            L += [cpu_table(runs)]
         rt = ratio_table(runs, exp)
         if rt:
             L += ["Ratios (per repetition, then median (min–max)):", "", rt]
@@ -1012,6 +1034,38 @@ def report(out, setup, runs):
     with open(os.path.join(out, "compare.md"), "w") as f:
         f.write(md)
     return md
+
+
+CPU_PHASES = [("manyfiles", "many files"), ("bigfile", "big file")]
+CPU_WHO = [("server", "NBD server"), ("nbdfuse", "nbdfuse"), ("machine", "whole machine")]
+
+
+def cpu_table(runs):
+    """Markdown: CPU seconds per GB written in each phase of A (median (min-max)), for
+    the NBD server, nbdfuse and the whole machine (which includes other work)."""
+    stacks = stacks_in([r for r in runs if r["exp"] == "A"])
+    rows = []
+    for phase, plabel in CPU_PHASES:
+        for who, wlabel in CPU_WHO:
+            cells, any_ = [], False
+            for s in stacks:
+                vals = []
+                for r in runs:
+                    d = r.get("details") or {}
+                    c = (d.get(phase + "_cpu_s") or {}).get(who)
+                    if r["exp"] == "A" and r["stack"] == s and c is not None and d.get("total_bytes"):
+                        vals.append(c / (d["total_bytes"] / 1e9))
+                any_ = any_ or bool(vals)
+                cells.append(fmt_cell(summarize(vals), 2))
+            if any_:
+                rows.append("| %s: %s | %s |" % (plabel, wlabel, " | ".join(cells)))
+    if not rows:
+        return ""
+    return ("CPU seconds per GB written, phase including its sync (`/proc/PID/stat` of the NBD server "
+            "and of the attach's nbdfuse; whole machine from `/proc/stat`, other work included; kernel "
+            "threads doing the loop and FUSE work count only there):\n\n"
+            "| phase: process | " + " | ".join(label(s) for s in stacks) + " |\n"
+            "|---|" + "--:|" * len(stacks) + "\n" + "\n".join(rows) + "\n")
 
 
 def group_reasons(per_exp):
@@ -1120,6 +1174,9 @@ def build_parser():
     ap.add_argument("--lograid", default=None, help="lograid binary (default target/release/lograid, "
                                                     "/work/target-bench/release/lograid, or PATH)")
     ap.add_argument("--lograid-chunk", default=None, help="lograid create --chunk (default: lograid's)")
+    ap.add_argument("--path-ref-allocator", default="sparse", choices=list(PathRefStack.ALLOCATORS),
+                    help="path-ref: nbdkit memory plugin allocator (default sparse, nbdkit's own default; "
+                         "malloc takes the whole size up front and locks less)")
     ap.add_argument("--btrfs-metadata", default="recommended", choices=["recommended", "same"],
                     help="recommended: raid0 / raid1 / raid1c3 beside raid0 / raid5 / raid6 (default); "
                          "same: the data profile")

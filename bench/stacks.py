@@ -112,6 +112,24 @@ def mounts_under(prefix):
     return sorted(set(found), key=len, reverse=True)
 
 
+def process_cpu_seconds(pid):
+    """User + system CPU seconds of a process so far (/proc/PID/stat), None if gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def machine_cpu_seconds():
+    """CPU seconds all CPUs spent busy so far (/proc/stat: all but idle and iowait),
+    whoever's work it was."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def stop_process(proc, timeout=60, name="process"):
     """SIGTERM a Popen we started, wait up to `timeout` s, then SIGKILL. Never raises."""
     if proc is None or proc.poll() is not None:
@@ -558,6 +576,19 @@ class NbdAttachedStack(LoopStack):
         if self.mounted:
             run(["sync", "-f", self.mountpoint])
 
+    def cpu_seconds(self):
+        """CPU seconds so far of the server and of the attach's nbdfuse (pid file in
+        the state folder): {"server": s, "nbdfuse": s}, None for one not running."""
+        out = {"server": process_cpu_seconds(self.server.pid) if self.server else None, "nbdfuse": None}
+        pids = glob.glob(os.path.join(self.state_dir, "fuse-*.pid")) if self.workdir and self.attached else []
+        if len(pids) == 1:
+            try:
+                with open(pids[0]) as f:
+                    out["nbdfuse"] = process_cpu_seconds(int(f.read().strip()))
+            except (OSError, ValueError):
+                pass
+        return out
+
     def unbuild(self):
         self.unmount()
         self.detach()
@@ -661,13 +692,21 @@ class PathRefStack(NbdAttachedStack):
     kind = "path-ref"
     server_name = "nbdkit memory"
 
+    ALLOCATORS = ("sparse", "malloc")
+
     def __init__(self, size, parent="/var/tmp", binary="lograid", volume="vol0", log_dir=None,
-                 name="path-ref"):
+                 name="path-ref", allocator="sparse"):
+        if allocator not in self.ALLOCATORS:
+            raise ValueError("unknown nbdkit memory allocator %r" % allocator)
         super().__init__(0, 0, parent, name, binary, volume, log_dir)
         self.parity = 0
         self.filesystem = True
         self.size = size // (1 << 20) * (1 << 20)
         self.volume_bytes = self.size
+        # sparse: nbdkit's default (a two-level page table, pages allocated on first
+        # write); malloc: one allocation of SIZE up front, "can be faster because the
+        # implementation is simpler and the locking strategy allows more concurrency".
+        self.allocator = allocator
 
     @staticmethod
     def available():
@@ -680,12 +719,12 @@ class PathRefStack(NbdAttachedStack):
         return HOST_MARGIN
 
     def describe(self):
-        return "nbdkit --unix SOCKET -f memory %d (%.1f GiB, RAM); lograid attach + mkfs.ext4 as lograid's" % (
-            self.size, self.size / 2**30)
+        return "nbdkit --unix SOCKET -f memory %d allocator=%s (%.1f GiB, RAM); lograid attach + mkfs.ext4 " \
+            "as lograid's" % (self.size, self.allocator, self.size / 2**30)
 
     def server_command(self, devices, read_only=False):
         return ["nbdkit", "--unix", self.socket_path, "-f"] + (["-r"] if read_only else []) \
-            + ["memory", str(self.size)]
+            + ["memory", str(self.size), "allocator=" + self.allocator]
 
     def build(self):
         ok, why = self.available()

@@ -265,6 +265,30 @@ class PathRef(unittest.TestCase):
             self.assertIn("attach path over nbdkit memory", svg)
 
 
+class CpuTable(unittest.TestCase):
+    def test_delta(self):
+        d = compare.cpu_delta({"machine": 10.0, "server": 1.0, "nbdfuse": None},
+                              {"machine": 13.5, "server": 2.25, "nbdfuse": 4.0})
+        self.assertEqual(d, {"machine": 3.5, "server": 1.25, "nbdfuse": None})
+
+    def test_table_per_gb(self):
+        runs = []
+        for rep, (srv, fuse) in enumerate([(4.0, 2.0), (6.0, 2.0)], 1):
+            r = run_rec("A", "path-ref", rep, manyfiles_MBps=300.0)
+            r["details"] = {"total_bytes": 2e9, "manyfiles_cpu_s": {"machine": 20.0, "server": srv, "nbdfuse": fuse}}
+            runs.append(r)
+        r = run_rec("A", "btrfs-raid5", 1, manyfiles_MBps=500.0)
+        r["details"] = {"total_bytes": 2e9, "manyfiles_cpu_s": {"machine": 8.0}}
+        runs.append(r)
+        t = compare.cpu_table(runs)
+        self.assertIn("| phase: process | btrfs raid5 | attach path over nbdkit memory |", t)
+        self.assertIn("| many files: NBD server | - | 2.50 (2.00–3.00) |", t)
+        self.assertIn("| many files: nbdfuse | - | 1.00 |", t)
+        self.assertIn("| many files: whole machine | 4.00 | 10.00 |", t)
+        self.assertNotIn("big file", t)
+        self.assertEqual(compare.cpu_table(RUNS), "")           # runs without CPU details: no table
+
+
 class Arguments(unittest.TestCase):
     def parse_error(self, argv, free=None):
         err = io.StringIO()
