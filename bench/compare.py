@@ -1063,7 +1063,8 @@ def cpu_table(runs):
         return ""
     return ("CPU seconds per GB written, phase including its sync (`/proc/PID/stat` of the NBD server "
             "and of the attach's nbdfuse; whole machine from `/proc/stat`, other work included; kernel "
-            "threads doing the loop and FUSE work count only there):\n\n"
+            "threads doing the loop and FUSE work count only there; on a machine kept busy by other work "
+            "it is close to the CPUs x the phase's seconds, so it does not attribute anything):\n\n"
             "| phase: process | " + " | ".join(label(s) for s in stacks) + " |\n"
             "|---|" + "--:|" * len(stacks) + "\n" + "\n".join(rows) + "\n")
 
@@ -1118,9 +1119,11 @@ def exp_description(exp, a):
                 "of the same total; MB/s include the final syncfs. lograid: ext4 on `lograid attach` "
                 "(nbdfuse + loop); btrfs, zfs: their own filesystem; bare: ext4; attach path over nbdkit "
                 "memory: ext4 on `lograid attach` of nbdkit's memory plugin (RAM: the path's own ceiling; "
-                "no members, so no WA)." % (
+                "no members, so no WA; %d untimed run(s) of the workload first, so that nbdkit's memory "
+                "is allocated)." % (
                     a.get("a_files", 0), human(a.get("a_files", 0) * A_FILE_BYTES),
-                    a.get("a_files", 0) * A_FILE_BYTES / max(a.get("dirty_bytes") or 1, 1)))
+                    a.get("a_files", 0) * A_FILE_BYTES / max(a.get("dirty_bytes") or 1, 1),
+                    a.get("path_ref_warmup", 0)))
     if exp == "B":
         return ("fio randwrite, O_DIRECT, %s (mixed) and 4 KiB, %d s per test, into a %s file laid out first "
                 "(lograid: the first %s of the volume through fio's nbd engine; others: libaio on a file in "
@@ -1177,6 +1180,10 @@ def build_parser():
     ap.add_argument("--path-ref-allocator", default="sparse", choices=list(PathRefStack.ALLOCATORS),
                     help="path-ref: nbdkit memory plugin allocator (default sparse, nbdkit's own default; "
                          "malloc takes the whole size up front and locks less)")
+    ap.add_argument("--path-ref-warmup", type=int, default=1,
+                    help="path-ref: untimed runs of the experiment's workload on the stack before the timed "
+                         "one (default 1), so nbdkit has allocated its memory: a fresh sparse array costs "
+                         "nbdkit about 1 CPU second per GB more in page faults; 0 measures it cold")
     ap.add_argument("--btrfs-metadata", default="recommended", choices=["recommended", "same"],
                     help="recommended: raid0 / raid1 / raid1c3 beside raid0 / raid5 / raid6 (default); "
                          "same: the data profile")
@@ -1235,6 +1242,8 @@ def parse_args(argv, stat_free=None):
         ap.error("--members at most 16 (got %d)" % a.members)
     if a.reps < 1:
         ap.error("--reps must be at least 1")
+    if a.path_ref_warmup < 0:
+        ap.error("--path-ref-warmup must be at least 0")
     if a.b_seconds < 1:
         ap.error("--b-seconds must be at least 1")
     if a.member_size < 256 * MiB:
@@ -1408,7 +1417,13 @@ def main(argv=None):
                                     "direct_io": stack.direct_io}
                     if isinstance(stack, (LograidStack, PathRefStack)):
                         rec["setup"]["volume_bytes"] = stack.volume_bytes
+                    warm = []
+                    for w in range(a.path_ref_warmup if isinstance(stack, PathRefStack) else 0):
+                        log("  warm-up %d of %s (untimed)" % (w + 1, stack.name))
+                        warm.append(EXP_FUNCS[exp](ctx, stack, "%s-warmup%d" % (tag, w + 1))[0])
                     rec["metrics"], rec["details"] = EXP_FUNCS[exp](ctx, stack, tag)
+                    if warm:
+                        rec["details"]["warmup_metrics"] = warm
             except Interrupted:
                 rec["error"] = "interrupted"
                 raise

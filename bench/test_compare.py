@@ -303,6 +303,7 @@ class Arguments(unittest.TestCase):
         self.assertEqual(a.dirty_bytes, 512 << 20)
         self.assertGreaterEqual(a.a_files * compare.A_FILE_BYTES, 3 * a.dirty_bytes)
         self.assertEqual(a.exps, compare.EXPERIMENTS)
+        self.assertEqual((a.path_ref_allocator, a.path_ref_warmup), ("sparse", 1))
         self.assertTrue(a.out.endswith(os.path.join("results", "compare-" + __import__("time").strftime("%Y-%m-%d"))))
 
     def test_quick(self):
@@ -321,6 +322,8 @@ class Arguments(unittest.TestCase):
         self.assertIn("--reps must be at least 1", self.parse_error(["--reps", "0"]))
         self.assertIn("not enough space", self.parse_error([], free=5 << 30))
         self.assertIn("not both", self.parse_error(["--bsrange", "4k-64k", "--bssplit", "4k/100"]))
+        self.assertIn("--path-ref-warmup must be at least 0", self.parse_error(["--path-ref-warmup", "-1"]))
+        self.assertIn("invalid choice", self.parse_error(["--path-ref-allocator", "zstd"]))
 
     def test_space_ok(self):
         a = compare.parse_args(["--quick"], stat_free=lambda _: 100 << 30)
