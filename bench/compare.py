@@ -1119,8 +1119,7 @@ def exp_description(exp, a):
                 "of the same total; MB/s include the final syncfs. lograid: ext4 on `lograid attach` "
                 "(nbdfuse + loop); btrfs, zfs: their own filesystem; bare: ext4; attach path over nbdkit "
                 "memory: ext4 on `lograid attach` of nbdkit's memory plugin (RAM: the path's own ceiling; "
-                "no members, so no WA; %d untimed run(s) of the workload first, so that nbdkit's memory "
-                "is allocated)." % (
+                "no members, so no WA; %d untimed run(s) of the workload first)." % (
                     a.get("a_files", 0), human(a.get("a_files", 0) * A_FILE_BYTES),
                     a.get("a_files", 0) * A_FILE_BYTES / max(a.get("dirty_bytes") or 1, 1),
                     a.get("path_ref_warmup", 0)))
@@ -1180,10 +1179,11 @@ def build_parser():
     ap.add_argument("--path-ref-allocator", default="sparse", choices=list(PathRefStack.ALLOCATORS),
                     help="path-ref: nbdkit memory plugin allocator (default sparse, nbdkit's own default; "
                          "malloc takes the whole size up front and locks less)")
-    ap.add_argument("--path-ref-warmup", type=int, default=1,
+    ap.add_argument("--path-ref-warmup", type=int, default=0,
                     help="path-ref: untimed runs of the experiment's workload on the stack before the timed "
-                         "one (default 1), so nbdkit has allocated its memory: a fresh sparse array costs "
-                         "nbdkit about 1 CPU second per GB more in page faults; 0 measures it cold")
+                         "one (default 0: nbdkit's memory cold), meant to let nbdkit allocate its memory "
+                         "first (fresh memory costs it about 1 CPU s/GB more); one run did not do that "
+                         "reliably (results/compare-2026-11-22j)")
     ap.add_argument("--btrfs-metadata", default="recommended", choices=["recommended", "same"],
                     help="recommended: raid0 / raid1 / raid1c3 beside raid0 / raid5 / raid6 (default); "
                          "same: the data profile")

@@ -303,7 +303,7 @@ class Arguments(unittest.TestCase):
         self.assertEqual(a.dirty_bytes, 512 << 20)
         self.assertGreaterEqual(a.a_files * compare.A_FILE_BYTES, 3 * a.dirty_bytes)
         self.assertEqual(a.exps, compare.EXPERIMENTS)
-        self.assertEqual((a.path_ref_allocator, a.path_ref_warmup), ("sparse", 1))
+        self.assertEqual((a.path_ref_allocator, a.path_ref_warmup), ("sparse", 0))
         self.assertTrue(a.out.endswith(os.path.join("results", "compare-" + __import__("time").strftime("%Y-%m-%d"))))
 
     def test_quick(self):
