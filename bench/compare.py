@@ -17,7 +17,10 @@ under --dir, every member a `losetup --direct-io=on` loop device):
       experiments (B, D) fio's nbd engine straight to the server;
   btrfs-raid5 (-m raid1), btrfs-raid0 (and btrfs-raid6 -m raid1c3 with >= 4);
   zfs-raidz1, zfs-stripe: zfs-fuse, only where installed (else skipped, noted);
-  bare: ext4 on one loop device.
+  bare: ext4 on one loop device;
+  path-ref: no members; nbdkit's memory plugin attached exactly as lograid is
+      (`lograid attach` + ext4): the ceiling of the attach path itself, for the
+      filesystem experiments only (B and D use no attach path: skipped there).
 
 Experiments (every stack freshly built for each experiment and repetition; the
 stacks of one repetition run back to back, in an order rotated per repetition):
@@ -63,8 +66,8 @@ from xml.sax.saxutils import escape
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from stacks import (BtrfsStack, Ext4Stack, Interrupted, LograidStack, ZfsFuseStack,  # noqa: E402
-                    HOST_MARGIN, RECOMMENDED_METADATA, log, parse_size, run)
+from stacks import (BtrfsStack, Ext4Stack, Interrupted, LograidStack, PathRefStack,  # noqa: E402
+                    ZfsFuseStack, HOST_MARGIN, RECOMMENDED_METADATA, log, machine_cpu_seconds, parse_size, run)
 from steady import fio_json_objects, loadavg, machine_string  # noqa: E402
 from steady_report import Svg, nice_ticks, tick_label  # noqa: E402
 
@@ -93,11 +96,13 @@ STACK_INFO = {
     "zfs-raidz1": ("zfs-fuse raidz1", "zfs", 1),
     "zfs-stripe": ("zfs-fuse stripe", "zfs", 0),
     "bare": ("bare ext4", "bare", 0),
+    "path-ref": ("attach path over nbdkit memory", "ref", 0),
 }
 STACK_ORDER = list(STACK_INFO)
 COLOURS = {"lograid-p1": "#1f77b4", "lograid-p0": "#9ecae1", "lograid-p2": "#08306b",
            "btrfs-raid5": "#d62728", "btrfs-raid0": "#ff9896", "btrfs-raid6": "#7f0000",
-           "zfs-raidz1": "#2ca02c", "zfs-stripe": "#98df8a", "bare": "#7f7f7f"}
+           "zfs-raidz1": "#2ca02c", "zfs-stripe": "#98df8a", "bare": "#7f7f7f",
+           "path-ref": "#9467bd"}
 
 # Ratio columns: (numerator, denominator). Parity over its own stripe, then lograid
 # P=1 (and P=2) over each peer.
@@ -106,6 +111,20 @@ STRIPE_PAIRS = [("lograid-p1", "lograid-p0"), ("lograid-p2", "lograid-p0"),
                 ("zfs-raidz1", "zfs-stripe")]
 PEER_PAIRS = [("lograid-p1", "btrfs-raid5"), ("lograid-p1", "btrfs-raid0"), ("lograid-p1", "zfs-raidz1"),
               ("lograid-p1", "zfs-stripe"), ("lograid-p1", "bare"), ("lograid-p2", "btrfs-raid6")]
+# Against the attach path alone (path-ref): how much of its ceiling lograid reaches,
+# and where a peer stands beside that ceiling.
+REF_PAIRS = [("lograid-p1", "path-ref"), ("lograid-p0", "path-ref"), ("btrfs-raid5", "path-ref")]
+
+# Experiments a stack does not run, and why (reported beside the skipped stacks).
+EXP_SKIPS = {
+    "path-ref": {e: "B and D do not use the attach path (lograid goes through fio's nbd engine there, "
+                    "the others through their filesystem), so its ceiling does not apply" for e in ("B", "D")},
+}
+
+
+def exp_skip(key, exp):
+    """Why `key` does not run experiment `exp`, or None if it does."""
+    return EXP_SKIPS.get(key, {}).get(exp)
 
 
 class Metric:
@@ -271,7 +290,7 @@ def absolute_table(runs, exp):
 def ratio_pairs(runs, exp):
     """The ratio columns that apply: both stacks have runs of `exp`."""
     have = {r["stack"] for r in runs if r["exp"] == exp}
-    return [p for p in STRIPE_PAIRS + PEER_PAIRS if p[0] in have and p[1] in have]
+    return [p for p in STRIPE_PAIRS + PEER_PAIRS + REF_PAIRS if p[0] in have and p[1] in have]
 
 
 def ratio_table(runs, exp):
@@ -377,9 +396,10 @@ def fmt_duration(seconds):
     return "%ds" % seconds
 
 
-def plan(reps, exps, stacks):
+def plan(reps, exps, stacks, skip=None):
     """The steps (rep, exp, stack): repetitions outermost, then experiments, then the
-    stacks, whose order rotates by one each repetition; bonnie++ in repetition 1 only."""
+    stacks, whose order rotates by one each repetition; bonnie++ in repetition 1 only;
+    (stack, exp) pairs for which skip(stack, exp) is true are left out."""
     steps = []
     for rep in range(1, reps + 1):
         k = (rep - 1) % len(stacks) if stacks else 0
@@ -387,8 +407,19 @@ def plan(reps, exps, stacks):
         for e in exps:
             if e == "bonnie" and rep != 1:
                 continue
-            steps += [(rep, e, s) for s in order]
+            steps += [(rep, e, s) for s in order if not (skip and skip(s, e))]
     return steps
+
+
+def exp_skips(keys, exps):
+    """{stack: {exp: reason}} of the planned stacks and experiments not run together."""
+    out = {}
+    for k in keys:
+        for e in exps:
+            why = exp_skip(k, e)
+            if why:
+                out.setdefault(k, {})[e] = why
+    return out
 
 
 # ----- kernel settings -------------------------------------------------------------------
@@ -499,13 +530,29 @@ def clat_us(rw, pct):
 
 def timed_phase(stack, fn):
     """Run fn(), then sync the stack; returns (seconds incl. sync, seconds of fn alone,
-    member bytes written in all)."""
+    member bytes written in all, None for a stack without members)."""
     b0, t0 = stack.member_bytes_written(), time.time()
     fn()
     t1 = time.time()
     stack.sync()
     t2 = time.time()
-    return t2 - t0, t1 - t0, stack.member_bytes_written() - b0
+    b1 = stack.member_bytes_written()
+    return t2 - t0, t1 - t0, (b1 - b0 if b0 is not None and b1 is not None else None)
+
+
+def cpu_snapshot(stack):
+    """CPU seconds so far: the whole machine, and the NBD server and nbdfuse of an
+    attached stack."""
+    snap = {"machine": machine_cpu_seconds()}
+    if hasattr(stack, "cpu_seconds"):
+        snap.update(stack.cpu_seconds())
+    return snap
+
+
+def cpu_delta(before, after):
+    """{what: CPU seconds between two snapshots} (None where either is missing)."""
+    return {k: (round(after[k] - before[k], 2) if before.get(k) is not None and after.get(k) is not None else None)
+            for k in before}
 
 
 def exp_a(ctx, stack, tag):
@@ -520,13 +567,15 @@ def exp_a(ctx, stack, tag):
         for i in range(n):
             with open(os.path.join(d, "f%d" % i), "wb", buffering=0) as f:
                 f.write(buf)
+    c0 = cpu_snapshot(stack)
     secs, write_part, dev = timed_phase(stack, many)
+    det["manyfiles_cpu_s"] = cpu_delta(c0, cpu_snapshot(stack))
     m["manyfiles_MBps"] = round(total / secs / 1e6, 1)
-    m["manyfiles_wa"] = round(dev / total, 4)
+    m["manyfiles_wa"] = round(dev / total, 4) if dev is not None else None
     det.update(manyfiles_seconds=round(secs, 3), manyfiles_write_part_seconds=round(write_part, 3),
                manyfiles_member_bytes=dev)
-    log("  A %s: %d x 14 MiB in %.1f s = %.0f MB/s, WA %.2f" % (stack.name, n, secs, m["manyfiles_MBps"],
-                                                              m["manyfiles_wa"]))
+    log("  A %s: %d x 14 MiB in %.1f s = %.0f MB/s, WA %s" % (stack.name, n, secs, m["manyfiles_MBps"],
+                                                            fmt_num(m["manyfiles_wa"], 2)))
     t0 = time.time()
     shutil.rmtree(d)
     stack.sync()
@@ -538,13 +587,15 @@ def exp_a(ctx, stack, tag):
         with open(os.path.join(d, "big"), "wb", buffering=0) as f:
             for _ in range(n):
                 f.write(buf)
+    c0 = cpu_snapshot(stack)
     secs, write_part, dev = timed_phase(stack, big)
+    det["bigfile_cpu_s"] = cpu_delta(c0, cpu_snapshot(stack))
     m["bigfile_MBps"] = round(total / secs / 1e6, 1)
-    m["bigfile_wa"] = round(dev / total, 4)
+    m["bigfile_wa"] = round(dev / total, 4) if dev is not None else None
     det.update(bigfile_seconds=round(secs, 3), bigfile_write_part_seconds=round(write_part, 3),
                bigfile_member_bytes=dev)
-    log("  A %s: one file of %.2f GB in %.1f s = %.0f MB/s, WA %.2f" % (stack.name, total / 1e9, secs,
-                                                                      m["bigfile_MBps"], m["bigfile_wa"]))
+    log("  A %s: one file of %.2f GB in %.1f s = %.0f MB/s, WA %s" % (stack.name, total / 1e9, secs,
+                                                                    m["bigfile_MBps"], fmt_num(m["bigfile_wa"], 2)))
     shutil.rmtree(d)
     stack.sync()
     return m, det
@@ -632,10 +683,10 @@ def exp_c(ctx, stack, tag):
         secs, _, dev = timed_phase(stack, fn)
         m[name + "_fps"] = round(count / secs, 1)
         if name != "delete":
-            m[name + "_wa"] = round(dev / app, 4)
+            m[name + "_wa"] = round(dev / app, 4) if dev is not None else None
         det[name] = {"seconds": round(secs, 3), "member_bytes": dev}
-        log("  C %s %s: %d files in %.1f s = %.0f files/s, %.0f MiB to members" % (
-            stack.name, name, count, secs, count / secs, dev / MiB))
+        log("  C %s %s: %d files in %.1f s = %.0f files/s, %s MiB to members" % (
+            stack.name, name, count, secs, count / secs, "-" if dev is None else "%.0f" % (dev / MiB)))
     run(["rm", "-rf", d])
     stack.sync()
     return m, det
@@ -712,13 +763,20 @@ EXP_FUNCS = {"A": exp_a, "B": exp_b, "C": exp_c, "bonnie": exp_bonnie, "D": exp_
 
 # ----- stacks ----------------------------------------------------------------------------
 
-def available_stacks(members, zfs_check=None):
+def available_stacks(members, zfs_check=None, nbdkit_check=None):
     """([stack keys], {skipped key: reason}) for this many members on this host."""
     keys, skipped = [], {}
     for key in STACK_ORDER:
         _, family, parity = STACK_INFO[key]
         if family == "bare":
             keys.append(key)
+            continue
+        if family == "ref":
+            ok, why = (nbdkit_check or PathRefStack.available)()
+            if ok:
+                keys.append(key)
+            else:
+                skipped[key] = why
             continue
         need = 4 if parity == 2 else 2
         if members < need:
@@ -747,7 +805,16 @@ def make_stack(ctx, key, exp, tag):
         return BtrfsStack(profile, a.members, a.member_size, a.dir, meta)
     if family == "zfs":
         return ZfsFuseStack("stripe" if parity == 0 else "raidz1", a.members, a.member_size, a.dir)
+    if family == "ref":
+        return PathRefStack(path_ref_size(a.members, a.member_size), a.dir, a.lograid,
+                            log_dir=os.path.join(ctx.out, "logs", tag), allocator=a.path_ref_allocator)
     return Ext4Stack(a.member_size, a.dir)
+
+
+def path_ref_size(members, member_size):
+    """The size of the path-ref export: the raw size of the members (what a lograid
+    P=0 pool of them holds, at most; 12 GiB for 3 x 4 GiB), in whole MiB."""
+    return members * member_size // MiB * MiB
 
 
 # ----- machine ---------------------------------------------------------------------------
@@ -798,6 +865,7 @@ def machine_details(a):
         "bonnie++": first_line(["dpkg-query", "-W", "-f", "${Version}", "bonnie++"]),
         "zfs-fuse": first_line(["dpkg-query", "-W", "-f", "${Version}", "zfs-fuse"]),
         "nbdfuse": first_line(["nbdfuse", "--version"]),
+        "nbdkit": first_line(["nbdkit", "--version"]),
         "python": platform.python_version(),
     }
     return d
@@ -920,6 +988,9 @@ def report(out, setup, runs):
         L.append("| %s | %s |" % (label(s["key"]), s["describe"]))
     for k, why in sorted((setup.get("skipped") or {}).items()):
         L.append("| %s | skipped: %s |" % (label(k), why))
+    for k, per in sorted((setup.get("skipped_exps") or {}).items()):
+        for why, exps_ in group_reasons(per):
+            L.append("| %s | not run in %s: %s |" % (label(k), ", ".join(exps_), why))
     L.append("")
     L.append("Figures are median (min–max) over the repetitions; ratios are computed within each "
              "repetition (the stacks of one repetition ran back to back) and then summarised the same way. "
@@ -934,10 +1005,15 @@ def report(out, setup, runs):
         if not ers:
             continue
         L += ["## " + EXP_TITLES[exp], "", exp_description(exp, a), ""]
+        not_here = [(k, per[exp]) for k, per in sorted((setup.get("skipped_exps") or {}).items()) if exp in per]
+        if not_here:
+            L += ["Not run here: %s." % "; ".join("%s (%s)" % (label(k), why) for k, why in not_here), ""]
         L += ["![%s](%s.svg)" % (EXP_TITLES[exp], exp), ""]
         L += [absolute_table(runs, exp)]
         if exp == "B":
             L += [engine_note(runs)]
+        if exp == "A":
+            L += [cpu_table(runs)]
         rt = ratio_table(runs, exp)
         if rt:
             L += ["Ratios (per repetition, then median (min–max)):", "", rt]
@@ -958,6 +1034,48 @@ def report(out, setup, runs):
     with open(os.path.join(out, "compare.md"), "w") as f:
         f.write(md)
     return md
+
+
+CPU_PHASES = [("manyfiles", "many files"), ("bigfile", "big file")]
+CPU_WHO = [("server", "NBD server"), ("nbdfuse", "nbdfuse"), ("machine", "whole machine")]
+
+
+def cpu_table(runs):
+    """Markdown: CPU seconds per GB written in each phase of A (median (min-max)), for
+    the NBD server, nbdfuse and the whole machine (which includes other work)."""
+    stacks = stacks_in([r for r in runs if r["exp"] == "A"])
+    rows = []
+    for phase, plabel in CPU_PHASES:
+        for who, wlabel in CPU_WHO:
+            cells, any_ = [], False
+            for s in stacks:
+                vals = []
+                for r in runs:
+                    d = r.get("details") or {}
+                    c = (d.get(phase + "_cpu_s") or {}).get(who)
+                    if r["exp"] == "A" and r["stack"] == s and c is not None and d.get("total_bytes"):
+                        vals.append(c / (d["total_bytes"] / 1e9))
+                any_ = any_ or bool(vals)
+                cells.append(fmt_cell(summarize(vals), 2))
+            if any_:
+                rows.append("| %s: %s | %s |" % (plabel, wlabel, " | ".join(cells)))
+    if not rows:
+        return ""
+    return ("CPU seconds per GB written, phase including its sync (`/proc/PID/stat` of the NBD server "
+            "and of the attach's nbdfuse; whole machine from `/proc/stat`, other work included; kernel "
+            "threads doing the loop and FUSE work count only there; on a machine kept busy by other work "
+            "it is close to the CPUs x the phase's seconds, so it does not attribute anything):\n\n"
+            "| phase: process | " + " | ".join(label(s) for s in stacks) + " |\n"
+            "|---|" + "--:|" * len(stacks) + "\n" + "\n".join(rows) + "\n")
+
+
+def group_reasons(per_exp):
+    """{exp: reason} -> [(reason, [exps in experiment order])], one entry per reason."""
+    out = {}
+    for e in EXPERIMENTS + sorted(set(per_exp) - set(EXPERIMENTS)):
+        if e in per_exp:
+            out.setdefault(per_exp[e], []).append(e)
+    return list(out.items())
 
 
 def engine_note(runs):
@@ -999,9 +1117,12 @@ def exp_description(exp, a):
     if exp == "A":
         return ("%d files of 14 MiB (%s, %.1f x vm.dirty_bytes) written into one directory, then one file "
                 "of the same total; MB/s include the final syncfs. lograid: ext4 on `lograid attach` "
-                "(nbdfuse + loop); btrfs, zfs: their own filesystem; bare: ext4." % (
+                "(nbdfuse + loop); btrfs, zfs: their own filesystem; bare: ext4; attach path over nbdkit "
+                "memory: ext4 on `lograid attach` of nbdkit's memory plugin (RAM: the path's own ceiling; "
+                "no members, so no WA; %d untimed run(s) of the workload first)." % (
                     a.get("a_files", 0), human(a.get("a_files", 0) * A_FILE_BYTES),
-                    a.get("a_files", 0) * A_FILE_BYTES / max(a.get("dirty_bytes") or 1, 1)))
+                    a.get("a_files", 0) * A_FILE_BYTES / max(a.get("dirty_bytes") or 1, 1),
+                    a.get("path_ref_warmup", 0)))
     if exp == "B":
         return ("fio randwrite, O_DIRECT, %s (mixed) and 4 KiB, %d s per test, into a %s file laid out first "
                 "(lograid: the first %s of the volume through fio's nbd engine; others: libaio on a file in "
@@ -1055,6 +1176,14 @@ def build_parser():
     ap.add_argument("--lograid", default=None, help="lograid binary (default target/release/lograid, "
                                                     "/work/target-bench/release/lograid, or PATH)")
     ap.add_argument("--lograid-chunk", default=None, help="lograid create --chunk (default: lograid's)")
+    ap.add_argument("--path-ref-allocator", default="sparse", choices=list(PathRefStack.ALLOCATORS),
+                    help="path-ref: nbdkit memory plugin allocator (default sparse, nbdkit's own default; "
+                         "malloc takes the whole size up front and locks less)")
+    ap.add_argument("--path-ref-warmup", type=int, default=0,
+                    help="path-ref: untimed runs of the experiment's workload on the stack before the timed "
+                         "one (default 0: nbdkit's memory cold), meant to let nbdkit allocate its memory "
+                         "first (fresh memory costs it about 1 CPU s/GB more); one run did not do that "
+                         "reliably (results/compare-2026-11-22j)")
     ap.add_argument("--btrfs-metadata", default="recommended", choices=["recommended", "same"],
                     help="recommended: raid0 / raid1 / raid1c3 beside raid0 / raid5 / raid6 (default); "
                          "same: the data profile")
@@ -1113,6 +1242,8 @@ def parse_args(argv, stat_free=None):
         ap.error("--members at most 16 (got %d)" % a.members)
     if a.reps < 1:
         ap.error("--reps must be at least 1")
+    if a.path_ref_warmup < 0:
+        ap.error("--path-ref-warmup must be at least 0")
     if a.b_seconds < 1:
         ap.error("--b-seconds must be at least 1")
     if a.member_size < 256 * MiB:
@@ -1215,7 +1346,7 @@ def main(argv=None):
         for k in a.want_stacks:
             if k not in keys and k not in skipped:
                 skipped[k] = "not available"
-    if any(STACK_INFO[k][1] == "lograid" for k in keys) and not (a.lograid and os.access(a.lograid, os.X_OK)):
+    if any(STACK_INFO[k][1] in ("lograid", "ref") for k in keys) and not (a.lograid and os.access(a.lograid, os.X_OK)):
         build_parser().error("no lograid binary: build it (cargo build --release -p lograid-cli) or give --lograid")
     if not keys:
         build_parser().error("no stack to run")
@@ -1234,7 +1365,8 @@ def main(argv=None):
     opts = {k: v for k, v in vars(a).items() if isinstance(v, (int, float, str, list, type(None)))}
     setup = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "options": opts,
              "command": "python3 bench/compare.py " + " ".join(argv),
-             "machine": machine_details(a), "skipped": skipped, "notes": notes,
+             "machine": machine_details(a), "skipped": skipped, "skipped_exps": exp_skips(keys, exps),
+             "notes": notes,
              "load": {"start": loadavg()}, "stacks": []}
     for k in keys:
         proto = make_stack(ctx, k, "A", "probe")
@@ -1247,8 +1379,11 @@ def main(argv=None):
     save_setup()
     for k, why in skipped.items():
         log("skipping %s: %s" % (k, why))
+    for k, per in setup["skipped_exps"].items():
+        for e, why in per.items():
+            log("skipping %s in %s: %s" % (k, e, why))
 
-    steps = plan(a.reps, exps, keys)
+    steps = plan(a.reps, exps, keys, skip=exp_skip)
     # First guesses (seconds per step), from the full run on this machine; replaced by
     # measured durations as steps finish.
     priors = {"A": 2 * a.a_files * A_FILE_BYTES / 500e6 + 8,
@@ -1280,9 +1415,15 @@ def main(argv=None):
                 with stack:
                     rec["setup"] = {"describe": stack.describe(), "members": stack.member_names,
                                     "direct_io": stack.direct_io}
-                    if isinstance(stack, LograidStack):
+                    if isinstance(stack, (LograidStack, PathRefStack)):
                         rec["setup"]["volume_bytes"] = stack.volume_bytes
+                    warm = []
+                    for w in range(a.path_ref_warmup if isinstance(stack, PathRefStack) else 0):
+                        log("  warm-up %d of %s (untimed)" % (w + 1, stack.name))
+                        warm.append(EXP_FUNCS[exp](ctx, stack, "%s-warmup%d" % (tag, w + 1))[0])
                     rec["metrics"], rec["details"] = EXP_FUNCS[exp](ctx, stack, tag)
+                    if warm:
+                        rec["details"]["warmup_metrics"] = warm
             except Interrupted:
                 rec["error"] = "interrupted"
                 raise

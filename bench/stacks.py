@@ -10,8 +10,9 @@ This module owns the *lifecycle* of one stack and nothing else:
   * what is built on them: ``mkfs.btrfs -d PROFILE -m METADATA`` (BtrfsStack),
     ``mkfs.ext4`` on one device (Ext4Stack, the "bare drive"), a lograid pool
     served over NBD on a Unix socket and, when a filesystem is wanted, attached
-    as a kernel block device with ext4 on it (LograidStack), a zfs-fuse pool
-    (ZfsFuseStack);
+    as a kernel block device with ext4 on it (LograidStack), the same attach
+    path over nbdkit's memory plugin instead of lograid, with no members
+    (PathRefStack; both share NbdAttachedStack), a zfs-fuse pool (ZfsFuseStack);
   * the member write counters: field 7 of ``/sys/block/loopN/stat`` (sectors
     written, always 512-byte units) summed over the members, which is what
     write amplification is measured with (the same for every stack: lograid's
@@ -39,7 +40,7 @@ Usage::
 
 ``python3 bench/stacks.py up-down [--profile raid5] [--member-size 1G]`` builds one
 btrfs stack, prints what it got and tears it down again (a smoke test);
-``--kind bare|lograid|zfs`` does the same for the other kinds.
+``--kind bare|lograid|pathref|zfs`` does the same for the other kinds.
 """
 
 import glob
@@ -109,6 +110,24 @@ def mounts_under(prefix):
     except OSError:
         pass
     return sorted(set(found), key=len, reverse=True)
+
+
+def process_cpu_seconds(pid):
+    """User + system CPU seconds of a process so far (/proc/PID/stat), None if gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def machine_cpu_seconds():
+    """CPU seconds all CPUs spent busy so far (/proc/stat: all but idle and iowait),
+    whoever's work it was."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def stop_process(proc, timeout=60, name="process"):
@@ -441,35 +460,25 @@ class Ext4Stack(LoopStack):
         self.mount(self.devices[0])
 
 
-class LograidStack(LoopStack):
-    """A lograid pool on loop-device members, served over NBD on a Unix socket in the
-    work folder, with one volume as large as the pool's usable capacity.
+class NbdAttachedStack(LoopStack):
+    """The part of a stack that an NBD server on a Unix socket in the work folder
+    provides, made a kernel block device with `lograid attach` (nbdfuse + a
+    direct-I/O loop device; attach records in WORK/attach) and ext4 on it, mounted
+    at self.mountpoint. Subclasses say which server (server_command()) and what
+    it serves; LOGRAID_RUN_DIR = WORK/run for every lograid command, so nothing
+    is written to /run/lograid."""
 
-    With filesystem=True the volume is also attached as a kernel block device
-    (`lograid attach`: nbdfuse + a direct-I/O loop device; attach records in the
-    work folder) with ext4 on it, mounted at self.mountpoint. Without, clients
-    use self.nbd_uri (fio's nbd engine). The server's live status goes to
-    LOGRAID_RUN_DIR = WORK/run, so nothing is written to /run/lograid."""
+    server_name = "server"
 
-    kind = "lograid"
-
-    def __init__(self, parity, members=3, member_size=4 << 30, parent="/var/tmp", binary="lograid",
-                 chunk=None, filesystem=True, volume="vol0", log_dir=None):
-        if members < parity + 1:
-            raise ValueError("lograid P=%d needs at least %d members" % (parity, parity + 1))
-        super().__init__(members, member_size, parent, "lograid-p%d" % parity)
-        self.parity = parity
-        self.binary = binary
-        self.chunk = chunk
-        self.filesystem = filesystem
-        self.volume = volume
+    def __init__(self, members, member_size, parent, name, binary="lograid", volume="vol0", log_dir=None):
+        super().__init__(members, member_size, parent, name)
+        self.binary = binary       # the lograid binary (attach, detach; serve for LograidStack)
+        self.volume = volume       # the export name asked for
         self.log_dir = log_dir     # server logs are copied here at teardown, if set
-        self.server = None         # Popen of `lograid serve`
+        self.server = None         # Popen of the server
         self.server_logs = []
         self.attached = None       # /dev/loopN from `lograid attach`
         self.volume_bytes = None
-        self.usable_bytes = None
-        self.create_output = ""
 
     # paths inside the work folder
     @property
@@ -493,46 +502,29 @@ class LograidStack(LoopStack):
         e["LOGRAID_RUN_DIR"] = self.run_dir
         return e
 
-    def describe(self):
-        return "lograid create --parity %d%s; serve --socket; %s" % (
-            self.parity, " --chunk %s" % self.chunk if self.chunk else "",
-            "attach + mkfs.ext4" if self.filesystem else "fio nbd engine")
-
     def lograid(self, *args, timeout=600):
         return run([self.binary] + list(args), env=self.env(), timeout=timeout)
 
-    def build(self):
-        os.makedirs(self.run_dir, exist_ok=True)
-        create = ["create", "--parity", str(self.parity)]
-        if self.chunk:
-            create += ["--chunk", str(self.chunk)]
-        self.create_output = self.lograid(*(create + self.devices)).strip()
-        st = json.loads(self.lograid("status", "--json", *self.devices))
-        self.usable_bytes = st["usable_bytes"]
-        self.volume_bytes = st["usable_bytes"] // (1 << 20) * (1 << 20)
-        self.lograid("volume", "create", "--size", str(self.volume_bytes), self.volume, *self.devices)
-        self.start_server(self.devices)
-        if self.filesystem:
-            self.attach_and_mount()
+    def server_command(self, devices, read_only=False):
+        raise NotImplementedError
 
     def start_server(self, devices, read_only=False):
-        """`lograid serve --socket WORK/nbd.sock DEVICES` in its own session (so a
-        Ctrl-C meant for us does not stop it before we unmount); waits until the
-        socket accepts connections."""
+        """server_command() in its own session (so a Ctrl-C meant for us does not stop
+        it before we unmount), output to WORK/serve-N.log; waits until the socket
+        accepts connections."""
         logpath = os.path.join(self.workdir, "serve-%d.log" % (len(self.server_logs) + 1))
         self.server_logs.append(logpath)
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
-        cmd = [self.binary, "serve", "--socket", self.socket_path] + (["--read-only"] if read_only else []) \
-            + list(devices)
+        cmd = self.server_command(devices, read_only)
         with open(logpath, "w") as logf:
             self.server = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.env(),
                                            start_new_session=True)
         deadline = time.time() + 60
         while time.time() < deadline:
             if self.server.poll() is not None:
-                raise RuntimeError("lograid serve exited (%d): %s" % (self.server.returncode,
-                                                                      self._log_tail(logpath)))
+                raise RuntimeError("%s exited (%d): %s" % (self.server_name, self.server.returncode,
+                                                           self._log_tail(logpath)))
             if os.path.exists(self.socket_path):
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 try:
@@ -542,7 +534,7 @@ class LograidStack(LoopStack):
                 except OSError:
                     s.close()
             time.sleep(0.1)
-        raise RuntimeError("lograid serve did not listen within 60 s: %s" % self._log_tail(logpath))
+        raise RuntimeError("%s did not listen within 60 s: %s" % (self.server_name, self._log_tail(logpath)))
 
     @staticmethod
     def _log_tail(path, n=6):
@@ -553,12 +545,12 @@ class LograidStack(LoopStack):
             return "(no log)"
 
     def stop_server(self):
-        """SIGTERM: the server finishes requests, flushes and checkpoints, then exits."""
+        """SIGTERM (lograid serve finishes requests, flushes and checkpoints, then exits)."""
         if self.server is not None:
-            stop_process(self.server, 120, "lograid serve")
+            stop_process(self.server, 120, self.server_name)
             if self.server.returncode not in (0, None):
-                log("note: lograid serve exited %s: %s" % (self.server.returncode,
-                                                           self._log_tail(self.server_logs[-1])))
+                log("note: %s exited %s: %s" % (self.server_name, self.server.returncode,
+                                                self._log_tail(self.server_logs[-1])))
             self.server = None
 
     def attach_and_mount(self, read_only=False):
@@ -580,6 +572,81 @@ class LograidStack(LoopStack):
             subprocess.run([self.binary, "detach", "--all", "--state-dir", self.state_dir],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=self.env())
 
+    def sync(self):
+        if self.mounted:
+            run(["sync", "-f", self.mountpoint])
+
+    def cpu_seconds(self):
+        """CPU seconds so far of the server and of the attach's nbdfuse (pid file in
+        the state folder): {"server": s, "nbdfuse": s}, None for one not running."""
+        out = {"server": process_cpu_seconds(self.server.pid) if self.server else None, "nbdfuse": None}
+        pids = glob.glob(os.path.join(self.state_dir, "fuse-*.pid")) if self.workdir and self.attached else []
+        if len(pids) == 1:
+            try:
+                with open(pids[0]) as f:
+                    out["nbdfuse"] = process_cpu_seconds(int(f.read().strip()))
+            except (OSError, ValueError):
+                pass
+        return out
+
+    def unbuild(self):
+        self.unmount()
+        self.detach()
+        self.stop_server()
+        if self.log_dir and self.workdir:
+            os.makedirs(self.log_dir, exist_ok=True)
+            for p in self.server_logs:
+                if os.path.exists(p):
+                    shutil.copy(p, os.path.join(self.log_dir, os.path.basename(p)))
+
+
+class LograidStack(NbdAttachedStack):
+    """A lograid pool on loop-device members, served over NBD on a Unix socket in the
+    work folder, with one volume as large as the pool's usable capacity.
+
+    With filesystem=True the volume is also attached as a kernel block device
+    (`lograid attach`: nbdfuse + a direct-I/O loop device; attach records in the
+    work folder) with ext4 on it, mounted at self.mountpoint. Without, clients
+    use self.nbd_uri (fio's nbd engine). The server's live status goes to
+    LOGRAID_RUN_DIR = WORK/run, so nothing is written to /run/lograid."""
+
+    kind = "lograid"
+    server_name = "lograid serve"
+
+    def __init__(self, parity, members=3, member_size=4 << 30, parent="/var/tmp", binary="lograid",
+                 chunk=None, filesystem=True, volume="vol0", log_dir=None):
+        if members < parity + 1:
+            raise ValueError("lograid P=%d needs at least %d members" % (parity, parity + 1))
+        super().__init__(members, member_size, parent, "lograid-p%d" % parity, binary, volume, log_dir)
+        self.parity = parity
+        self.chunk = chunk
+        self.filesystem = filesystem
+        self.usable_bytes = None
+        self.create_output = ""
+
+    def describe(self):
+        return "lograid create --parity %d%s; serve --socket; %s" % (
+            self.parity, " --chunk %s" % self.chunk if self.chunk else "",
+            "attach + mkfs.ext4" if self.filesystem else "fio nbd engine")
+
+    def build(self):
+        os.makedirs(self.run_dir, exist_ok=True)
+        create = ["create", "--parity", str(self.parity)]
+        if self.chunk:
+            create += ["--chunk", str(self.chunk)]
+        self.create_output = self.lograid(*(create + self.devices)).strip()
+        st = json.loads(self.lograid("status", "--json", *self.devices))
+        self.usable_bytes = st["usable_bytes"]
+        self.volume_bytes = st["usable_bytes"] // (1 << 20) * (1 << 20)
+        self.lograid("volume", "create", "--size", str(self.volume_bytes), self.volume, *self.devices)
+        self.start_server(self.devices)
+        if self.filesystem:
+            self.attach_and_mount()
+
+    def server_command(self, devices, read_only=False):
+        return [self.binary, "serve", "--socket", self.socket_path] + (["--read-only"] if read_only else []) \
+            + list(devices)
+
     def engine_status(self, after=None, timeout=5.0):
         """The status the server publishes once a second (WORK/run/pool-*.json), the
         first one stamped at or after `after` (unix time) if given; None if none."""
@@ -597,10 +664,6 @@ class LograidStack(LoopStack):
                 return None
             time.sleep(0.2)
 
-    def sync(self):
-        if self.mounted:
-            run(["sync", "-f", self.mountpoint])
-
     def degrade(self, count):
         """Stop the server, detach `count` member loop devices, and serve the rest
         read-only (the pool opens degraded); re-attach and mount read-only if this
@@ -616,15 +679,66 @@ class LograidStack(LoopStack):
         if had_fs:
             self.attach_and_mount(read_only=True)
 
-    def unbuild(self):
-        self.unmount()
-        self.detach()
-        self.stop_server()
-        if self.log_dir and self.workdir:
-            os.makedirs(self.log_dir, exist_ok=True)
-            for p in self.server_logs:
-                if os.path.exists(p):
-                    shutil.copy(p, os.path.join(self.log_dir, os.path.basename(p)))
+
+class PathRefStack(NbdAttachedStack):
+    """The attach path alone: nbdkit's memory plugin (`nbdkit --unix WORK/nbd.sock -f
+    memory SIZE`, RAM that costs next to nothing) attached exactly as LograidStack
+    attaches its volume (the same NbdAttachedStack code: `lograid attach`, ext4,
+    mount; detach and SIGTERM at teardown). It has no member files and so no
+    member counters (member_bytes_written() is None: no WA). What it reaches is
+    the ceiling the NBD -> nbdfuse -> loop path puts on anything behind it.
+    The memory plugin keeps what is written (up to SIZE) in RAM until nbdkit exits."""
+
+    kind = "path-ref"
+    server_name = "nbdkit memory"
+
+    ALLOCATORS = ("sparse", "malloc")
+
+    def __init__(self, size, parent="/var/tmp", binary="lograid", volume="vol0", log_dir=None,
+                 name="path-ref", allocator="sparse"):
+        if allocator not in self.ALLOCATORS:
+            raise ValueError("unknown nbdkit memory allocator %r" % allocator)
+        super().__init__(0, 0, parent, name, binary, volume, log_dir)
+        self.parity = 0
+        self.filesystem = True
+        self.size = size // (1 << 20) * (1 << 20)
+        self.volume_bytes = self.size
+        # sparse: nbdkit's default (a two-level page table, pages allocated on first
+        # write); malloc: one allocation of SIZE up front, "can be faster because the
+        # implementation is simpler and the locking strategy allows more concurrency".
+        self.allocator = allocator
+
+    @staticmethod
+    def available():
+        """(True, "") if nbdkit can be used here, else (False, why)."""
+        if not shutil.which("nbdkit"):
+            return False, "nbdkit is not installed"
+        return True, ""
+
+    def space_needed(self):
+        return HOST_MARGIN
+
+    def describe(self):
+        return "nbdkit --unix SOCKET -f memory %d allocator=%s (%.1f GiB, RAM); lograid attach + mkfs.ext4 " \
+            "as lograid's" % (self.size, self.allocator, self.size / 2**30)
+
+    def server_command(self, devices, read_only=False):
+        return ["nbdkit", "--unix", self.socket_path, "-f"] + (["-r"] if read_only else []) \
+            + ["memory", str(self.size), "allocator=" + self.allocator]
+
+    def build(self):
+        ok, why = self.available()
+        if not ok:
+            raise RuntimeError(why)
+        os.makedirs(self.run_dir, exist_ok=True)
+        self.start_server([])
+        self.attach_and_mount()
+
+    def member_bytes_written(self):
+        return None
+
+    def member_bytes_read(self):
+        return None
 
 
 class ZfsFuseStack(LoopStack):
@@ -710,7 +824,7 @@ def _main(argv):
     import argparse
     ap = argparse.ArgumentParser(description="build one stack, print it, tear it down")
     ap.add_argument("action", choices=["up-down"])
-    ap.add_argument("--kind", default="btrfs", choices=["btrfs", "bare", "lograid", "zfs"])
+    ap.add_argument("--kind", default="btrfs", choices=["btrfs", "bare", "lograid", "pathref", "zfs"])
     ap.add_argument("--profile", default="raid5", choices=sorted(MIN_MEMBERS))
     ap.add_argument("--parity", type=int, default=1, help="lograid parity")
     ap.add_argument("--lograid", default="lograid", help="lograid binary")
@@ -725,6 +839,8 @@ def _main(argv):
         st = Ext4Stack(size, a.dir)
     elif a.kind == "lograid":
         st = LograidStack(a.parity, a.members, size, a.dir, a.lograid)
+    elif a.kind == "pathref":
+        st = PathRefStack(a.members * size, a.dir, a.lograid)
     else:
         st = ZfsFuseStack("raidz1", a.members, size, a.dir)
     with st:

@@ -164,14 +164,129 @@ class Planning(unittest.TestCase):
         self.assertEqual(eta.estimate("A", "z"), 20)
 
     def test_available_stacks(self):
-        keys, skipped = compare.available_stacks(3, zfs_check=lambda: (False, "zfs-fuse is not installed"))
-        self.assertEqual(keys, ["lograid-p1", "lograid-p0", "btrfs-raid5", "btrfs-raid0", "bare"])
+        keys, skipped = compare.available_stacks(3, zfs_check=lambda: (False, "zfs-fuse is not installed"),
+                                                 nbdkit_check=lambda: (True, ""))
+        self.assertEqual(keys, ["lograid-p1", "lograid-p0", "btrfs-raid5", "btrfs-raid0", "bare", "path-ref"])
         self.assertIn("4 members", skipped["lograid-p2"])
         self.assertEqual(skipped["zfs-raidz1"], "zfs-fuse is not installed")
         keys, _ = compare.available_stacks(4, zfs_check=lambda: (True, ""))
         self.assertIn("lograid-p2", keys)
         self.assertIn("btrfs-raid6", keys)
         self.assertIn("zfs-stripe", keys)
+
+
+class PathRef(unittest.TestCase):
+    """The attach path over nbdkit memory: planned for the filesystem experiments only,
+    skipped without nbdkit, in the ratio tables beside lograid and btrfs, no WA."""
+
+    RUNS = [run_rec("A", s, r, manyfiles_MBps=v * r, bigfile_MBps=2 * v,
+                    manyfiles_wa=None if s == "path-ref" else 1.5)
+            for r in (1, 2) for s, v in (("lograid-p1", 300.0), ("lograid-p0", 400.0), ("btrfs-raid5", 200.0),
+                                         ("path-ref", 500.0))]
+
+    def test_available_needs_nbdkit(self):
+        keys, skipped = compare.available_stacks(3, zfs_check=lambda: (False, "no"),
+                                                 nbdkit_check=lambda: (False, "nbdkit is not installed"))
+        self.assertNotIn("path-ref", keys)
+        self.assertEqual(skipped["path-ref"], "nbdkit is not installed")
+        # It has no members: it does not depend on --members.
+        keys, _ = compare.available_stacks(2, zfs_check=lambda: (False, "no"), nbdkit_check=lambda: (True, ""))
+        self.assertIn("path-ref", keys)
+
+    def test_skips_block_experiments(self):
+        for exp in ("B", "D"):
+            self.assertIn("attach path", compare.exp_skip("path-ref", exp))
+        for exp in ("A", "C", "bonnie"):
+            self.assertIsNone(compare.exp_skip("path-ref", exp))
+        for key in ("lograid-p1", "btrfs-raid5", "bare"):
+            for exp in compare.EXPERIMENTS:
+                self.assertIsNone(compare.exp_skip(key, exp))
+
+    def test_plan_leaves_out_skipped_pairs(self):
+        stacks = ["lograid-p1", "path-ref", "btrfs-raid5"]
+        steps = compare.plan(2, ["A", "B", "C", "D"], stacks, skip=compare.exp_skip)
+        ref = [(r, e) for r, e, s in steps if s == "path-ref"]
+        self.assertEqual(ref, [(1, "A"), (1, "C"), (2, "A"), (2, "C")])
+        self.assertEqual(len([1 for _, e, _ in steps if e == "B"]), 4)          # the other two, twice
+        # Rotation is that of the full list: rep 2 starts with path-ref in A, with btrfs in B.
+        self.assertEqual([s for r, e, s in steps if r == 2 and e == "A"], ["path-ref", "btrfs-raid5", "lograid-p1"])
+        self.assertEqual([s for r, e, s in steps if r == 2 and e == "B"], ["btrfs-raid5", "lograid-p1"])
+        self.assertEqual(compare.plan(2, ["A"], stacks), compare.plan(2, ["A"], stacks, skip=compare.exp_skip))
+
+    def test_exp_skips_and_grouping(self):
+        per = compare.exp_skips(["lograid-p1", "path-ref"], ["A", "B", "C", "D"])
+        self.assertEqual(list(per), ["path-ref"])
+        self.assertEqual(sorted(per["path-ref"]), ["B", "D"])
+        groups = compare.group_reasons(per["path-ref"])
+        self.assertEqual(len(groups), 1)
+        self.assertEqual(groups[0][1], ["B", "D"])
+        self.assertEqual(compare.exp_skips(["path-ref"], ["A"]), {})
+
+    def test_size_is_the_raw_member_size(self):
+        self.assertEqual(compare.path_ref_size(3, 4 << 30), 12 << 30)
+        self.assertEqual(compare.path_ref_size(3, (1 << 30) + 123), 3 << 30)       # whole MiB
+
+    def test_columns_and_ratios(self):
+        t = compare.absolute_table(self.RUNS, "A")
+        header = t.splitlines()[0]
+        self.assertTrue(header.endswith("| btrfs raid5 | attach path over nbdkit memory |"))
+        wa = next(ln for ln in t.splitlines() if ln.startswith("| many files WA"))
+        self.assertTrue(wa.rstrip().endswith("| - |"))                            # no members, no WA
+        r = compare.ratio_table(self.RUNS, "A")
+        cols = [c.strip() for c in r.splitlines()[0].strip("|").split("|")]
+        for col in ("lograid P=1 / attach path over nbdkit memory", "lograid P=0 / attach path over nbdkit memory",
+                    "btrfs raid5 / attach path over nbdkit memory", "lograid P=1 / btrfs raid5",
+                    "lograid P=1 / lograid P=0"):
+            self.assertIn(col, cols)
+        row = next(ln for ln in r.splitlines() if ln.startswith("| many 14 MiB files"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        self.assertEqual(cells[cols.index("lograid P=1 / attach path over nbdkit memory")], "0.60")
+        self.assertEqual(cells[cols.index("btrfs raid5 / attach path over nbdkit memory")], "0.40")
+        self.assertEqual(compare.rep_ratios(self.RUNS, "A", "manyfiles_wa", "lograid-p1", "path-ref"), [])
+        self.assertIn("path-ref", compare.COLOURS)
+
+    def test_report_names_the_skip(self):
+        with tempfile.TemporaryDirectory() as d:
+            setup = {"options": {"members": 3, "member_size": 4 << 30, "reps": 2, "a_files": 150,
+                                 "dirty_bytes": 512 << 20, "dirty_background_bytes": 128 << 20},
+                     "stacks": [{"key": "path-ref", "describe": "nbdkit memory"}], "skipped": {},
+                     "skipped_exps": compare.exp_skips(["path-ref"], compare.EXPERIMENTS),
+                     "machine": {"summary": "test", "versions": {}}}
+            runs = self.RUNS + [run_rec("B", "lograid-p1", 1, **{"rand4k-qd32_iops": 5.0})]
+            md = compare.report(d, setup, runs)
+            self.assertEqual(md.count("| attach path over nbdkit memory | not run in B, D: "), 1)
+            b = md[md.index("## B:"):]
+            self.assertIn("Not run here: attach path over nbdkit memory (B and D do not use", b)
+            a = md[md.index("## A:"):md.index("## B:")]
+            self.assertNotIn("Not run here", a)
+            with open(os.path.join(d, "A.svg")) as f:
+                svg = f.read()
+            self.assertIn(compare.COLOURS["path-ref"], svg)
+            self.assertIn("attach path over nbdkit memory", svg)
+
+
+class CpuTable(unittest.TestCase):
+    def test_delta(self):
+        d = compare.cpu_delta({"machine": 10.0, "server": 1.0, "nbdfuse": None},
+                              {"machine": 13.5, "server": 2.25, "nbdfuse": 4.0})
+        self.assertEqual(d, {"machine": 3.5, "server": 1.25, "nbdfuse": None})
+
+    def test_table_per_gb(self):
+        runs = []
+        for rep, (srv, fuse) in enumerate([(4.0, 2.0), (6.0, 2.0)], 1):
+            r = run_rec("A", "path-ref", rep, manyfiles_MBps=300.0)
+            r["details"] = {"total_bytes": 2e9, "manyfiles_cpu_s": {"machine": 20.0, "server": srv, "nbdfuse": fuse}}
+            runs.append(r)
+        r = run_rec("A", "btrfs-raid5", 1, manyfiles_MBps=500.0)
+        r["details"] = {"total_bytes": 2e9, "manyfiles_cpu_s": {"machine": 8.0}}
+        runs.append(r)
+        t = compare.cpu_table(runs)
+        self.assertIn("| phase: process | btrfs raid5 | attach path over nbdkit memory |", t)
+        self.assertIn("| many files: NBD server | - | 2.50 (2.00–3.00) |", t)
+        self.assertIn("| many files: nbdfuse | - | 1.00 |", t)
+        self.assertIn("| many files: whole machine | 4.00 | 10.00 |", t)
+        self.assertNotIn("big file", t)
+        self.assertEqual(compare.cpu_table(RUNS), "")           # runs without CPU details: no table
 
 
 class Arguments(unittest.TestCase):
@@ -188,6 +303,7 @@ class Arguments(unittest.TestCase):
         self.assertEqual(a.dirty_bytes, 512 << 20)
         self.assertGreaterEqual(a.a_files * compare.A_FILE_BYTES, 3 * a.dirty_bytes)
         self.assertEqual(a.exps, compare.EXPERIMENTS)
+        self.assertEqual((a.path_ref_allocator, a.path_ref_warmup), ("sparse", 0))
         self.assertTrue(a.out.endswith(os.path.join("results", "compare-" + __import__("time").strftime("%Y-%m-%d"))))
 
     def test_quick(self):
@@ -206,6 +322,8 @@ class Arguments(unittest.TestCase):
         self.assertIn("--reps must be at least 1", self.parse_error(["--reps", "0"]))
         self.assertIn("not enough space", self.parse_error([], free=5 << 30))
         self.assertIn("not both", self.parse_error(["--bsrange", "4k-64k", "--bssplit", "4k/100"]))
+        self.assertIn("--path-ref-warmup must be at least 0", self.parse_error(["--path-ref-warmup", "-1"]))
+        self.assertIn("invalid choice", self.parse_error(["--path-ref-allocator", "zstd"]))
 
     def test_space_ok(self):
         a = compare.parse_args(["--quick"], stat_free=lambda _: 100 << 30)
