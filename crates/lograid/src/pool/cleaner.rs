@@ -21,29 +21,36 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-/// Times in a row a writer may call `make_space` and still find no room
-/// for its next block before it gives up with ENOSPC. Cleaning can reach a
-/// fixed point in a nearly full pool (each pass frees about what its
-/// relocations and the checkpoint that releases the segment take): without
-/// this bound the writer would clean forever.
+/// Times in a row a writer may call `make_space` while no user block is
+/// appended anywhere in the pool before it gives up with ENOSPC. Cleaning
+/// can reach a fixed point in a nearly full pool (each pass frees about
+/// what its relocations and the checkpoint that releases the segment take):
+/// without this bound the writer would clean forever. Writers that lose the
+/// freed room to others do not count it against themselves: the pool moved.
 const MAX_SPACE_STALLS: u32 = 16;
 
-/// Counts a writer's calls to `make_space` that let it append nothing.
+/// Counts a writer's calls to `make_space` with no progress in the pool.
 #[derive(Default)]
-pub(crate) struct SpaceStalls(u32);
+pub(crate) struct SpaceStalls {
+    stalls: u32,
+    /// The pool's user progress (`Core::user_progress`) at the last call.
+    seen: Option<u64>,
+}
 
 impl SpaceStalls {
-    /// Called before each `make_space`; `progressed`: the writer appended
-    /// something since the last call. ENOSPC after `MAX_SPACE_STALLS` in a
-    /// row without progress.
-    pub fn check(&mut self, progressed: bool) -> Result<()> {
-        if progressed {
-            self.0 = 0;
+    /// Called before each `make_space`; `progress`: the pool's user
+    /// progress now. ENOSPC after `MAX_SPACE_STALLS` calls in a row without
+    /// any change.
+    pub fn check(&mut self, progress: u64) -> Result<()> {
+        if self.seen != Some(progress) {
+            self.seen = Some(progress);
+            self.stalls = 0;
         }
-        self.0 += 1;
-        if self.0 > MAX_SPACE_STALLS {
+        self.stalls += 1;
+        if self.stalls > MAX_SPACE_STALLS {
             tracing::warn!(
-                "a writer found no free segment after cleaning {MAX_SPACE_STALLS} times: pool full"
+                "a writer found no free segment after cleaning {MAX_SPACE_STALLS} times \
+                 with nothing written meanwhile: pool full"
             );
             return Err(Error::NoSpace);
         }
@@ -483,4 +490,23 @@ fn sample(inner: &PoolInner) {
         .map(|(_, d)| d.counters.bytes_written.load(Ordering::Relaxed))
         .sum();
     inner.stats.lock().sample(user, member, relocated);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn space_stalls_give_up_only_when_nothing_moves() {
+        let mut s = SpaceStalls::default();
+        for _ in 0..MAX_SPACE_STALLS {
+            s.check(7).expect("within the bound");
+        }
+        assert!(matches!(s.check(7), Err(Error::NoSpace)));
+        // Another writer appended meanwhile: the count starts again.
+        let mut s = SpaceStalls::default();
+        for round in 0..(3 * MAX_SPACE_STALLS as u64) {
+            s.check(round / 4).expect("the pool moves every 4 calls");
+        }
+    }
 }

@@ -150,7 +150,6 @@ impl PoolInner {
             let mut sealed = Vec::new();
             let mut outcome: Result<()> = Ok(());
             let mut need_segment = false;
-            let before = i;
             {
                 let mut core = self.core.lock();
                 self.wait_for_inflight_room(&mut core);
@@ -222,7 +221,7 @@ impl PoolInner {
             self.submit_rows(sealed)?;
             outcome?;
             if need_segment {
-                stalls.check(i > before)?;
+                stalls.check(self.core.lock().user_progress())?;
                 self.make_space()?;
             }
         }
@@ -286,7 +285,6 @@ impl PoolInner {
         while lba < last {
             let mut sealed = Vec::new();
             let mut need_segment = false;
-            let before = lba;
             {
                 let mut core = self.core.lock();
                 self.wait_for_inflight_room(&mut core);
@@ -338,7 +336,7 @@ impl PoolInner {
                 if relief {
                     return Err(Error::NoSpace);
                 }
-                stalls.check(lba > before)?;
+                stalls.check(self.core.lock().user_progress())?;
                 match self.make_space() {
                     Ok(()) => {}
                     Err(Error::NoSpace) => relief = true,

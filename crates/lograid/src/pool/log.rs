@@ -310,10 +310,15 @@ impl Core {
                     .expect("volume")
                     .map
                     .set(entry.lba, loc, entry.crc);
+                self.user_appends += 1;
                 return Ok(None);
             }
         }
-        let row = self.open_row_mut(head, RowKind::Data, shape)?;
+        self.open_row_mut(head, RowKind::Data, shape)?;
+        if head == HeadId::User {
+            self.user_appends += 1;
+        }
+        let row = self.heads[head.index()].open.as_mut().expect("open row");
         let slot = row.slots();
         row.slot_bytes_mut(slot).copy_from_slice(block);
         row.slot_entry.push(row.entries.len() as u32);
@@ -358,6 +363,7 @@ impl Core {
             source: 0,
         });
         let full = row.is_full();
+        self.user_appends += 1;
         let new = if kind == EntryKind::Zero {
             Loc::Zero
         } else {

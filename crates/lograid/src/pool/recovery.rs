@@ -289,6 +289,7 @@ pub(crate) fn new_inner(
         next_seq: 1,
         next_volume_id: 1,
         inflight: Vec::new(),
+        user_appends: 0,
         dirty_members: 0,
         counters: Default::default(),
         log_blocks_since_checkpoint: 0,

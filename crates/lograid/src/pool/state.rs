@@ -187,6 +187,9 @@ pub struct Core {
     pub next_seq: u64,
     pub next_volume_id: u32,
     pub inflight: Vec<Arc<SealedRow>>,
+    /// User blocks and trim/zero records appended since the pool opened (in
+    /// memory only): `user_progress`.
+    pub user_appends: u64,
     pub dirty_members: u32,
     pub counters: PoolCounters,
     pub log_blocks_since_checkpoint: u64,
@@ -237,6 +240,12 @@ impl Core {
     }
 
     /// Data held in memory for `pba` (a row in flight), if any.
+    /// Grows whenever a user write, trim or zero record is appended: what
+    /// `SpaceStalls` watches to tell a full pool from one that moves.
+    pub fn user_progress(&self) -> u64 {
+        self.user_appends
+    }
+
     pub fn inflight_block(&self, geometry: &crate::layout::Geometry, pba: Pba) -> Option<&[u8]> {
         for row in &self.inflight {
             if let Some((col, blk)) = row.geom.locate(geometry, pba) {
