@@ -536,14 +536,20 @@ where
         // 4b. The payload of a WRITE.
         let mut payload = Vec::new();
         if let Command::Write { length, .. } = command {
-            payload = vec![0u8; length as usize];
+            // Read into the vector's spare capacity (not zeroed first: zeroing every payload
+            // was 3% of the server's CPU on sequential writes).
+            payload = Vec::with_capacity(length as usize);
+            let mut limited = (&mut *reader).take(u64::from(length));
             let read = tokio::select! {
-                read = timeout(limits.payload_timeout, reader.read_exact(&mut payload)) => read,
+                read = timeout(limits.payload_timeout, limited.read_to_end(&mut payload)) => read,
                 _ = wait_true(&mut abort_rx) => return ReaderEnd::WriterGone,
                 _ = wait_true(&mut shutdown) => return ReaderEnd::Shutdown,
             };
             match read {
-                Ok(Ok(_)) => {}
+                Ok(Ok(count)) if count == length as usize => {}
+                Ok(Ok(_)) => {
+                    return ReaderEnd::Broken("connection closed inside a write payload".into())
+                }
                 Ok(Err(error)) => {
                     return ReaderEnd::Broken(format!("reading a write payload: {error}"))
                 }

@@ -37,6 +37,11 @@ pub enum RangeOp {
 /// Attempts of an optimistic sub-block write before giving up.
 const PARTIAL_WRITE_ATTEMPTS: usize = 1000;
 
+thread_local! {
+    /// The parity buffer `write_row` used last on this thread (see there).
+    static PARITY_BUFFER: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
+}
+
 impl PoolInner {
     /// Writes `data` at byte `offset` of volume `id` (512-byte aligned,
     /// range already checked). Sub-block pieces merge into their block.
@@ -400,7 +405,14 @@ impl PoolInner {
     fn write_row(&self, row: &Arc<SealedRow>) -> Result<()> {
         let g = row.geom;
         let column_bytes = g.height as usize * BLOCK_SIZE;
-        let mut parity = AlignedBuf::zeroed(g.parity as usize * column_bytes);
+        let parity_bytes = g.parity as usize * column_bytes;
+        // Each writing thread keeps its last parity buffer: a fresh one per
+        // row was a zeroed allocation large enough to be mapped and faulted
+        // in every time.
+        let mut parity = PARITY_BUFFER
+            .with(|b| b.borrow_mut().take())
+            .filter(|b| b.len() == parity_bytes)
+            .unwrap_or_else(|| AlignedBuf::zeroed(parity_bytes));
         if g.parity > 0 {
             let data: Vec<&[u8]> = (0..g.data_columns as usize)
                 .map(|c| row.column(c))
@@ -434,6 +446,10 @@ impl PoolInner {
             }));
         }
         let results = self.io.run_all(jobs);
+        // Every job has finished with its copy of the buffer.
+        if let Ok(buf) = Arc::try_unwrap(parity) {
+            PARITY_BUFFER.with(|b| *b.borrow_mut() = Some(buf));
+        }
         let mut error = None;
         for (member, r) in results {
             match r {
