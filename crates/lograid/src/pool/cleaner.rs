@@ -48,7 +48,7 @@ impl SpaceStalls {
         }
         self.stalls += 1;
         if self.stalls > MAX_SPACE_STALLS {
-            tracing::warn!(
+            tracing::debug!(
                 "a writer found no free segment after cleaning {MAX_SPACE_STALLS} times \
                  with nothing written meanwhile: pool full"
             );
@@ -109,8 +109,12 @@ impl PoolInner {
     /// emptied segments) or clean in the foreground, greedily (see
     /// `pick_victim`), or report the pool full.
     pub(crate) fn make_space(&self) -> Result<()> {
+        // A user head with no next segment reserved (after recovery) needs
+        // two free segments above the floor to move, not one.
         let shortfall = |core: &super::state::Core| {
-            (self.shape.user_floor_segments(core) + 1).saturating_sub(core.free.len())
+            let fresh = core.heads[HeadId::User.index()].next_segment == super::state::NO_SEGMENT;
+            (self.shape.user_floor_segments(core) + 1 + usize::from(fresh))
+                .saturating_sub(core.free.len())
         };
         if shortfall(&self.core.lock()) == 0 {
             return Ok(());

@@ -341,7 +341,11 @@ impl PoolInner {
                 if relief {
                     return Err(Error::NoSpace);
                 }
-                stalls.check(self.core.lock().user_progress())?;
+                // The cleaner at a fixed point: the records may use its reserve.
+                if stalls.check(self.core.lock().user_progress()).is_err() {
+                    relief = true;
+                    continue;
+                }
                 match self.make_space() {
                     Ok(()) => {}
                     Err(Error::NoSpace) => relief = true,

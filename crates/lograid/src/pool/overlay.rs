@@ -282,14 +282,14 @@ impl OverlayTable {
             .collect()
     }
 
-    /// Blocks reserved for overlays other than that of block `lba` (a write
-    /// storing that block takes over its reservation).
     /// Whether block `lba` holds an overlay with room reserved for it (a
     /// block not stored yet).
     pub fn reserves(&self, vol: u32, lba: u64) -> bool {
         self.map.get(&(vol, lba)).is_some_and(|o| o.unstored)
     }
 
+    /// Blocks reserved for overlays other than that of block `lba` (a write
+    /// storing that block takes over its reservation).
     pub fn unstored_except(&self, vol: u32, lba: u64) -> u64 {
         let own = self.map.get(&(vol, lba)).is_some_and(|o| o.unstored);
         self.unstored - u64::from(own)

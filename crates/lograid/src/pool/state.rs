@@ -239,13 +239,13 @@ impl Core {
         self.volumes.get(&id)
     }
 
-    /// Data held in memory for `pba` (a row in flight), if any.
     /// Grows whenever a user write, trim or zero record is appended: what
     /// `SpaceStalls` watches to tell a full pool from one that moves.
     pub fn user_progress(&self) -> u64 {
         self.user_appends
     }
 
+    /// Data held in memory for `pba` (a row in flight), if any.
     pub fn inflight_block(&self, geometry: &crate::layout::Geometry, pba: Pba) -> Option<&[u8]> {
         for row in &self.inflight {
             if let Some((col, blk)) = row.geom.locate(geometry, pba) {
