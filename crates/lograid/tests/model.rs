@@ -62,7 +62,7 @@ fn run(plan: &Plan, seed: u64) {
             77..=80 => {
                 let (off, len) = model.random_range(&mut rng, 64 * 1024);
                 pool.volume()
-                    .write_zeroes(off, len, dice % 2 == 0)
+                    .write_zeroes(off, len, dice.is_multiple_of(2))
                     .unwrap_or_else(|e| panic!("seed {seed} op {op}: zero: {e}"));
                 model.zero(off, len);
             }
@@ -97,10 +97,9 @@ fn run(plan: &Plan, seed: u64) {
                 for _ in 0..32 {
                     let (off, len) = model.random_range(&mut rng, 64 * 1024);
                     let data = model.write(off, len);
-                    match pool.volume().write(off, &data) {
-                        Err(lograid::Error::NoSpace) => model.forget_last_write(),
-                        // Failed for the power cut: in doubt, like any unflushed write.
-                        Ok(()) | Err(_) => {}
+                    // Failed for the power cut: in doubt, like any unflushed write.
+                    if let Err(lograid::Error::NoSpace) = pool.volume().write(off, &data) {
+                        model.forget_last_write();
                     }
                 }
                 let _ = pool.pool().clean(2);
