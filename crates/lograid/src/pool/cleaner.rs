@@ -33,13 +33,13 @@ const MAX_SPACE_STALLS: u32 = 16;
 #[derive(Default)]
 pub(crate) struct SpaceStalls {
     stalls: u32,
-    /// The pool's user progress (`Core::user_progress`) at the last call.
+    /// The pool's `Core::user_appends` at the last call.
     seen: Option<u64>,
 }
 
 impl SpaceStalls {
-    /// Called before each `make_space`; `progress`: the pool's user
-    /// progress now. ENOSPC after `MAX_SPACE_STALLS` calls in a row without
+    /// Called before each `make_space`; `progress`: the pool's
+    /// `Core::user_appends` now. ENOSPC after `MAX_SPACE_STALLS` calls in a row without
     /// any change.
     pub fn check(&mut self, progress: u64) -> Result<()> {
         if self.seen != Some(progress) {

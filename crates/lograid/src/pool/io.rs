@@ -187,10 +187,11 @@ impl PoolInner {
                     // An overlay merged into its block had its room
                     // reserved when it was acknowledged: it is written even
                     // if the pool holds less since (a member failed).
-                    let reserved =
-                        cond.is_some_and(|c| c.overlay.is_some()) && core.overlays.reserves(id, b);
+                    let reserved = || {
+                        cond.is_some_and(|c| c.overlay.is_some()) && core.overlays.reserves(id, b)
+                    };
                     if !old.is_stored()
-                        && !reserved
+                        && !reserved()
                         && core.stored_blocks + core.overlays.unstored_except(id, b)
                             >= core.usable_blocks
                     {
@@ -226,7 +227,7 @@ impl PoolInner {
             self.submit_rows(sealed)?;
             outcome?;
             if need_segment {
-                stalls.check(self.core.lock().user_progress())?;
+                stalls.check(self.core.lock().user_appends)?;
                 self.make_space()?;
             }
         }
@@ -342,7 +343,7 @@ impl PoolInner {
                     return Err(Error::NoSpace);
                 }
                 // The cleaner at a fixed point: the records may use its reserve.
-                if stalls.check(self.core.lock().user_progress()).is_err() {
+                if stalls.check(self.core.lock().user_appends).is_err() {
                     relief = true;
                     continue;
                 }

@@ -314,11 +314,7 @@ impl Core {
                 return Ok(None);
             }
         }
-        self.open_row_mut(head, RowKind::Data, shape)?;
-        if head == HeadId::User {
-            self.user_appends += 1;
-        }
-        let row = self.heads[head.index()].open.as_mut().expect("open row");
+        let row = self.open_row_mut(head, RowKind::Data, shape)?;
         let slot = row.slots();
         row.slot_bytes_mut(slot).copy_from_slice(block);
         row.slot_entry.push(row.entries.len() as u32);
@@ -334,6 +330,7 @@ impl Core {
         if !old.0.is_stored() {
             self.stored_blocks += 1;
         }
+        self.user_appends += u64::from(head == HeadId::User);
         Ok(if full { self.seal(head, shape) } else { None })
     }
 

@@ -188,7 +188,8 @@ pub struct Core {
     pub next_volume_id: u32,
     pub inflight: Vec<Arc<SealedRow>>,
     /// User blocks and trim/zero records appended since the pool opened (in
-    /// memory only): `user_progress`.
+    /// memory only): what `SpaceStalls` watches to tell a full pool from
+    /// one that moves.
     pub user_appends: u64,
     pub dirty_members: u32,
     pub counters: PoolCounters,
@@ -237,12 +238,6 @@ impl Core {
 
     pub fn volume(&self, id: u32) -> Option<&VolumeState> {
         self.volumes.get(&id)
-    }
-
-    /// Grows whenever a user write, trim or zero record is appended: what
-    /// `SpaceStalls` watches to tell a full pool from one that moves.
-    pub fn user_progress(&self) -> u64 {
-        self.user_appends
     }
 
     /// Data held in memory for `pba` (a row in flight), if any.
