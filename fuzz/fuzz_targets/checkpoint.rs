@@ -20,7 +20,7 @@ fn encode(img: &CheckpointImage) -> Vec<u8> {
         w.volume(v.id, &v.name, v.size_bytes, v.created_unix, v.entries.iter().copied());
     }
     w.segments(&img.segments);
-    w.finish(&img.heads)
+    w.finish(&img.heads, &img.rebuilds)
 }
 
 fuzz_target!(|data: &[u8]| {

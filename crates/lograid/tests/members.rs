@@ -605,3 +605,183 @@ fn replacing_the_largest_member_by_a_smaller_one_then_reopen() {
     check_all(&pool, &mut model, "reopened without the large member");
     pool.close().expect("close");
 }
+
+/// Bytes written to each member so far.
+fn written(pool: &Pool) -> Vec<u64> {
+    let mut w = vec![0; 8];
+    for m in pool.status().members {
+        w[m.index] = m.counters.bytes_written;
+    }
+    w
+}
+
+/// A failed member replaced by a drive at least as large is rebuilt in
+/// place: the new drive takes its index, gets its columns (about the live
+/// data's share per member, nothing else), the other members write almost
+/// nothing (no row is moved), reads are right all along, and a restart in
+/// the middle resumes from the checkpointed list of segments left.
+#[test]
+fn a_failed_member_is_rebuilt_in_place_writing_only_its_columns() {
+    for (members, parity) in [(3usize, 1u8), (4, 2)] {
+        let what = format!("({members},{parity})");
+        let sp = SimPool::create(members, parity, 16 << 20, 0.5);
+        let pool = sp.pool().clone();
+        let mut model = Model::new(sp.volume_size());
+        // Fill most of the volume, sequentially, then flush.
+        let vol = pool.volume("vol").unwrap();
+        let chunk = 256 * 1024;
+        for off in (0..sp.volume_size() * 3 / 4).step_by(chunk) {
+            let data = model.write(off, chunk as u64);
+            vol.write(off, &data).unwrap();
+        }
+        vol.flush().unwrap();
+        model.flushed();
+        drop(vol);
+        sp.sims[1].set_dead(true);
+        check_all(&pool, &mut model, &format!("{what} degraded"));
+        let new = Arc::new(SimMember::new("new", 16 << 20));
+        let index = pool.replace_member(1, new.clone()).expect("replace");
+        assert_eq!(index, 1, "{what}: not in place");
+        assert_eq!(states(&pool)[1].1, "rebuilding", "{what}");
+        assert!(pool.status().state.starts_with("degraded"), "{what}");
+        let before = written(&pool);
+        // Half of it, then a clean restart.
+        let mut steps = 0;
+        pool.reshape(|_, _| {
+            steps += 1;
+            steps < 4
+        })
+        .expect("rebuild part");
+        let left = pool
+            .status()
+            .reshape
+            .expect("rebuild under way")
+            .segments_left;
+        assert!(
+            left > 0,
+            "{what}: rebuilt at once; the restart shows nothing"
+        );
+        check_all(&pool, &mut model, &format!("{what} half rebuilt"));
+        pool.close().expect("close");
+        let mut set: Vec<Arc<SimMember>> = sp.sims.clone();
+        set[1] = new.clone();
+        let (pool, set) = reopen(&set);
+        // (Segments emptied meanwhile, e.g. the checkpoint's, drop out.)
+        let resumed = pool.status().reshape.expect("rebuild resumed");
+        assert!(
+            resumed.kind == "rebuild" && resumed.segments_left > 0 && resumed.segments_left <= left,
+            "{what}: the rebuild's progress was not kept: {left} left before, {resumed:?} after"
+        );
+        check_all(&pool, &mut model, &format!("{what} reopened half rebuilt"));
+        let before_rest = written(&pool);
+        pool.reshape(|_, _| true).expect("rebuild rest");
+        assert!(pool.status().reshape.is_none(), "{what}");
+        assert_eq!(pool.status().state, "online", "{what}");
+        let after = written(&pool);
+        // What the rebuild wrote, on the new member and on the others
+        // (counters restart from the checkpoint on reopen: add both parts).
+        let new_written = after[1] - before_rest[1] + (before_rest[1].min(after[1]));
+        let others: u64 = (0..members)
+            .filter(|&m| m != 1)
+            .map(|m| after[m].saturating_sub(before_rest[m]))
+            .sum();
+        let stored = pool.status().stored_bytes;
+        let share = stored / (members - parity as usize) as u64;
+        assert!(
+            new_written >= share * 9 / 10 && new_written <= share * 13 / 10,
+            "{what}: the new member got {new_written} bytes for a share of {share} \
+             (before {:?}, after {after:?})",
+            before
+        );
+        assert!(
+            others < share / 10,
+            "{what}: the other members wrote {others} bytes during the rebuild (share {share})"
+        );
+        check_all(&pool, &mut model, &format!("{what} rebuilt"));
+        scrub_clean(&pool, &format!("{what} rebuilt"));
+        pool.close().expect("close");
+        let (pool, _) = reopen(&set);
+        assert_eq!(pool.status().state, "online");
+        check_all(&pool, &mut model, &format!("{what} rebuilt, reopened"));
+        scrub_clean(&pool, &format!("{what} rebuilt, reopened"));
+        pool.close().expect("close");
+    }
+}
+
+/// With parity 1, a second member failing while the first is rebuilt in
+/// place leaves rows with two lost columns: the pool stops writing, and
+/// every read either fails or returns what was written (never wrong
+/// bytes). With parity 2 the same failure is survived, and the second
+/// member is rebuilt in place too.
+#[test]
+fn a_second_failure_during_an_in_place_rebuild() {
+    for (members, parity) in [(3usize, 1u8), (4, 2)] {
+        let what = format!("({members},{parity})");
+        let mut rng = SimRng(members as u64 * 13 + 1);
+        let sp = SimPool::create(members, parity, MEMBER_BYTES, 0.5);
+        let pool = sp.pool().clone();
+        let mut model = Model::new(sp.volume_size());
+        workload(&pool, &mut model, &mut rng, 300, &what);
+        pool.volume("vol").unwrap().flush().unwrap();
+        model.flushed();
+        sp.sims[0].set_dead(true);
+        check_all(&pool, &mut model, &format!("{what} degraded"));
+        let new0 = Arc::new(SimMember::new("new0", MEMBER_BYTES));
+        assert_eq!(pool.replace_member(0, new0).expect("replace"), 0);
+        // One step of the rebuild (the progress callback stops it after it).
+        pool.reshape(|_, _| false).expect("one step");
+        assert!(pool.status().reshape.is_some(), "{what}: finished at once");
+        sp.sims[2].set_dead(true);
+        let vol = pool.volume("vol").unwrap();
+        let (off, len) = model.random_range(&mut rng, 48 * 1024);
+        let data = model.write(off, len);
+        let wrote = vol.write(off, &data).and_then(|_| vol.flush());
+        if parity == 1 {
+            assert!(
+                wrote.is_err(),
+                "{what}: a write went through with two members lost"
+            );
+            model.forget_last_write();
+            assert!(
+                pool.status().state.starts_with("read-only"),
+                "{what}: {}",
+                pool.status().state
+            );
+            let size = vol.size_bytes();
+            let (mut good, mut failed) = (0, 0);
+            for off in (0..size).step_by(64 * 1024) {
+                let mut buf = vec![0u8; 64 * 1024];
+                match vol.read(off, &mut buf) {
+                    Ok(()) => {
+                        model
+                            .check_exact(off, &buf)
+                            .unwrap_or_else(|m| panic!("{what}: wrong bytes read: {m}"));
+                        good += 1;
+                    }
+                    Err(_) => failed += 1,
+                }
+            }
+            assert!(
+                failed > 0,
+                "{what}: no read failed with two columns lost ({good} good)"
+            );
+        } else {
+            wrote.unwrap_or_else(|e| panic!("{what}: write with two members lost: {e}"));
+            model.flushed();
+            check_all(&pool, &mut model, &format!("{what} two lost"));
+            let new2 = Arc::new(SimMember::new("new2", MEMBER_BYTES));
+            assert_eq!(pool.replace_member(2, new2).expect("replace 2"), 2);
+            workload(
+                &pool,
+                &mut model,
+                &mut rng,
+                100,
+                &format!("{what} two rebuilding"),
+            );
+            pool.reshape(|_, _| true).expect("rebuild both");
+            assert_eq!(pool.status().state, "online", "{what}");
+            check_all(&pool, &mut model, &format!("{what} both rebuilt"));
+            scrub_clean(&pool, &format!("{what} both rebuilt"));
+        }
+    }
+}

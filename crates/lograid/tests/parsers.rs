@@ -17,8 +17,8 @@ mod corrupt;
 
 use lograid::device::{CounterValues, Member, SimMember, SimRng};
 use lograid::format::checkpoint::{
-    CheckpointImage, CheckpointWriter, HeadRecord, PoolCounters, SegmentRecord, SegmentStateCode,
-    VolumeRecord,
+    CheckpointImage, CheckpointWriter, HeadRecord, PoolCounters, RebuildRecord, SegmentRecord,
+    SegmentStateCode, VolumeRecord,
 };
 use lograid::format::row::{
     header_blocks_for, Entry, EntryKind, HeadId, RowHeader, RowKind, HEADER_FIXED_BYTES,
@@ -298,6 +298,11 @@ fn checkpoint_image() -> impl Strategy<Value = CheckpointImage> {
         prop::collection::vec(volume, 0..4),
         prop::collection::vec(segment, 0..6),
         prop::collection::vec(head, 0..=8),
+        prop::collection::btree_map(
+            0u8..24,
+            (any::<u64>(), prop::collection::btree_set(0u32..5000, 0..40)),
+            0..3,
+        ),
     )
         .prop_map(
             |(
@@ -306,7 +311,16 @@ fn checkpoint_image() -> impl Strategy<Value = CheckpointImage> {
                 volumes,
                 segs,
                 heads,
+                rebuilds,
             )| {
+                let rebuilds = rebuilds
+                    .into_iter()
+                    .map(|(member, (since_seq, segments))| RebuildRecord {
+                        member,
+                        since_seq,
+                        segments: segments.into_iter().collect(),
+                    })
+                    .collect();
                 let segments = segs
                     .into_iter()
                     .enumerate()
@@ -367,6 +381,7 @@ fn checkpoint_image() -> impl Strategy<Value = CheckpointImage> {
                     volumes,
                     segments,
                     heads,
+                    rebuilds,
                 }
             },
         )
@@ -392,7 +407,7 @@ fn encode_checkpoint(img: &CheckpointImage) -> Vec<u8> {
         );
     }
     w.segments(&img.segments);
-    w.finish(&img.heads)
+    w.finish(&img.heads, &img.rebuilds)
 }
 
 // ---------------------------------------------------------------- gates
@@ -778,6 +793,7 @@ fn checkpoint_refuses_unordered_map_runs() {
         }],
         segments: vec![],
         heads: vec![],
+        rebuilds: vec![],
     };
     let bytes = encode_checkpoint(&img);
     assert!(
@@ -1511,6 +1527,7 @@ fn format_md_checkpoint_prefix_offsets_match_the_encoder() {
         volumes: vec![],
         segments: vec![],
         heads: vec![],
+        rebuilds: vec![],
     };
     let bytes = encode_checkpoint(&img);
     let table = doc_table(&doc, "Checkpoint: fixed prefix");
@@ -1536,8 +1553,9 @@ fn format_md_checkpoint_prefix_offsets_match_the_encoder() {
         ],
         "checkpoint prefix",
     );
-    // One member counter record of 8 u64, then the volume count (0), segment count (0), head count (0).
-    assert_eq!(bytes.len(), 96 + 64 + 8 + 8 + 8);
+    // One member counter record of 8 u64, then the volume count (0), segment
+    // count (0), head count (0) and rebuild count (0).
+    assert_eq!(bytes.len(), 96 + 64 + 8 + 8 + 8 + 8);
     assert_eq!(&bytes[96..104], &le8(21)[..]);
     assert_eq!(&bytes[96 + 48..96 + 56], &le8(27)[..]);
 }
@@ -1727,6 +1745,7 @@ fn write_fuzz_seeds(dir: &std::path::Path, view: &corrupt::DiskView, blob: &[u8]
         volumes: vec![],
         segments: vec![],
         heads: vec![HeadRecord::default(); 3],
+        rebuilds: vec![],
     };
     put(
         "checkpoint",

@@ -4,7 +4,8 @@
 //! in-memory drive with a volatile write cache that can be crashed, for
 //! tests; `RecordingMember`, a wrapper that logs every write, flush and
 //! discard, for crash-replay tests), 4 KiB-aligned buffers, per-member
-//! counters and the I/O worker pool that writes a row's columns in parallel.
+//! counters, the map of segments a member does not hold yet (`StaleSegments`)
+//! and the I/O worker pool that writes a row's columns in parallel.
 //! It never interprets the bytes.
 
 mod aligned;
@@ -92,6 +93,115 @@ impl MemberCounters {
     }
 }
 
+/// The segments whose contents a member does not hold yet: it took the place
+/// of a failed member, and the rows laid over that place before are being
+/// rebuilt onto it (docs/FORMAT.md, "Rebuilds"). Reads that touch them fail
+/// at once, without counting against the member, so that every reader
+/// rebuilds those columns from parity as it would a missing member's.
+/// Writes go through. Shared between the pool's bookkeeping (which clears a
+/// segment when it is rebuilt or reused) and the member's `Device`.
+pub struct StaleSegments {
+    /// Byte offset of segment 0 and bytes per segment on the member.
+    base: u64,
+    unit: u64,
+    bits: parking_lot::RwLock<Vec<u64>>,
+    count: AtomicU64,
+    /// Rows with a sequence number below this were written before the
+    /// member took its place (only they can be stale).
+    since_seq: AtomicU64,
+}
+
+impl StaleSegments {
+    pub fn new(base: u64, unit: u64) -> StaleSegments {
+        assert!(unit > 0, "segment size 0");
+        StaleSegments {
+            base,
+            unit,
+            bits: Default::default(),
+            count: AtomicU64::new(0),
+            since_seq: AtomicU64::new(0),
+        }
+    }
+    /// Stale segments left.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::SeqCst)
+    }
+    pub fn since_seq(&self) -> u64 {
+        self.since_seq.load(Ordering::SeqCst)
+    }
+    pub fn set_since_seq(&self, seq: u64) {
+        self.since_seq.store(seq, Ordering::SeqCst);
+    }
+    /// Makes exactly `segments` stale (rows before `since_seq`).
+    pub fn reset(&self, since_seq: u64, segments: impl IntoIterator<Item = u32>) {
+        let mut bits = self.bits.write();
+        bits.clear();
+        let mut n = 0;
+        for s in segments {
+            let (w, b) = (s as usize / 64, s % 64);
+            if bits.len() <= w {
+                bits.resize(w + 1, 0);
+            }
+            if bits[w] & (1 << b) == 0 {
+                bits[w] |= 1 << b;
+                n += 1;
+            }
+        }
+        self.since_seq.store(since_seq, Ordering::SeqCst);
+        self.count.store(n, Ordering::SeqCst);
+    }
+    pub fn contains(&self, s: u32) -> bool {
+        self.count() > 0
+            && self
+                .bits
+                .read()
+                .get(s as usize / 64)
+                .is_some_and(|w| w & (1 << (s % 64)) != 0)
+    }
+    /// Segment `s` is rebuilt, or taken anew (nothing old is read in it).
+    pub fn clear(&self, s: u32) {
+        if self.count() == 0 {
+            return;
+        }
+        let mut bits = self.bits.write();
+        if let Some(w) = bits.get_mut(s as usize / 64) {
+            if *w & (1 << (s % 64)) != 0 {
+                *w &= !(1 << (s % 64));
+                self.count.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+    /// The stale segments, in order.
+    pub fn list(&self) -> Vec<u32> {
+        if self.count() == 0 {
+            return Vec::new();
+        }
+        let bits = self.bits.read();
+        let mut out = Vec::new();
+        for (w, &word) in bits.iter().enumerate() {
+            let mut x = word;
+            while x != 0 {
+                out.push((w * 64) as u32 + x.trailing_zeros());
+                x &= x - 1;
+            }
+        }
+        out
+    }
+    /// Does the byte range touch a stale segment?
+    fn covers(&self, offset: u64, len: usize) -> bool {
+        if self.count() == 0 || len == 0 || offset + len as u64 <= self.base {
+            return false;
+        }
+        let first = offset.saturating_sub(self.base) / self.unit;
+        let last = (offset + len as u64 - 1 - self.base) / self.unit;
+        let bits = self.bits.read();
+        (first..=last).any(|s| {
+            bits.get(s as usize / 64)
+                .is_some_and(|w| w & (1 << (s % 64)) != 0)
+        })
+    }
+}
+
 /// A member in a pool: the drive and its counters.
 pub struct Device {
     pub member: Arc<dyn Member>,
@@ -99,6 +209,8 @@ pub struct Device {
     bad_reads_in_a_row: AtomicU64,
     /// Faulted: no longer read or written (kept for its counters).
     pub retired: std::sync::atomic::AtomicBool,
+    /// Segments it does not hold yet (see `StaleSegments`).
+    pub stale: Arc<StaleSegments>,
 }
 
 /// A read slower than this counts as a failed one (a drive that hangs on
@@ -106,15 +218,19 @@ pub struct Device {
 pub const SLOW_READ: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Device {
-    pub fn new(member: Arc<dyn Member>) -> Device {
+    pub fn new(member: Arc<dyn Member>, stale: Arc<StaleSegments>) -> Device {
         Device {
             member,
             counters: MemberCounters::default(),
             bad_reads_in_a_row: AtomicU64::new(0),
             retired: Default::default(),
+            stale,
         }
     }
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if self.stale.covers(offset, buf.len()) {
+            return Err(io::Error::other("not rebuilt onto this member yet"));
+        }
         self.counters.reads.fetch_add(1, Ordering::Relaxed);
         self.counters
             .bytes_read

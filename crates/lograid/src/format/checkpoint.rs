@@ -1,5 +1,6 @@
 //! The checkpoint: a snapshot of the volume table and maps, the segment
-//! table (state, members, live count, row list) and the log heads, as of a
+//! table (state, members, live count, row list), the log heads and the
+//! in-place rebuilds under way (segments a member does not hold yet), as of a
 //! sealed point in the log. It is stored as the payload of checkpoint rows;
 //! the superblock points at the newest one. Recovery loads it and rolls the
 //! log forward from the heads it records. Layout: docs/FORMAT.md,
@@ -95,10 +96,24 @@ pub struct CheckpointImage {
     pub volumes: Vec<VolumeRecord>,
     pub segments: Vec<SegmentRecord>,
     pub heads: Vec<HeadRecord>,
+    /// Members that took a failed member's place, with the segments not yet
+    /// rebuilt onto them.
+    pub rebuilds: Vec<RebuildRecord>,
 }
 
-/// Streams a checkpoint out; the caller adds volumes, segments and heads in
-/// that order.
+/// A member being rebuilt in place: the segments it does not hold yet.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RebuildRecord {
+    pub member: u8,
+    /// Rows with a smaller sequence number were written before it took its
+    /// place (rows written since are on it).
+    pub since_seq: u64,
+    /// Stale segments, strictly increasing.
+    pub segments: Vec<u32>,
+}
+
+/// Streams a checkpoint out; the caller adds volumes and segments in that
+/// order, then finishes with the heads and rebuilds.
 pub struct CheckpointWriter {
     w: ByteWriter,
 }
@@ -217,7 +232,7 @@ impl CheckpointWriter {
         }
     }
 
-    pub fn finish(mut self, heads: &[HeadRecord]) -> Vec<u8> {
+    pub fn finish(mut self, heads: &[HeadRecord], rebuilds: &[RebuildRecord]) -> Vec<u8> {
         let w = &mut self.w;
         w.u64(heads.len() as u64);
         for h in heads {
@@ -226,6 +241,17 @@ impl CheckpointWriter {
             w.u32(h.next_segment);
             w.u32(h.last_crc);
             w.u64(h.last_seq);
+        }
+        w.u64(rebuilds.len() as u64);
+        for r in rebuilds {
+            w.u8(r.member);
+            w.u64(r.since_seq);
+            let runs = segment_runs(&r.segments);
+            w.u64(runs.len() as u64);
+            for (start, len) in runs {
+                w.u32(start);
+                w.u32(len);
+            }
         }
         self.w.bytes
     }
@@ -352,6 +378,41 @@ impl CheckpointImage {
                 last_seq: r.u64()?,
             });
         }
+        let mut rebuilds: Vec<RebuildRecord> = Vec::new();
+        {
+            let nr = r.count(super::MAX_MEMBERS as u64, "rebuild")?;
+            for _ in 0..nr {
+                let member = r.u8()?;
+                if member as usize >= super::MAX_MEMBERS
+                    || rebuilds.last().is_some_and(|p| p.member >= member)
+                {
+                    return Err(FormatError::Invalid(format!(
+                        "rebuild of member {member}: out of range or out of order"
+                    )));
+                }
+                let since_seq = r.u64()?;
+                let runs = r.count((r.remaining() / 8) as u64, "rebuild run")?;
+                let mut segments: Vec<u32> = Vec::new();
+                for _ in 0..runs {
+                    let (start, len) = (r.u32()?, r.u32()?);
+                    let end = start as u64 + len as u64;
+                    if len == 0
+                        || end > MAX_SEGMENTS
+                        || segments.last().is_some_and(|&l| l >= start)
+                    {
+                        return Err(FormatError::Invalid(format!(
+                            "rebuild of member {member}: bad segment run {start}+{len}"
+                        )));
+                    }
+                    segments.extend(start..end as u32);
+                }
+                rebuilds.push(RebuildRecord {
+                    member,
+                    since_seq,
+                    segments,
+                });
+            }
+        }
         if r.remaining() != 0 {
             return Err(FormatError::Invalid(format!(
                 "{} trailing bytes",
@@ -367,6 +428,25 @@ impl CheckpointImage {
             volumes,
             segments,
             heads,
+            rebuilds,
         })
     }
+}
+
+/// Strictly increasing segments as (start, length) runs.
+fn segment_runs(segments: &[u32]) -> Vec<(u32, u32)> {
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for &s in segments {
+        match runs.last_mut() {
+            Some((start, len)) if *start + *len == s => *len += 1,
+            _ => {
+                assert!(
+                    runs.last().is_none_or(|&(a, l)| a + l < s),
+                    "rebuild segments not strictly increasing"
+                );
+                runs.push((s, 1));
+            }
+        }
+    }
+    runs
 }

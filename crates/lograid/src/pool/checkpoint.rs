@@ -9,7 +9,9 @@ use super::{check_writable, PoolInner};
 use crate::device::AlignedBuf;
 use crate::device::IoJob;
 use crate::error::{Error, Result};
-use crate::format::checkpoint::{CheckpointWriter, HeadRecord, SegmentRecord, SegmentStateCode};
+use crate::format::checkpoint::{
+    CheckpointWriter, HeadRecord, RebuildRecord, SegmentRecord, SegmentStateCode,
+};
 use crate::format::row::{Entry, EntryKind, HeadId, RowKind};
 use crate::format::superblock::{CheckpointPointer, MemberRecord, MemberState, Superblock};
 use crate::format::{crc32c, BLOCK_SIZE};
@@ -157,7 +159,15 @@ impl PoolInner {
                 last_seq: h.last_seq,
             })
             .collect();
-        w.finish(&heads)
+        let rebuilds: Vec<RebuildRecord> = (0..core.members.len())
+            .filter(|&m| core.members[m].state.may_hold_rows() && self.shape.stale[m].count() > 0)
+            .map(|m| RebuildRecord {
+                member: m as u8,
+                since_seq: self.shape.stale[m].since_seq(),
+                segments: self.shape.stale[m].list(),
+            })
+            .collect();
+        w.finish(&heads, &rebuilds)
     }
 
     /// Writes `blob` as checkpoint rows starting in a fresh segment; returns

@@ -5,9 +5,7 @@
 use super::recovery::new_inner;
 use super::state::SegState;
 use super::{now_unix, random_u128, random_u64, Pool, PoolOptions, Shape};
-use crate::device::{
-    is_mounted, probe_signature, AlignedBuf, Device, FileMember, Member, OpenMode,
-};
+use crate::device::{is_mounted, probe_signature, AlignedBuf, FileMember, Member, OpenMode};
 use crate::error::{Error, Result};
 use crate::format::row::HeadId;
 use crate::format::superblock::{MemberRecord, MemberState};
@@ -225,6 +223,7 @@ pub fn create_pool(
         segment_blocks: segment_blocks as u32,
         chunk_blocks,
     };
+    let stale = Shape::no_stale(&geometry);
     let shape = Shape {
         geometry,
         parity: opts.parity.into(),
@@ -240,6 +239,7 @@ pub fn create_pool(
                 state: MemberState::Active,
             })
             .collect(),
+        stale,
     };
     // Wipe every superblock slot so no older pool's generation can win.
     let zero = AlignedBuf::zeroed(BLOCK_SIZE);
@@ -252,7 +252,8 @@ pub fn create_pool(
     let all = (1u32 << n) - 1;
     let devices = members
         .into_iter()
-        .map(|m| Some(Arc::new(Device::new(m))))
+        .enumerate()
+        .map(|(i, m)| Some(shape.device(i, m)))
         .collect();
     let records = shape.recorded_members.clone();
     let inner = Arc::new(new_inner(shape, records, devices, options, all, 0));

@@ -559,7 +559,8 @@ impl PoolInner {
         {
             return Ok(()); // already faulted: its columns are not counted on
         }
-        let lost = self.lost_members(&core) + 1;
+        // (A member rebuilt in place may count as lost already.)
+        let lost = self.lost_members(&core) + u32::from(!self.is_lost(&core, m));
         if lost > self.shape.parity() as u32 {
             let msg = format!(
                 "member {m} ({name}) failed {what} ({e}) with {} member(s) already lost and parity {}: \
@@ -608,16 +609,19 @@ impl PoolInner {
         }
     }
 
-    /// Members that may hold rows but cannot be read: faulted, or being
-    /// removed and gone.
+    fn is_lost(&self, core: &Core, m: usize) -> bool {
+        let r = &core.members[m];
+        r.state == MemberState::Faulted
+            || (r.state.may_hold_rows()
+                && (self.device(m).is_none() || self.shape.stale[m].count() > 0))
+    }
+
+    /// Members that may hold rows but cannot be read (all of them): faulted,
+    /// gone, or taking a failed member's place with rows not yet rebuilt
+    /// onto it.
     pub(crate) fn lost_members(&self, core: &Core) -> u32 {
-        core.members
-            .iter()
-            .enumerate()
-            .filter(|(m, r)| {
-                r.state == MemberState::Faulted
-                    || (r.state.may_hold_rows() && self.device(*m).is_none())
-            })
+        (0..core.members.len())
+            .filter(|&m| self.is_lost(core, m))
             .count() as u32
     }
 
@@ -1063,7 +1067,7 @@ const WRITE_ATTEMPTS: u32 = 3;
 
 /// Runs `op` up to `WRITE_ATTEMPTS` times, backing off a little between
 /// attempts (a transient error: a bus reset, a timeout).
-fn with_retries(mut op: impl FnMut() -> std::io::Result<()>) -> std::io::Result<()> {
+pub(crate) fn with_retries(mut op: impl FnMut() -> std::io::Result<()>) -> std::io::Result<()> {
     let mut attempt = 1;
     loop {
         match op() {

@@ -60,6 +60,10 @@ impl Core {
         seg.parity = shape.segment_parity(seg.members_mask);
         seg.rows.clear();
         seg.fill_blocks = 0;
+        // A new incarnation: nothing written before is read in it.
+        for stale in &shape.stale {
+            stale.clear(s);
+        }
         Some(s)
     }
 

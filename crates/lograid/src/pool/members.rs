@@ -17,7 +17,7 @@
 
 use super::state::{Core, SegState, Segment};
 use super::{check_writable, Pool, PoolInner};
-use crate::device::{AlignedBuf, Device, Member};
+use crate::device::{AlignedBuf, Member};
 use crate::error::{Error, Result};
 use crate::format::row::HeadId;
 use crate::format::superblock::{MemberRecord, MemberState};
@@ -77,7 +77,7 @@ impl Pool {
             let _m = self.inner.maintenance.lock();
             let mut added = Vec::new();
             for m in members {
-                added.push(self.inner.join_member(m, None)?);
+                added.push(self.inner.join_member(m, None, false)?);
             }
             self.inner.checkpoint_locked()?;
             let names: Vec<String> = added.iter().map(|&i| self.inner.member_name(i)).collect();
@@ -107,7 +107,24 @@ impl Pool {
                 _ => return Err(Error::NotFound(format!("member {old} in this pool"))),
             }
             let old_name = self.inner.member_name(old);
-            let index = self.inner.join_member(new, Some(old))?;
+            // A member that failed or is gone gets its columns back in
+            // place, if the new drive can hold all it held.
+            let in_place = {
+                let core = self.inner.core.lock();
+                (core.members[old].state == MemberState::Faulted
+                    || self.inner.device(old).is_none())
+                    && new.size_bytes() / BLOCK_BYTES >= core.members[old].size_blocks
+            };
+            if in_place {
+                let index = self.inner.join_member(new, Some(old), true)?;
+                self.inner.checkpoint_locked()?;
+                self.inner.event(format!(
+                    "replacing member {old} ({old_name}) by {} in place; rebuilding its columns",
+                    self.inner.member_name(index)
+                ));
+                return Ok(index);
+            }
+            let index = self.inner.join_member(new, Some(old), false)?;
             {
                 let mut core = self.inner.core.lock();
                 let was = core.members[old].state;
@@ -232,9 +249,16 @@ impl Pool {
 impl PoolInner {
     /// Takes `member` into the member table as `Joining` (not yet used for
     /// new segments). `replacing`: the member it replaces (its own drive may
-    /// come back as its replacement). The caller holds `maintenance` and
-    /// writes a checkpoint next.
-    fn join_member(&self, member: Arc<dyn Member>, replacing: Option<usize>) -> Result<usize> {
+    /// come back as its replacement); `in_place`: it takes that member's
+    /// index, and the segments laid over it are stale on it until rebuilt
+    /// (`rebuild.rs`). The caller holds `maintenance` and writes a
+    /// checkpoint next.
+    fn join_member(
+        &self,
+        member: Arc<dyn Member>,
+        replacing: Option<usize>,
+        in_place: bool,
+    ) -> Result<usize> {
         check_writable(&self.core.lock())?;
         let name = member.describe();
         let blocks = member.size_bytes() / BLOCK_BYTES;
@@ -295,13 +319,15 @@ impl PoolInner {
                 .map_err(|e| Error::io(format!("wiping the superblocks of {name}"), e))?;
         }
         let mut core = self.core.lock();
-        let index = match core
+        let free_slot = core
             .members
             .iter()
-            .position(|r| r.state == MemberState::Removed)
-        {
-            Some(i) => i,
-            None if core.members.len() < MAX_MEMBERS => {
+            .position(|r| r.state == MemberState::Removed);
+        let index = match (in_place, replacing, free_slot) {
+            (true, Some(old), _) => old,
+            (true, None, _) => unreachable!("an in-place join replaces a member"),
+            (false, _, Some(i)) => i,
+            (false, _, None) if core.members.len() < MAX_MEMBERS => {
                 core.members.push(MemberRecord {
                     uuid: 0,
                     size_blocks: 0,
@@ -309,7 +335,7 @@ impl PoolInner {
                 });
                 core.members.len() - 1
             }
-            None => {
+            (false, _, None) => {
                 return Err(Error::Refused(format!(
                     "the pool has {MAX_MEMBERS} members, the most it can have"
                 )))
@@ -325,12 +351,31 @@ impl PoolInner {
             core.segments.push(Segment::free());
         }
         core.update_capacity(&self.shape);
-        drop(core);
-        let mut devices = self.devices.write();
-        if devices.len() <= index {
-            devices.resize(index + 1, None);
+        if in_place {
+            // Every row laid over this index so far is stale on the new
+            // drive, before anyone can read it there.
+            let stale: Vec<u32> = (0..core.segments.len() as u32)
+                .filter(|&s| {
+                    let seg = &core.segments[s as usize];
+                    seg.state != SegState::Free && seg.members_mask & (1 << index) != 0
+                })
+                .collect();
+            self.shape.stale[index].reset(u64::MAX, stale);
         }
-        devices[index] = Some(Arc::new(Device::new(member)));
+        drop(core);
+        {
+            let mut devices = self.devices.write();
+            if devices.len() <= index {
+                devices.resize(index + 1, None);
+            }
+            devices[index] = Some(self.shape.device(index, member));
+        }
+        if in_place {
+            // Rows sealed from now on are written to it (their writes look
+            // the device up after this); rows before may not have been.
+            let since = self.core.lock().next_seq;
+            self.shape.stale[index].set_since_seq(since);
+        }
         Ok(index)
     }
 
@@ -397,15 +442,16 @@ impl PoolInner {
             && (seg.members_mask != target || seg.parity != self.shape.segment_parity(target))
     }
 
-    /// (segments, live bytes) the reshape has left to move.
+    /// (segments, live bytes) the reshape has left to move or rebuild.
     pub(crate) fn reshape_left(&self) -> (u64, u64) {
         let core = self.core.lock();
         let todo = self.reshape_todo(&core);
-        let bytes = todo
+        let bytes: u64 = todo
             .iter()
             .map(|&s| core.segments[s].live_blocks as u64 * BLOCK_BYTES)
             .sum();
-        (todo.len() as u64, bytes)
+        let (stale, stale_bytes) = self.stale_left(&core);
+        (todo.len() as u64 + stale, bytes + stale_bytes)
     }
 
     /// Moves one segment that needs it; when none is left, finishes the
@@ -413,6 +459,12 @@ impl PoolInner {
     /// nothing (more) to do now.
     pub(crate) fn reshape_step(&self) -> Result<bool> {
         let _m = self.maintenance.lock();
+        // Members rebuilt in place come first: until then the pool has less
+        // redundancy than its parity.
+        if let Some(progress) = self.rebuild_in_place_step()? {
+            self.checkpoint_if_due()?;
+            return Ok(progress);
+        }
         let victim = {
             let core = self.core.lock();
             check_writable(&core)?;
@@ -445,9 +497,18 @@ impl PoolInner {
                 "rebuild: segment {victim}: {left} block(s) could not be read or rebuilt; left in place"
             ));
         }
-        // The reshape holds `maintenance`, so flushes cannot checkpoint
-        // meanwhile: it does, when one is due (bounds replay, releases
-        // emptied segments, records member changes).
+        self.checkpoint_if_due()?;
+        let mut r = self.reshape.lock();
+        r.segments_done += 1;
+        r.bytes_moved += moved * BLOCK_BYTES;
+        r.busy_seconds += started.elapsed().as_secs_f64();
+        Ok(true)
+    }
+
+    /// The reshape holds `maintenance`, so flushes cannot checkpoint
+    /// meanwhile: it does, when one is due (bounds replay, releases emptied
+    /// segments, records member changes and rebuild progress).
+    fn checkpoint_if_due(&self) -> Result<()> {
         let due = {
             let core = self.core.lock();
             core.checkpoint_wanted
@@ -456,11 +517,7 @@ impl PoolInner {
         if due {
             self.checkpoint_locked()?;
         }
-        let mut r = self.reshape.lock();
-        r.segments_done += 1;
-        r.bytes_moved += moved * BLOCK_BYTES;
-        r.busy_seconds += started.elapsed().as_secs_f64();
-        Ok(true)
+        Ok(())
     }
 
     /// Log heads still writing into a segment of the old shape are moved to
@@ -583,7 +640,10 @@ impl PoolInner {
     /// The reshape's progress, if one is under way.
     pub(crate) fn reshape_status(&self) -> Option<ReshapeStatus> {
         let (segments_left, bytes_left) = self.reshape_left();
-        let leaving = self.core.lock().members_in(MemberState::Removing) != 0;
+        let leaving = {
+            let core = self.core.lock();
+            core.members_in(MemberState::Removing) != 0 || self.stale_left(&core).0 > 0
+        };
         if segments_left == 0 && !leaving {
             return None;
         }

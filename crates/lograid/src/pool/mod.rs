@@ -19,6 +19,7 @@ mod io;
 mod log;
 mod members;
 mod overlay;
+mod rebuild;
 mod recovery;
 mod row_writer;
 mod scrub;
@@ -145,9 +146,29 @@ pub struct Shape {
     /// recovery lays segments taken after its checkpoint over these members
     /// (see `recovery::segment_mask_candidates`).
     pub recorded_members: Vec<crate::format::superblock::MemberRecord>,
+    /// Per member index, the segments it does not hold yet (a member that
+    /// took a failed one's place, while its rows are rebuilt onto it).
+    pub stale: Vec<Arc<crate::device::StaleSegments>>,
 }
 
 impl Shape {
+    /// An empty stale map per member index.
+    pub fn no_stale(geometry: &Geometry) -> Vec<Arc<crate::device::StaleSegments>> {
+        (0..crate::format::MAX_MEMBERS)
+            .map(|_| {
+                Arc::new(crate::device::StaleSegments::new(
+                    geometry.data_start_block * crate::format::BLOCK_BYTES,
+                    geometry.segment_blocks as u64 * crate::format::BLOCK_BYTES,
+                ))
+            })
+            .collect()
+    }
+
+    /// A device for member `m` (sharing its stale map).
+    pub fn device(&self, m: usize, member: Arc<dyn crate::device::Member>) -> Arc<Device> {
+        Arc::new(Device::new(member, self.stale[m].clone()))
+    }
+
     /// Parity columns of new rows.
     pub fn parity(&self) -> u8 {
         self.parity.load(Ordering::Relaxed)

@@ -226,6 +226,7 @@ pub fn open_members(
             crate::format::MAX_SEGMENTS
         )));
     }
+    let stale = Shape::no_stale(&geometry);
     let shape = Shape {
         geometry,
         parity: newest.parity.into(),
@@ -234,10 +235,12 @@ pub fn open_members(
         created_unix: newest.created_unix,
         nonce: random_u64(),
         recorded_members: newest.members.clone(),
+        stale,
     };
     let devices: Vec<Option<Arc<Device>>> = slots
         .into_iter()
-        .map(|m| m.map(|m| Arc::new(Device::new(m))))
+        .enumerate()
+        .map(|(i, m)| m.map(|m| shape.device(i, m)))
         .collect();
     let joining = newest
         .members
@@ -476,6 +479,7 @@ impl PoolInner {
         let (rows, blocks) = self.roll_forward(read_only)?;
         {
             let mut core = self.core.lock();
+            self.prune_stale(&core);
             core.checkpoint = ptr;
             core.stored_blocks = core.volumes.values().map(|v| v.map.stored_blocks()).sum();
         }
@@ -510,6 +514,33 @@ impl PoolInner {
             duration: started.elapsed(),
             missing_members: missing,
         })
+    }
+
+    /// After the roll forward: a segment stays stale on a member rebuilt in
+    /// place only while it holds rows written before the member took its
+    /// place (segments reused since hold only rows written to it).
+    fn prune_stale(&self, core: &Core) {
+        for (m, stale) in self.shape.stale.iter().enumerate() {
+            if stale.count() == 0 {
+                continue;
+            }
+            let since = stale.since_seq();
+            let keep: Vec<u32> = if core.members.get(m).is_some_and(|r| r.state.may_hold_rows()) {
+                stale
+                    .list()
+                    .into_iter()
+                    .filter(|&s| {
+                        let seg = &core.segments[s as usize];
+                        !matches!(seg.state, SegState::Free | SegState::Reserved(_))
+                            && seg.members_mask & (1 << m) != 0
+                            && seg.rows.iter().any(|r| r.seq < since)
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            stale.reset(since, keep);
+        }
     }
 
     /// Reads the checkpoint blob the superblock points at.
@@ -715,6 +746,19 @@ impl PoolInner {
                 image.segments.len(),
                 core.segments.len()
             )));
+        }
+        for r in &image.rebuilds {
+            if r.segments
+                .iter()
+                .any(|&seg| seg as usize >= core.segments.len())
+            {
+                return Err(Error::Corrupt(format!(
+                    "checkpoint: rebuild of member {} lists a segment past the pool's {}",
+                    r.member,
+                    core.segments.len()
+                )));
+            }
+            self.shape.stale[r.member as usize].reset(r.since_seq, r.segments.iter().copied());
         }
         for (i, c) in image.member_counters.iter().enumerate() {
             if let Some(d) = self.device(i) {

@@ -175,6 +175,7 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
                 (MemberState::Removing, Some(_)) => "replacing",
                 (MemberState::Faulted, _) => "faulted",
                 (_, None) => "missing",
+                _ if shape.stale[i].count() > 0 => "rebuilding",
                 (MemberState::Joining, _) => "joining",
                 _ => "online",
             };
@@ -212,7 +213,7 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
     let state = match (fault, missing) {
         (Some(r), _) => format!("read-only ({r})"),
         (None, 0) => "online".into(),
-        (None, n) => format!("degraded ({n} member(s) unavailable)"),
+        (None, n) => format!("degraded ({n} member(s) unavailable or rebuilding)"),
     };
     PoolStatus {
         name: shape.pool_name.clone(),

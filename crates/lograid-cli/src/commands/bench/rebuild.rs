@@ -171,8 +171,9 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
     pool.close()?;
     drop(pool);
 
-    // User reads, idle, then while the same replacement runs again in the
-    // background at the default share.
+    // User reads on the healthy pool, idle; then the rebuilt member goes
+    // missing and is replaced (in place) again, and the same reads run while
+    // that rebuild goes on in the background at the default share.
     let mut now: Vec<_> = left.clone();
     now.push(new.clone());
     let new2 = dir.join("replacement2.img");
@@ -180,6 +181,10 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
     let pool = lograid::open_paths(&now, PoolOptions::default(), false)?;
     let v = pool.volume("bench")?;
     let user_read_mb_s_idle = seq_read(&v, fill_bytes)?;
+    pool.close()?;
+    drop((v, pool));
+    let pool = lograid::open_paths(&left, PoolOptions::default(), false)?;
+    let v = pool.volume("bench")?;
     let member = lograid::open_new_members(std::slice::from_ref(&new2), Some(a.member_size), true)?
         .pop()
         .expect("one member");
@@ -187,7 +192,7 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
         .status()
         .members
         .iter()
-        .find(|m| m.path == new.display().to_string())
+        .find(|m| m.state == "missing")
         .map(|m| m.index)
         .unwrap_or(0);
     pool.replace_member(index, member)?;

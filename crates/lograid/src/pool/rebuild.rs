@@ -1,0 +1,290 @@
+//! In-place rebuild: a drive that takes the place (the member index) of a
+//! failed or missing member gets that member's columns back, rebuilt from
+//! the other columns of each row, one segment at a time in the background.
+//! Nothing is remapped and no row is rewritten: each live row's lost column
+//! is computed and written where it was, so a rebuild reads the surviving
+//! columns once and writes only the new member's share.
+//!
+//! Until a segment is rebuilt, the new member does not hold its old rows:
+//! the segment is *stale* on it (`StaleSegments`, shared with the member's
+//! `Device`, whose reads of stale segments fail at once, so every reader
+//! rebuilds those columns from parity as it would a missing member's). A
+//! segment stops being stale when it is rebuilt or taken anew; the stale
+//! list is in every checkpoint (docs/FORMAT.md, "Checkpoint: rebuilds"), so
+//! a rebuild resumes after a restart. While any segment is stale the member
+//! counts as lost (the pool has that much less redundancy), which is what
+//! `lograid status` shows as degraded and rebuilding.
+
+use super::state::SegState;
+use super::PoolInner;
+use crate::device::AlignedBuf;
+use crate::error::Result;
+use crate::format::row::RowHeader;
+use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
+use crate::layout::RowGeom;
+use std::time::Instant;
+
+/// What rebuilding one segment did.
+struct SegmentRebuild {
+    /// Live bytes of the segment (what the rebuild made safe again).
+    live_bytes: u64,
+    /// Rows whose lost column could not be rebuilt (more columns lost than
+    /// the parity covers).
+    lost_rows: u64,
+}
+
+impl PoolInner {
+    /// (segments, live bytes) still stale on members rebuilt in place.
+    pub(crate) fn stale_left(&self, core: &super::state::Core) -> (u64, u64) {
+        let mut left = (0, 0);
+        for (_, stale) in self
+            .shape
+            .stale
+            .iter()
+            .enumerate()
+            .filter(|(m, st)| st.count() > 0 && self.device(*m).is_some())
+        {
+            for s in stale.list() {
+                left.0 += 1;
+                left.1 += core.segments[s as usize].live_blocks as u64 * BLOCK_BYTES;
+            }
+        }
+        left
+    }
+
+    /// Rebuilds one stale segment onto its member. None when no member is
+    /// being rebuilt in place; Some(false) when none can be done right now
+    /// (rows still being written, or a head still writing in one: they are
+    /// flushed or moved on for the next step). The caller holds `maintenance`.
+    pub(crate) fn rebuild_in_place_step(&self) -> Result<Option<bool>> {
+        let pending: Vec<(usize, Vec<u32>)> = self
+            .shape
+            .stale
+            .iter()
+            .enumerate()
+            .filter(|(m, st)| st.count() > 0 && self.device(*m).is_some())
+            .map(|(m, st)| (m, st.list()))
+            .collect();
+        if pending.is_empty() {
+            return Ok(None);
+        }
+        let pick = {
+            let core = self.core.lock();
+            super::check_writable(&core)?;
+            pending.iter().find_map(|(m, list)| {
+                list.iter()
+                    .find(|&&s| {
+                        let seg = &core.segments[s as usize];
+                        let busy = matches!(seg.state, SegState::Open(_))
+                            || core.inflight.iter().any(|r| r.geom.segment == s);
+                        !busy
+                    })
+                    .map(|&s| (*m, s))
+            })
+        };
+        let Some((m, s)) = pick else {
+            // Only segments a head writes in, or with rows in flight: let
+            // those finish and move the heads on.
+            self.flush()?;
+            let mut core = self.core.lock();
+            for head in [
+                crate::format::row::HeadId::User,
+                crate::format::row::HeadId::Cleaner,
+            ] {
+                let seg = core.heads[head.index()].segment;
+                if pending.iter().any(|(_, list)| list.contains(&seg)) {
+                    // No free segment now: tried again later.
+                    let _ = core.move_head_off(head, &self.shape);
+                }
+            }
+            return Ok(Some(false));
+        };
+        let started = Instant::now();
+        self.reshape.lock().started.get_or_insert(started);
+        let done = self.rebuild_segment(m, s)?;
+        if let Some(done) = done {
+            if done.lost_rows > 0 {
+                self.event(format!(
+                    "rebuild: segment {s}: {} row(s) had more columns lost than parity; \
+                     their blocks stay unreadable",
+                    done.lost_rows
+                ));
+            }
+            if self.shape.stale[m].count() == 0 {
+                self.core.lock().checkpoint_wanted = true;
+                self.event(format!(
+                    "member {m} ({}) rebuilt: every row is whole again",
+                    self.member_name(m)
+                ));
+            }
+            let mut r = self.reshape.lock();
+            r.segments_done += 1;
+            r.bytes_moved += done.live_bytes;
+            r.busy_seconds += started.elapsed().as_secs_f64();
+        }
+        Ok(Some(true))
+    }
+
+    /// Rebuilds member `m`'s columns of segment `s` in place and marks the
+    /// segment no longer stale. None if `m` can no longer be written (it
+    /// failed meanwhile).
+    fn rebuild_segment(&self, m: usize, s: u32) -> Result<Option<SegmentRebuild>> {
+        // The segment cannot be freed and reused while its column is written.
+        let _r = self.reuse.read();
+        let (rows, live_blocks) = {
+            let core = self.core.lock();
+            let seg = &core.segments[s as usize];
+            if matches!(seg.state, SegState::Free | SegState::Reserved(_))
+                || seg.members_mask & (1 << m) == 0
+            {
+                drop(core);
+                self.shape.stale[m].clear(s);
+                return Ok(Some(SegmentRebuild {
+                    live_bytes: 0,
+                    lost_rows: 0,
+                }));
+            }
+            let rows: Vec<RowGeom> = seg
+                .rows
+                .iter()
+                .filter(|r| r.member_column(m as u8).is_some_and(|c| r.column_used(c)))
+                .copied()
+                .collect();
+            (rows, seg.live_blocks as u64)
+        };
+        let Some(dev) = self.device(m) else {
+            return Ok(None);
+        };
+        let mut lost_rows = 0;
+        if let (Some(first), Some(end)) = (
+            rows.iter().map(|r| r.offset).min(),
+            rows.iter().map(|r| r.offset + r.height as u32).max(),
+        ) {
+            let geometry = &self.shape.geometry;
+            let span = (end - first) as usize * BLOCK_SIZE;
+            let base = (geometry.segment_base(s) + first as u64) * BLOCK_BYTES;
+            // The other members' slices of the segment, each in one read.
+            let mask = rows[0].members_mask & !(1 << m);
+            let jobs: Vec<crate::device::IoJob<(usize, Option<AlignedBuf>)>> = (0..32)
+                .filter(|j| mask & (1 << j) != 0)
+                .map(|j| {
+                    let d = self.device(j);
+                    Box::new(move || {
+                        let buf = d.and_then(|d| {
+                            let mut buf = AlignedBuf::zeroed(span);
+                            d.read_at(&mut buf, base).ok().map(|_| buf)
+                        });
+                        (j, buf)
+                    }) as crate::device::IoJob<(usize, Option<AlignedBuf>)>
+                })
+                .collect();
+            let slices: Vec<(usize, Option<AlignedBuf>)> = self.io.run_all(jobs);
+            let slice_of = |member: u8| -> Option<&[u8]> {
+                slices
+                    .iter()
+                    .find(|(j, _)| *j == member as usize)
+                    .and_then(|(_, b)| b.as_deref())
+            };
+            let mut out = AlignedBuf::zeroed(span);
+            // Block ranges of `out` rebuilt (offset order: rows are back to back).
+            let mut runs: Vec<(usize, usize)> = Vec::new();
+            for geom in &rows {
+                let at = (geom.offset - first) as usize * BLOCK_SIZE;
+                let len = geom.height as usize * BLOCK_SIZE;
+                match self.rebuild_row(geom, m, |member| slice_of(member).map(|b| &b[at..at + len]))
+                {
+                    Some(column) => {
+                        out[at..at + len].copy_from_slice(&column);
+                        match runs.last_mut() {
+                            Some((_, end)) if *end == at => *end = at + len,
+                            _ => runs.push((at, at + len)),
+                        }
+                    }
+                    // A second bad column: the row is checked block by block
+                    // and what can be rebuilt is written to `m` as it goes.
+                    None => {
+                        if !self.repair_row(geom) {
+                            lost_rows += 1;
+                        }
+                    }
+                }
+            }
+            for (at, end) in runs {
+                if let Err(e) =
+                    super::io::with_retries(|| dev.write_at(&out[at..end], base + at as u64))
+                {
+                    self.fault_member(m, "a rebuild write", e)?;
+                    return Ok(None);
+                }
+            }
+            self.core.lock().dirty_members |= 1 << m;
+        }
+        self.shape.stale[m].clear(s);
+        Ok(Some(SegmentRebuild {
+            live_bytes: live_blocks * BLOCK_BYTES,
+            lost_rows,
+        }))
+    }
+
+    /// Member `m`'s column of a row, rebuilt from the row's other columns
+    /// (`column_of(member)`: that member's bytes of the row, None if
+    /// unreadable), after checking the header and every slot of the row
+    /// against their checksums. None if they do not all check out.
+    fn rebuild_row<'a>(
+        &self,
+        geom: &RowGeom,
+        m: usize,
+        column_of: impl Fn(u8) -> Option<&'a [u8]>,
+    ) -> Option<AlignedBuf> {
+        let target = geom.member_column(m as u8)?;
+        let len = geom.height as usize * BLOCK_SIZE;
+        let mut columns: Vec<Option<AlignedBuf>> = (0..geom.width())
+            .map(|c| {
+                if c == target || !geom.column_used(c) {
+                    return None;
+                }
+                let bytes = column_of(geom.column_member(c))?;
+                let mut buf = AlignedBuf::zeroed(len);
+                buf.copy_from_slice(bytes);
+                Some(buf)
+            })
+            .collect();
+        if !super::io::rebuild_missing_columns(geom, &mut columns, len) {
+            return None;
+        }
+        // Data block i is block i % height of column i / height.
+        let h = geom.height as usize;
+        let block = |i: usize| -> &[u8] {
+            let col = columns[i / h].as_deref().expect("rebuilt above");
+            &col[(i % h) * BLOCK_SIZE..(i % h + 1) * BLOCK_SIZE]
+        };
+        let hb = geom.header_blocks as usize;
+        let mut header_bytes = Vec::with_capacity(hb * BLOCK_SIZE);
+        for i in 0..hb {
+            header_bytes.extend_from_slice(block(i));
+        }
+        let (header, _) = RowHeader::decode(&header_bytes).ok()?;
+        if header.seq != geom.seq || header.pool_uuid != self.shape.pool_uuid {
+            return None;
+        }
+        let all_good = header
+            .entries
+            .iter()
+            .filter(|e| e.kind.owns_slot())
+            .enumerate()
+            .all(|(j, e)| crc32c(block(hb + j)) == e.crc);
+        if !all_good {
+            return None;
+        }
+        columns[target].take()
+    }
+
+    /// Checks a row block by block and rewrites what it can rebuild (the
+    /// scrub's repair). True if nothing was left unrepaired.
+    fn repair_row(&self, geom: &RowGeom) -> bool {
+        match self.load_known_row(geom) {
+            Some(row) => self.check_row(&row, true).unrepairable.is_empty(),
+            None => false,
+        }
+    }
+}
