@@ -460,7 +460,9 @@ fn reshape_and_throttle(inner: &PoolInner, stop: &AtomicBool) -> bool {
             return false;
         }
     }
-    if user_io(inner) != before {
+    let busy = user_io(inner) != before;
+    inner.reshape.lock().users_busy = busy;
+    if busy {
         let share = inner.options.reshape_share.clamp(0.05, 1.0);
         let pause = started.elapsed().mul_f64((1.0 - share) / share);
         let until = std::time::Instant::now() + pause;

@@ -62,6 +62,9 @@ pub(crate) struct ReshapeStats {
     pub last_finish_attempt: Option<Instant>,
     /// Segments whose live blocks could not all be read: not tried again.
     pub stuck: std::collections::BTreeSet<u32>,
+    /// Users did I/O during the last background step: the next one keeps
+    /// to one thread (a rebuild in place otherwise uses a few).
+    pub users_busy: bool,
 }
 
 impl Pool {
@@ -224,6 +227,8 @@ impl Pool {
     /// left)` after each segment; returning false stops early.
     pub fn reshape(&self, mut progress: impl FnMut(u64, u64) -> bool) -> Result<()> {
         self.inner.guarded("reshape", || {
+            // Asked for in the foreground: at full speed.
+            self.inner.reshape.lock().users_busy = false;
             let mut idle_tries = 0;
             loop {
                 let moved = self.inner.reshape_step()?;

@@ -17,12 +17,19 @@
 
 use super::state::SegState;
 use super::PoolInner;
-use crate::device::AlignedBuf;
+use crate::device::{AlignedBuf, Device};
 use crate::error::Result;
 use crate::format::row::RowHeader;
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
 use crate::layout::RowGeom;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
+
+/// Threads rebuilding groups of rows of a segment at once (one while users
+/// are doing I/O).
+const REBUILD_WORKERS: usize = 3;
+/// Blocks per member a group of rows spans at most (2 MiB).
+const GROUP_BLOCKS: u32 = 512;
 
 /// What rebuilding one segment did.
 struct SegmentRebuild {
@@ -155,68 +162,58 @@ impl PoolInner {
         let Some(dev) = self.device(m) else {
             return Ok(None);
         };
-        let mut lost_rows = 0;
-        if let (Some(first), Some(end)) = (
-            rows.iter().map(|r| r.offset).min(),
-            rows.iter().map(|r| r.offset + r.height as u32).max(),
-        ) {
-            let geometry = &self.shape.geometry;
-            let span = (end - first) as usize * BLOCK_SIZE;
-            let base = (geometry.segment_base(s) + first as u64) * BLOCK_BYTES;
-            // The other members' slices of the segment, each in one read.
-            let mask = rows[0].members_mask & !(1 << m);
-            let jobs: Vec<crate::device::IoJob<(usize, Option<AlignedBuf>)>> = (0..32)
-                .filter(|j| mask & (1 << j) != 0)
-                .map(|j| {
-                    let d = self.device(j);
-                    Box::new(move || {
-                        let buf = d.and_then(|d| {
-                            let mut buf = AlignedBuf::zeroed(span);
-                            d.read_at(&mut buf, base).ok().map(|_| buf)
-                        });
-                        (j, buf)
-                    }) as crate::device::IoJob<(usize, Option<AlignedBuf>)>
+        // Groups of consecutive rows, rebuilt by a few workers at once so
+        // that one group's reads overlap another's decoding and writing.
+        let mut groups: Vec<&[RowGeom]> = Vec::new();
+        let mut at = 0;
+        while at < rows.len() {
+            let mut n = 1;
+            let mut blocks = rows[at].height as u32;
+            while at + n < rows.len()
+                && rows[at + n].offset == rows[at + n - 1].offset + rows[at + n - 1].height as u32
+                && blocks + rows[at + n].height as u32 <= GROUP_BLOCKS
+            {
+                blocks += rows[at + n].height as u32;
+                n += 1;
+            }
+            groups.push(&rows[at..at + n]);
+            at += n;
+        }
+        let workers = if self.reshape.lock().users_busy {
+            1
+        } else {
+            REBUILD_WORKERS
+        };
+        let next = AtomicUsize::new(0);
+        let results: Vec<std::io::Result<u64>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..workers.min(groups.len()))
+                .map(|_| {
+                    let (groups, next, dev) = (&groups, &next, &dev);
+                    scope.spawn(move || -> std::io::Result<u64> {
+                        let mut lost = 0;
+                        while let Some(group) = groups.get(next.fetch_add(1, Ordering::SeqCst)) {
+                            lost += self.rebuild_group(m, s, dev, group)?;
+                        }
+                        Ok(lost)
+                    })
                 })
                 .collect();
-            let slices: Vec<(usize, Option<AlignedBuf>)> = self.io.run_all(jobs);
-            let slice_of = |member: u8| -> Option<&[u8]> {
-                slices
-                    .iter()
-                    .find(|(j, _)| *j == member as usize)
-                    .and_then(|(_, b)| b.as_deref())
-            };
-            let mut out = AlignedBuf::zeroed(span);
-            // Block ranges of `out` rebuilt (offset order: rows are back to back).
-            let mut runs: Vec<(usize, usize)> = Vec::new();
-            for geom in &rows {
-                let at = (geom.offset - first) as usize * BLOCK_SIZE;
-                let len = geom.height as usize * BLOCK_SIZE;
-                match self.rebuild_row(geom, m, |member| slice_of(member).map(|b| &b[at..at + len]))
-                {
-                    Some(column) => {
-                        out[at..at + len].copy_from_slice(&column);
-                        match runs.last_mut() {
-                            Some((_, end)) if *end == at => *end = at + len,
-                            _ => runs.push((at, at + len)),
-                        }
-                    }
-                    // A second bad column: the row is checked block by block
-                    // and what can be rebuilt is written to `m` as it goes.
-                    None => {
-                        if !self.repair_row(geom) {
-                            lost_rows += 1;
-                        }
-                    }
-                }
-            }
-            for (at, end) in runs {
-                if let Err(e) =
-                    super::io::with_retries(|| dev.write_at(&out[at..end], base + at as u64))
-                {
+            workers
+                .into_iter()
+                .map(|w| w.join().expect("rebuild worker"))
+                .collect()
+        });
+        let mut lost_rows = 0;
+        for r in results {
+            match r {
+                Ok(lost) => lost_rows += lost,
+                Err(e) => {
                     self.fault_member(m, "a rebuild write", e)?;
                     return Ok(None);
                 }
             }
+        }
+        if !rows.is_empty() {
             self.core.lock().dirty_members |= 1 << m;
         }
         self.shape.stale[m].clear(s);
@@ -224,6 +221,69 @@ impl PoolInner {
             live_bytes: live_blocks * BLOCK_BYTES,
             lost_rows,
         }))
+    }
+
+    /// Rebuilds member `m`'s column of consecutive rows of segment `s`:
+    /// reads the other members' range of them (one read each), rebuilds and
+    /// checks each row, writes what it rebuilt (one write). Returns the rows
+    /// it could not rebuild; an error if `m` could not be written.
+    fn rebuild_group(
+        &self,
+        m: usize,
+        s: u32,
+        dev: &Device,
+        rows: &[RowGeom],
+    ) -> std::io::Result<u64> {
+        let geometry = &self.shape.geometry;
+        let first = rows[0].offset;
+        let last = &rows[rows.len() - 1];
+        let span = (last.offset + last.height as u32 - first) as usize * BLOCK_SIZE;
+        let base = (geometry.segment_base(s) + first as u64) * BLOCK_BYTES;
+        let mask = rows[0].members_mask & !(1 << m);
+        let slices: Vec<(usize, Option<AlignedBuf>)> = (0..32)
+            .filter(|j| mask & (1 << j) != 0)
+            .map(|j| {
+                let buf = self.device(j).and_then(|d| {
+                    let mut buf = AlignedBuf::zeroed(span);
+                    d.read_at(&mut buf, base).ok().map(|_| buf)
+                });
+                (j, buf)
+            })
+            .collect();
+        let slice_of = |member: u8| -> Option<&[u8]> {
+            slices
+                .iter()
+                .find(|(j, _)| *j == member as usize)
+                .and_then(|(_, b)| b.as_deref())
+        };
+        let mut out = AlignedBuf::zeroed(span);
+        // Byte ranges of `out` rebuilt (rows are back to back).
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        let mut lost = 0;
+        for geom in rows {
+            let at = (geom.offset - first) as usize * BLOCK_SIZE;
+            let len = geom.height as usize * BLOCK_SIZE;
+            match self.rebuild_row(geom, m, |member| slice_of(member).map(|b| &b[at..at + len])) {
+                Some(column) => {
+                    out[at..at + len].copy_from_slice(&column);
+                    match runs.last_mut() {
+                        Some((_, end)) if *end == at => *end = at + len,
+                        _ => runs.push((at, at + len)),
+                    }
+                }
+                // A second bad column: the row is checked block by block and
+                // what can be rebuilt is written to `m` as it goes.
+                None => {
+                    if !self.repair_row(geom) {
+                        lost += 1;
+                    }
+                }
+            }
+        }
+        for (at, end) in runs {
+            super::io::with_retries(|| dev.write_at(&out[at..end], base + at as u64))?;
+        }
+        Ok(lost)
     }
 
     /// Member `m`'s column of a row, rebuilt from the row's other columns
