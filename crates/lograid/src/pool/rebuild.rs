@@ -141,6 +141,13 @@ impl PoolInner {
         let (rows, live_blocks) = {
             let core = self.core.lock();
             let seg = &core.segments[s as usize];
+            if !self.shape.stale[m].contains(s) {
+                // Taken anew since it was picked: nothing old is read in it.
+                return Ok(Some(SegmentRebuild {
+                    live_bytes: 0,
+                    lost_rows: 0,
+                }));
+            }
             if matches!(seg.state, SegState::Free | SegState::Reserved(_))
                 || seg.members_mask & (1 << m) == 0
             {

@@ -1,7 +1,8 @@
 //! Scrub: reads every row the pool holds (data, headers and parity columns),
 //! checks every block against its row header's checksums and the parity
 //! against the data, rewrites what it can rebuild, and reports by volume
-//! and offset the live blocks it cannot. Rows are immutable once written,
+//! and offset the live blocks it cannot (rows being rebuilt in place are
+//! left to that rebuild, which checks them). Rows are immutable once written,
 //! so a row's parity covers its dead blocks too and a clean pool scrubs
 //! with nothing to report.
 
@@ -161,6 +162,11 @@ impl PoolInner {
             !matches!(seg.state, SegState::Free | SegState::PendingFree { .. })
                 && seg.rows.contains(geom)
         };
+        // A row that a member rebuilt in place does not hold yet is checked
+        // by that rebuild (every checksum, before its column is written).
+        if self.shape.stale.iter().any(|st| st.contains(geom.segment)) {
+            return;
+        }
         if still_there {
             self.scrub_row(geom, repair, report);
         }
