@@ -26,6 +26,10 @@ pub struct RebuildRun {
     pub rebuild_seconds: f64,
     /// Live bytes moved per second.
     pub rebuild_mb_s: f64,
+    /// Bytes the members read and wrote during the rebuild, per live byte
+    /// rebuilt (a rebuild in place at P=1 on 3 members: about 1 and 0.5).
+    pub rebuild_read_per_live_byte: f64,
+    pub rebuild_written_per_live_byte: f64,
     /// Sequential reads of the volume by a user, idle and during a
     /// background rebuild at the default share.
     pub user_read_mb_s_idle: f64,
@@ -48,7 +52,7 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<RebuildReport> {
         let r = one(a, dir, fill)?;
         eprintln!(
             "  rebuild  fill {:.0}%: {} stored; read {:.0} MB/s healthy, {:.0} degraded ({:.2}x); scrub {:.0} MB/s; \
-             rebuild {:.1} s ({:.0} MB/s live); user reads {:.0} MB/s idle, {:.0} during rebuild ({:.2}x)",
+             rebuild {:.1} s ({:.0} MB/s live; members read {:.2} and wrote {:.2} bytes per live byte); user reads {:.0} MB/s idle, {:.0} during rebuild ({:.2}x)",
             fill * 100.0,
             human(r.stored_bytes),
             r.healthy_read_mb_s,
@@ -57,6 +61,8 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<RebuildReport> {
             r.scrub_mb_s,
             r.rebuild_seconds,
             r.rebuild_mb_s,
+            r.rebuild_read_per_live_byte,
+            r.rebuild_written_per_live_byte,
             r.user_read_mb_s_idle,
             r.user_read_mb_s_during_rebuild,
             r.user_read_mb_s_during_rebuild / r.user_read_mb_s_idle.max(1.0)
@@ -162,12 +168,22 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
     let member = lograid::open_new_members(std::slice::from_ref(&new), Some(a.member_size), true)?
         .pop()
         .expect("one member");
+    let io = |pool: &lograid::Pool| {
+        pool.status().members.iter().fold((0u64, 0u64), |(r, w), m| {
+            (r + m.counters.bytes_read, w + m.counters.bytes_written)
+        })
+    };
+    let io_before = io(&pool);
     let started = Instant::now();
     pool.replace_member(0, member)?;
     let moved_before = pool.status().reshape.map(|r| r.bytes_left).unwrap_or(0);
     pool.reshape(|_, _| true)?;
     let rebuild_seconds = started.elapsed().as_secs_f64();
     let rebuild_mb_s = moved_before as f64 / rebuild_seconds / 1e6;
+    let io_after = io(&pool);
+    let live = moved_before.max(1) as f64;
+    let rebuild_read_per_live_byte = (io_after.0 - io_before.0) as f64 / live;
+    let rebuild_written_per_live_byte = (io_after.1 - io_before.1) as f64 / live;
     pool.close()?;
     drop(pool);
 
@@ -216,6 +232,8 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
         scrub_mb_s,
         rebuild_seconds,
         rebuild_mb_s,
+        rebuild_read_per_live_byte,
+        rebuild_written_per_live_byte,
         user_read_mb_s_idle,
         user_read_mb_s_during_rebuild,
     })
