@@ -319,10 +319,17 @@ pub fn apply(pool: &Pool, jobs: &Arc<Jobs>, req: &Request) -> Result<String> {
                     .pop()
                     .context("no drive opened")?;
             let index = pool.replace_member(*old, member)?;
-            Ok(format!(
-                "member {old} is being replaced by {} (member {index}); rebuilding in the background",
-                new.display()
-            ))
+            Ok(if index == *old {
+                format!(
+                    "{} takes the place of member {old}; rebuilding its columns in place in the background",
+                    new.display()
+                )
+            } else {
+                format!(
+                    "member {old} is being replaced by {} (member {index}); rebuilding in the background",
+                    new.display()
+                )
+            })
         }
         Request::Add {
             drives,

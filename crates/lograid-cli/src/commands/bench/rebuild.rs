@@ -169,9 +169,12 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
         .pop()
         .expect("one member");
     let io = |pool: &lograid::Pool| {
-        pool.status().members.iter().fold((0u64, 0u64), |(r, w), m| {
-            (r + m.counters.bytes_read, w + m.counters.bytes_written)
-        })
+        pool.status()
+            .members
+            .iter()
+            .fold((0u64, 0u64), |(r, w), m| {
+                (r + m.counters.bytes_read, w + m.counters.bytes_written)
+            })
     };
     let io_before = io(&pool);
     let started = Instant::now();
