@@ -361,11 +361,14 @@ fn ext4_survives_losing_a_member_and_replacing_it() {
         .arg(&new));
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("done"), "{said}");
+    // The new drive took the missing member's place (rebuilt in place).
+    assert!(said.contains("takes the place of member 1"), "{said}");
     let now = vec![pool.drives[0].clone(), pool.drives[2].clone(), new.clone()];
     let status: serde_json::Value =
         serde_json::from_str(&stdout_of(lograid().args(["status", "--json"]).args(&now))).unwrap();
     assert_eq!(status["state"], "online", "{status:#}");
     assert!(status["reshape"].is_null(), "{status:#}");
+    assert_eq!(status["members"][1]["path"], new.display().to_string(), "{status:#}");
     assert!(std::fs::metadata(&new).unwrap().blocks() > 0);
     // Writes go on, and everything reads back.
     write_files(&m.dir, "c", 20, &mut rng, &mut files);
