@@ -300,7 +300,7 @@ fn checkpoint_image() -> impl Strategy<Value = CheckpointImage> {
         prop::collection::vec(head, 0..=8),
         prop::collection::btree_map(
             0u8..24,
-            (any::<u64>(), prop::collection::btree_set(0u32..5000, 0..40)),
+            (any::<u64>(), prop::collection::btree_set(0u32..6, 0..6)),
             0..3,
         ),
     )
@@ -313,12 +313,14 @@ fn checkpoint_image() -> impl Strategy<Value = CheckpointImage> {
                 heads,
                 rebuilds,
             )| {
+                // Rebuilds list segments of the table only.
+                let n_segs = segs.len() as u32;
                 let rebuilds = rebuilds
                     .into_iter()
                     .map(|(member, (since_seq, segments))| RebuildRecord {
                         member,
                         since_seq,
-                        segments: segments.into_iter().collect(),
+                        segments: segments.into_iter().filter(|&x| x < n_segs).collect(),
                     })
                     .collect();
                 let segments = segs

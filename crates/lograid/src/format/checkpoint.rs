@@ -379,6 +379,7 @@ impl CheckpointImage {
             });
         }
         let mut rebuilds: Vec<RebuildRecord> = Vec::new();
+        let segments_total = segments.len() as u64;
         {
             let nr = r.count(super::MAX_MEMBERS as u64, "rebuild")?;
             for _ in 0..nr {
@@ -392,24 +393,26 @@ impl CheckpointImage {
                 }
                 let since_seq = r.u64()?;
                 let runs = r.count((r.remaining() / 8) as u64, "rebuild run")?;
-                let mut segments: Vec<u32> = Vec::new();
+                let mut listed: Vec<u32> = Vec::new();
                 for _ in 0..runs {
                     let (start, len) = (r.u32()?, r.u32()?);
                     let end = start as u64 + len as u64;
+                    // Within the segment table (which bounds what this
+                    // allocates by the blob's own size).
                     if len == 0
-                        || end > MAX_SEGMENTS
-                        || segments.last().is_some_and(|&l| l >= start)
+                        || end > segments_total
+                        || listed.last().is_some_and(|&l| l >= start)
                     {
                         return Err(FormatError::Invalid(format!(
                             "rebuild of member {member}: bad segment run {start}+{len}"
                         )));
                     }
-                    segments.extend(start..end as u32);
+                    listed.extend(start..end as u32);
                 }
                 rebuilds.push(RebuildRecord {
                     member,
                     since_seq,
-                    segments,
+                    segments: listed,
                 });
             }
         }

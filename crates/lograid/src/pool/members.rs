@@ -356,6 +356,13 @@ impl PoolInner {
             core.segments.push(Segment::free());
         }
         core.update_capacity(&self.shape);
+        // Segments that could not be moved or rebuilt are tried again with
+        // the new member set.
+        self.reshape.lock().stuck.clear();
+        if !in_place {
+            // (A slot that a member rebuilt in place had may be reused.)
+            self.shape.stale[index].reset(0, []);
+        }
         if in_place {
             // Every row laid over this index so far is stale on the new
             // drive, before anyone can read it there.
@@ -466,9 +473,9 @@ impl PoolInner {
         let _m = self.maintenance.lock();
         // Members rebuilt in place come first: until then the pool has less
         // redundancy than its parity.
-        if let Some(progress) = self.rebuild_in_place_step()? {
+        if self.rebuild_in_place_step()? {
             self.checkpoint_if_due()?;
-            return Ok(progress);
+            return Ok(true);
         }
         let victim = {
             let core = self.core.lock();

@@ -20,6 +20,7 @@ use super::PoolInner;
 use crate::device::{AlignedBuf, Device};
 use crate::error::Result;
 use crate::format::row::RowHeader;
+use crate::format::superblock::MemberState;
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
 use crate::layout::RowGeom;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -44,13 +45,14 @@ impl PoolInner {
     /// (segments, live bytes) still stale on members rebuilt in place.
     pub(crate) fn stale_left(&self, core: &super::state::Core) -> (u64, u64) {
         let mut left = (0, 0);
-        for (_, stale) in self
-            .shape
-            .stale
-            .iter()
-            .enumerate()
-            .filter(|(m, st)| st.count() > 0 && self.device(*m).is_some())
-        {
+        for (_, stale) in self.shape.stale.iter().enumerate().filter(|(m, st)| {
+            st.count() > 0
+                && matches!(
+                    core.members.get(*m).map(|r| r.state),
+                    Some(MemberState::Active | MemberState::Joining)
+                )
+                && self.device(*m).is_some()
+        }) {
             for s in stale.list() {
                 left.0 += 1;
                 left.1 += core.segments[s as usize].live_blocks as u64 * BLOCK_BYTES;
@@ -59,82 +61,72 @@ impl PoolInner {
         left
     }
 
-    /// Rebuilds one stale segment onto its member. None when no member is
-    /// being rebuilt in place; Some(false) when none can be done right now
-    /// (rows still being written, or a head still writing in one: they are
-    /// flushed or moved on for the next step). The caller holds `maintenance`.
-    pub(crate) fn rebuild_in_place_step(&self) -> Result<Option<bool>> {
-        let pending: Vec<(usize, Vec<u32>)> = self
-            .shape
-            .stale
-            .iter()
-            .enumerate()
-            .filter(|(m, st)| st.count() > 0 && self.device(*m).is_some())
-            .map(|(m, st)| (m, st.list()))
-            .collect();
-        if pending.is_empty() {
-            return Ok(None);
-        }
-        let pick = {
+    /// Rebuilds one stale segment onto its member. False when there is none
+    /// to do: no member is being rebuilt in place, or what is left could not
+    /// be rebuilt (tried again once the pool is reopened or its members
+    /// change). The caller holds `maintenance`.
+    pub(crate) fn rebuild_in_place_step(&self) -> Result<bool> {
+        let (m, s) = {
             let core = self.core.lock();
-            super::check_writable(&core)?;
-            pending.iter().find_map(|(m, list)| {
-                list.iter()
-                    .find(|&&s| {
-                        let seg = &core.segments[s as usize];
-                        let busy = matches!(seg.state, SegState::Open(_))
-                            || core.inflight.iter().any(|r| r.geom.segment == s);
-                        !busy
-                    })
-                    .map(|&s| (*m, s))
-            })
-        };
-        let Some((m, s)) = pick else {
-            // Only segments a head writes in, or with rows in flight: let
-            // those finish and move the heads on.
-            self.flush()?;
-            let mut core = self.core.lock();
-            for head in [
-                crate::format::row::HeadId::User,
-                crate::format::row::HeadId::Cleaner,
-            ] {
-                let seg = core.heads[head.index()].segment;
-                if pending.iter().any(|(_, list)| list.contains(&seg)) {
-                    // No free segment now: tried again later.
-                    let _ = core.move_head_off(head, &self.shape);
-                }
+            let stuck = self.reshape.lock().stuck.clone();
+            // Members taking a failed member's place (not ones leaving or
+            // failed again).
+            let pending: Vec<(usize, Vec<u32>)> = self
+                .shape
+                .stale
+                .iter()
+                .enumerate()
+                .filter(|(m, st)| {
+                    st.count() > 0
+                        && matches!(
+                            core.members.get(*m).map(|r| r.state),
+                            Some(MemberState::Active | MemberState::Joining)
+                        )
+                        && self.device(*m).is_some()
+                })
+                .map(|(m, st)| {
+                    let todo = st.list().into_iter().filter(|s| !stuck.contains(s));
+                    (m, todo.collect::<Vec<u32>>())
+                })
+                .filter(|(_, todo)| !todo.is_empty())
+                .collect();
+            if pending.is_empty() {
+                return Ok(false);
             }
-            return Ok(Some(false));
+            super::check_writable(&core)?;
+            (pending[0].0, pending[0].1[0])
         };
         let started = Instant::now();
         self.reshape.lock().started.get_or_insert(started);
-        let done = self.rebuild_segment(m, s)?;
-        if let Some(done) = done {
-            if done.lost_rows > 0 {
-                self.event(format!(
-                    "rebuild: segment {s}: {} row(s) had more columns lost than parity; \
-                     their blocks stay unreadable",
-                    done.lost_rows
-                ));
-            }
-            if self.shape.stale[m].count() == 0 {
-                self.core.lock().checkpoint_wanted = true;
-                self.event(format!(
-                    "member {m} ({}) rebuilt: every row is whole again",
-                    self.member_name(m)
-                ));
-            }
-            let mut r = self.reshape.lock();
-            r.segments_done += 1;
-            r.bytes_moved += done.live_bytes;
-            r.busy_seconds += started.elapsed().as_secs_f64();
+        let Some(done) = self.rebuild_segment(m, s)? else {
+            return Ok(false);
+        };
+        if done.lost_rows > 0 {
+            // Its column stays unrebuilt (the member stays counted as lost)
+            // and the segment is not tried again while the pool is open.
+            self.reshape.lock().stuck.insert(s);
+            self.event(format!(
+                "rebuild of member {m}: segment {s}: {} row(s) have more columns lost than parity; \
+                 left unrebuilt (their blocks read as errors until a missing member is back)",
+                done.lost_rows
+            ));
+        } else if self.shape.stale[m].count() == 0 {
+            self.core.lock().checkpoint_wanted = true;
+            self.event(format!(
+                "member {m} ({}) rebuilt: every row is whole again",
+                self.member_name(m)
+            ));
         }
-        Ok(Some(true))
+        let mut r = self.reshape.lock();
+        r.segments_done += 1;
+        r.bytes_moved += done.live_bytes;
+        r.busy_seconds += started.elapsed().as_secs_f64();
+        Ok(true)
     }
 
-    /// Rebuilds member `m`'s columns of segment `s` in place and marks the
-    /// segment no longer stale. None if `m` can no longer be written (it
-    /// failed meanwhile).
+    /// Rebuilds member `m`'s columns of segment `s` in place and, if every
+    /// row could be rebuilt, marks the segment no longer stale. None if `m`
+    /// can no longer be written (it failed meanwhile).
     fn rebuild_segment(&self, m: usize, s: u32) -> Result<Option<SegmentRebuild>> {
         // The segment cannot be freed and reused while its column is written.
         let _r = self.reuse.read();
@@ -158,10 +150,15 @@ impl PoolInner {
                     lost_rows: 0,
                 }));
             }
+            // Rows still being written are written whole (the member was in
+            // place before they were sealed: the replacement's checkpoint
+            // waited for every row in flight then); rows a head adds later
+            // too. So a segment a head still writes in is rebuilt as well.
             let rows: Vec<RowGeom> = seg
                 .rows
                 .iter()
                 .filter(|r| r.member_column(m as u8).is_some_and(|c| r.column_used(c)))
+                .filter(|r| !core.inflight.iter().any(|f| f.geom == **r))
                 .copied()
                 .collect();
             (rows, seg.live_blocks as u64)
@@ -223,7 +220,9 @@ impl PoolInner {
         if !rows.is_empty() {
             self.core.lock().dirty_members |= 1 << m;
         }
-        self.shape.stale[m].clear(s);
+        if lost_rows == 0 {
+            self.shape.stale[m].clear(s);
+        }
         Ok(Some(SegmentRebuild {
             live_bytes: live_blocks * BLOCK_BYTES,
             lost_rows,

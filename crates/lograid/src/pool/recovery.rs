@@ -469,17 +469,49 @@ impl PoolInner {
     ) -> Result<RecoveryReport> {
         let ptr = sb.checkpoint;
         let blob = self.read_checkpoint(sb)?;
-        let image = CheckpointImage::decode(&blob).map_err(|e| Error::format("checkpoint", e))?;
+        let mut image =
+            CheckpointImage::decode(&blob).map_err(|e| Error::format("checkpoint", e))?;
         if image.checkpoint_id != ptr.checkpoint_id {
             return Err(Error::Corrupt(
                 "checkpoint id does not match the superblock".into(),
             ));
         }
+        // Rows after the checkpoint were all written after any member
+        // rebuilt in place took its place, so they are whole on it: the
+        // stale segments apply from the end of the roll forward on.
+        let rebuilds = std::mem::take(&mut image.rebuilds);
         self.load_image(image)?;
         let (rows, blocks) = self.roll_forward(read_only)?;
+        let mut read_only = read_only;
         {
             let mut core = self.core.lock();
+            for r in &rebuilds {
+                if r.segments
+                    .iter()
+                    .any(|&seg| seg as usize >= core.segments.len())
+                {
+                    return Err(Error::Corrupt(format!(
+                        "checkpoint: rebuild of member {} lists a segment past the pool's {}",
+                        r.member,
+                        core.segments.len()
+                    )));
+                }
+                self.shape.stale[r.member as usize].reset(r.since_seq, r.segments.iter().copied());
+            }
             self.prune_stale(&core);
+            // A member still being rebuilt counts as lost: with more lost
+            // than the parity, rows may have lost more columns than it covers.
+            let lost = self.lost_members(&core);
+            if lost > self.shape.parity() as u32 && core.read_only_reason.is_none() {
+                let msg = format!(
+                    "{lost} members are missing or not yet rebuilt, more than parity {}: \
+                     the pool stopped writing until a missing member is back",
+                    self.shape.parity()
+                );
+                tracing::error!("{msg}");
+                core.read_only_reason = Some(msg);
+                read_only = true;
+            }
             core.checkpoint = ptr;
             core.stored_blocks = core.volumes.values().map(|v| v.map.stored_blocks()).sum();
         }
@@ -746,19 +778,6 @@ impl PoolInner {
                 image.segments.len(),
                 core.segments.len()
             )));
-        }
-        for r in &image.rebuilds {
-            if r.segments
-                .iter()
-                .any(|&seg| seg as usize >= core.segments.len())
-            {
-                return Err(Error::Corrupt(format!(
-                    "checkpoint: rebuild of member {} lists a segment past the pool's {}",
-                    r.member,
-                    core.segments.len()
-                )));
-            }
-            self.shape.stale[r.member as usize].reset(r.since_seq, r.segments.iter().copied());
         }
         for (i, c) in image.member_counters.iter().enumerate() {
             if let Some(d) = self.device(i) {

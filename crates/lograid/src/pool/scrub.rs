@@ -164,7 +164,9 @@ impl PoolInner {
         };
         // A row that a member rebuilt in place does not hold yet is checked
         // by that rebuild (every checksum, before its column is written).
-        if self.shape.stale.iter().any(|st| st.contains(geom.segment)) {
+        let rebuilding =
+            |m: usize| self.shape.stale[m].contains(geom.segment) && self.device(m).is_some();
+        if (0..self.shape.stale.len()).any(rebuilding) {
             return;
         }
         if still_there {
