@@ -368,7 +368,11 @@ fn ext4_survives_losing_a_member_and_replacing_it() {
         serde_json::from_str(&stdout_of(lograid().args(["status", "--json"]).args(&now))).unwrap();
     assert_eq!(status["state"], "online", "{status:#}");
     assert!(status["reshape"].is_null(), "{status:#}");
-    assert_eq!(status["members"][1]["path"], new.display().to_string(), "{status:#}");
+    assert_eq!(
+        status["members"][1]["path"],
+        new.display().to_string(),
+        "{status:#}"
+    );
     assert!(std::fs::metadata(&new).unwrap().blocks() > 0);
     // Writes go on, and everything reads back.
     write_files(&m.dir, "c", 20, &mut rng, &mut files);
