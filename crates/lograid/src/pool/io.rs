@@ -761,6 +761,7 @@ impl PoolInner {
             snapshot(&mut core)
         };
         // Coalesce runs of consecutive blocks on one member into one read.
+        let mut runs: Vec<(usize, usize)> = Vec::new();
         let mut start = 0;
         while start < plan.len() {
             let mut end = start + 1;
@@ -772,29 +773,59 @@ impl PoolInner {
             {
                 end += 1;
             }
-            let run = &plan[start..end];
-            let mut buf = AlignedBuf::zeroed(run.len() * BLOCK_SIZE);
-            let first = run[0].1;
-            let read_ok = match self.device(first.member as usize) {
-                Some(dev) => dev.read_at(&mut buf, first.byte_offset()).is_ok(),
-                None => false,
-            };
-            // A member that is gone or failing: rebuild the run a row at a
-            // time from the same range of the other columns.
-            let mut rebuilt = vec![false; run.len()];
-            if !read_ok {
-                self.check_read_health();
+            runs.push((start, end));
+            start = end;
+        }
+        // Every run is read first; then the runs of a member that is gone or
+        // failing are rebuilt a row at a time from the same range of the
+        // other columns, taking what the other runs read where they cover
+        // it (a sequential degraded read reads each surviving column once).
+        let mut bufs: Vec<(AlignedBuf, bool)> = runs
+            .iter()
+            .map(|&(s, e)| {
+                let mut buf = AlignedBuf::zeroed((e - s) * BLOCK_SIZE);
+                let first = plan[s].1;
+                let ok = self
+                    .device(first.member as usize)
+                    .is_some_and(|dev| dev.read_at(&mut buf, first.byte_offset()).is_ok());
+                (buf, ok)
+            })
+            .collect();
+        let mut rebuilt: Vec<Vec<bool>> = runs.iter().map(|&(s, e)| vec![false; e - s]).collect();
+        if bufs.iter().any(|(_, ok)| !ok) {
+            self.check_read_health();
+            for r in 0..runs.len() {
+                if bufs[r].1 {
+                    continue;
+                }
+                let (s, e) = runs[r];
+                let mut buf = std::mem::replace(&mut bufs[r].0, AlignedBuf::zeroed(0));
+                // A run read from the same member that overlaps the range.
+                let have = |pba: Pba, n: usize| -> Option<(u64, &[u8])> {
+                    runs.iter().zip(&bufs).find_map(|(&(s2, e2), (b, ok))| {
+                        let f = plan[s2].1;
+                        (*ok && f.member == pba.member
+                            && f.block < pba.block + n as u64
+                            && pba.block < f.block + (e2 - s2) as u64)
+                            .then_some((f.block, &b[..]))
+                    })
+                };
+                let run = &plan[s..e];
                 let mut j = 0;
                 while j < run.len() {
-                    let n = self.rebuild_run(&run[j..], &mut buf[j * BLOCK_SIZE..]);
-                    rebuilt[j..j + n.max(1)].fill(n > 0);
+                    let n = self.rebuild_run(&run[j..], &mut buf[j * BLOCK_SIZE..], &have);
+                    rebuilt[r][j..j + n.max(1)].fill(n > 0);
                     j += n.max(1);
                 }
+                bufs[r].0 = buf;
             }
-            for (j, &(i, pba, crc)) in run.iter().enumerate() {
+        }
+        for (r, &(s, e)) in runs.iter().enumerate() {
+            let (buf, read_ok) = (&bufs[r].0, bufs[r].1);
+            for (j, &(i, pba, crc)) in plan[s..e].iter().enumerate() {
                 let got = &buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE];
                 let dest = &mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
-                if (read_ok || rebuilt[j]) && crc32c(got) == crc {
+                if (read_ok || rebuilt[r][j]) && crc32c(got) == crc {
                     dest.copy_from_slice(got);
                     continue;
                 }
@@ -813,7 +844,6 @@ impl PoolInner {
                 dest.copy_from_slice(&fixed);
                 self.rewrite_block(pba, &fixed);
             }
-            start = end;
         }
         Ok(snap)
     }
@@ -822,7 +852,14 @@ impl PoolInner {
     /// member) that lie in one row, from the same block range of the
     /// row's other columns: one read per column instead of one per block.
     /// Writes them to the front of `out`; returns how many (0: could not).
-    fn rebuild_run(&self, run: &[(usize, Pba, u32)], out: &mut [u8]) -> usize {
+    /// `have(pba, n)`: blocks already read on that member that overlap
+    /// those (the first one's block number, and the bytes).
+    fn rebuild_run<'a>(
+        &self,
+        run: &[(usize, Pba, u32)],
+        out: &mut [u8],
+        have: &dyn Fn(Pba, usize) -> Option<(u64, &'a [u8])>,
+    ) -> usize {
         let geometry = &self.shape.geometry;
         let Some(geom) = self.row_of(run[0].1) else {
             return 0;
@@ -835,7 +872,7 @@ impl PoolInner {
             .enumerate()
             .take_while(|(j, r)| geom.locate(geometry, r.1) == Some((col, blk + j)))
             .count();
-        match self.rebuild_column_range(&geom, col, blk, n) {
+        match self.rebuild_column_range(&geom, col, blk, n, have) {
             Some(bytes) => {
                 out[..n * BLOCK_SIZE].copy_from_slice(&bytes);
                 n
@@ -847,12 +884,13 @@ impl PoolInner {
     /// Blocks `blk..blk+n` of column `col` of a row, rebuilt from the same
     /// range of its other columns (unreadable ones erased too, up to the
     /// parity). Not checked against checksums: the caller does that.
-    fn rebuild_column_range(
+    fn rebuild_column_range<'a>(
         &self,
         geom: &RowGeom,
         col: usize,
         blk: usize,
         n: usize,
+        have: &dyn Fn(Pba, usize) -> Option<(u64, &'a [u8])>,
     ) -> Option<AlignedBuf> {
         // Read in this thread, one column after the other: handing the
         // reads to the I/O pool costs more (thread hand-offs on few cores)
@@ -863,9 +901,31 @@ impl PoolInner {
                     return None;
                 }
                 let pba = geom.pba(&self.shape.geometry, c, blk);
-                let dev = self.device(pba.member as usize)?;
                 let mut buf = AlignedBuf::zeroed(n * BLOCK_SIZE);
-                dev.read_at(&mut buf, pba.byte_offset()).ok()?;
+                // Blocks `lo..hi` (of `pba.block..pba.block + n`) taken from
+                // what was read already; the rest read now.
+                let (lo, hi) = match have(pba, n) {
+                    Some((first, bytes)) => {
+                        let last = first + (bytes.len() / BLOCK_SIZE) as u64;
+                        let lo = first.max(pba.block);
+                        let hi = last.min(pba.block + n as u64);
+                        let from = (lo - first) as usize * BLOCK_SIZE;
+                        let to = (lo - pba.block) as usize * BLOCK_SIZE;
+                        let len = (hi - lo) as usize * BLOCK_SIZE;
+                        buf[to..to + len].copy_from_slice(&bytes[from..from + len]);
+                        (lo - pba.block, hi - pba.block)
+                    }
+                    None => (0, 0), // nothing taken: all read below
+                };
+                let dev = self.device(pba.member as usize);
+                for (a, b) in [(0, lo), (hi, n as u64)] {
+                    if a < b {
+                        let part = &mut buf[a as usize * BLOCK_SIZE..b as usize * BLOCK_SIZE];
+                        dev.as_ref()?
+                            .read_at(part, (pba.block + a) * BLOCK_BYTES)
+                            .ok()?;
+                    }
+                }
                 Some(buf)
             })
             .collect();

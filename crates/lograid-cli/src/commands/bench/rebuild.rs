@@ -22,6 +22,9 @@ pub struct RebuildRun {
     pub stored_bytes: u64,
     pub healthy_read_mb_s: f64,
     pub degraded_read_mb_s: f64,
+    /// Bytes the members read per byte of the degraded read (1 would be a
+    /// healthy read's; each lost column costs its row's other columns).
+    pub degraded_read_member_bytes_per_byte: f64,
     pub scrub_mb_s: f64,
     pub rebuild_seconds: f64,
     /// Live bytes moved per second.
@@ -51,13 +54,14 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<RebuildReport> {
     for fill in [0.25, 0.9] {
         let r = one(a, dir, fill)?;
         eprintln!(
-            "  rebuild  fill {:.0}%: {} stored; read {:.0} MB/s healthy, {:.0} degraded ({:.2}x); scrub {:.0} MB/s; \
+            "  rebuild  fill {:.0}%: {} stored; read {:.0} MB/s healthy, {:.0} degraded ({:.2}x, members read {:.2} bytes per byte); scrub {:.0} MB/s; \
              rebuild {:.1} s ({:.0} MB/s live; members read {:.2} and wrote {:.2} bytes per live byte); user reads {:.0} MB/s idle, {:.0} during rebuild ({:.2}x)",
             fill * 100.0,
             human(r.stored_bytes),
             r.healthy_read_mb_s,
             r.degraded_read_mb_s,
             r.degraded_read_mb_s / r.healthy_read_mb_s,
+            r.degraded_read_member_bytes_per_byte,
             r.scrub_mb_s,
             r.rebuild_seconds,
             r.rebuild_mb_s,
@@ -157,7 +161,17 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
     let left: Vec<_> = paths[p..].to_vec();
     let pool = lograid::open_paths(&left, options.clone(), false)?;
     let v = pool.volume("bench")?;
+    let read_bytes = |pool: &lograid::Pool| -> u64 {
+        pool.status()
+            .members
+            .iter()
+            .map(|m| m.counters.bytes_read)
+            .sum()
+    };
+    let before = read_bytes(&pool);
     let degraded_read_mb_s = seq_read(&v, fill_bytes)?;
+    let degraded_read_member_bytes_per_byte =
+        (read_bytes(&pool) - before) as f64 / fill_bytes.max(1) as f64;
     pool.close()?;
     drop((v, pool));
 
@@ -232,6 +246,7 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
         stored_bytes,
         healthy_read_mb_s,
         degraded_read_mb_s,
+        degraded_read_member_bytes_per_byte,
         scrub_mb_s,
         rebuild_seconds,
         rebuild_mb_s,
