@@ -91,6 +91,35 @@ fn reopen(members: &[Arc<SimMember>]) -> (Pool, Vec<Arc<SimMember>>) {
     (pool, sims)
 }
 
+/// Member `m` dies; reading everything makes the pool notice (and checks
+/// the degraded reads); a new drive of `bytes` replaces it, in place.
+fn fail_and_replace_in_place(
+    sp: &SimPool,
+    model: &mut Model,
+    m: usize,
+    bytes: u64,
+    what: &str,
+) -> Arc<SimMember> {
+    sp.sims[m].set_dead(true);
+    check_all(sp.pool(), model, &format!("{what} degraded"));
+    let new = Arc::new(SimMember::new(&format!("new{m}"), bytes));
+    let index = sp
+        .pool()
+        .replace_member(m, new.clone())
+        .unwrap_or_else(|e| panic!("{what}: replace: {e}"));
+    assert_eq!(index, m, "{what}: not in place");
+    new
+}
+
+/// Reopens `set`, expects it online with every block right and a clean scrub.
+fn reopen_online(set: &[Arc<SimMember>], model: &mut Model, what: &str) {
+    let (pool, _) = reopen(set);
+    assert_eq!(pool.status().state, "online", "{what}");
+    check_all(&pool, model, what);
+    scrub_clean(&pool, what);
+    pool.close().expect("close");
+}
+
 #[test]
 fn replacing_a_failed_member_rebuilds_live_data_onto_the_new_one() {
     for (members, parity) in [(3usize, 1u8), (4, 2)] {
@@ -151,11 +180,7 @@ fn replacing_a_failed_member_rebuilds_live_data_onto_the_new_one() {
             .map(|(_, s)| s.clone())
             .collect();
         set.push(new);
-        let (pool, _) = reopen(&set);
-        assert_eq!(pool.status().state, "online");
-        check_all(&pool, &mut model, &format!("{what} reopened"));
-        scrub_clean(&pool, &format!("{what} reopened"));
-        pool.close().expect("close");
+        reopen_online(&set, &mut model, &format!("{what} reopened"));
     }
 }
 
@@ -637,11 +662,7 @@ fn a_failed_member_is_rebuilt_in_place_writing_only_its_columns() {
         vol.flush().unwrap();
         model.flushed();
         drop(vol);
-        sp.sims[1].set_dead(true);
-        check_all(&pool, &mut model, &format!("{what} degraded"));
-        let new = Arc::new(SimMember::new("new", 16 << 20));
-        let index = pool.replace_member(1, new.clone()).expect("replace");
-        assert_eq!(index, 1, "{what}: not in place");
+        let new = fail_and_replace_in_place(&sp, &mut model, 1, 16 << 20, &what);
         assert_eq!(states(&pool)[1].1, "rebuilding", "{what}");
         assert!(pool.status().state.starts_with("degraded"), "{what}");
         let before = written(&pool);
@@ -700,11 +721,7 @@ fn a_failed_member_is_rebuilt_in_place_writing_only_its_columns() {
         check_all(&pool, &mut model, &format!("{what} rebuilt"));
         scrub_clean(&pool, &format!("{what} rebuilt"));
         pool.close().expect("close");
-        let (pool, _) = reopen(&set);
-        assert_eq!(pool.status().state, "online");
-        check_all(&pool, &mut model, &format!("{what} rebuilt, reopened"));
-        scrub_clean(&pool, &format!("{what} rebuilt, reopened"));
-        pool.close().expect("close");
+        reopen_online(&set, &mut model, &format!("{what} rebuilt, reopened"));
     }
 }
 
@@ -724,10 +741,7 @@ fn a_second_failure_during_an_in_place_rebuild() {
         workload(&pool, &mut model, &mut rng, 300, &what);
         pool.volume("vol").unwrap().flush().unwrap();
         model.flushed();
-        sp.sims[0].set_dead(true);
-        check_all(&pool, &mut model, &format!("{what} degraded"));
-        let new0 = Arc::new(SimMember::new("new0", MEMBER_BYTES));
-        assert_eq!(pool.replace_member(0, new0).expect("replace"), 0);
+        fail_and_replace_in_place(&sp, &mut model, 0, MEMBER_BYTES, &what);
         // One step of the rebuild (the progress callback stops it after it).
         pool.reshape(|_, _| false).expect("one step");
         assert!(pool.status().reshape.is_some(), "{what}: finished at once");
@@ -802,10 +816,7 @@ fn crashes_during_an_in_place_rebuild_with_another_member_missing_keep_flushed_w
     workload(&pool, &mut model, &mut rng, 200, "before");
     pool.volume("vol").unwrap().flush().unwrap();
     model.flushed();
-    sp.sims[1].set_dead(true);
-    check_all(&pool, &mut model, "degraded");
-    let new = Arc::new(SimMember::new("new", MEMBER_BYTES));
-    assert_eq!(pool.replace_member(1, new.clone()).expect("replace"), 1);
+    let new = fail_and_replace_in_place(&sp, &mut model, 1, MEMBER_BYTES, "crashes");
     let vol = pool.volume("vol").unwrap();
     let mut rounds = 0;
     for round in 0..120 {
@@ -899,10 +910,7 @@ fn rows_that_cannot_be_rebuilt_keep_the_member_rebuilding() {
     workload(&pool, &mut model, &mut rng, 300, "before");
     pool.volume("vol").unwrap().flush().unwrap();
     model.flushed();
-    sp.sims[1].set_dead(true);
-    check_all(&pool, &mut model, "degraded");
-    let new = Arc::new(SimMember::new("new", MEMBER_BYTES));
-    assert_eq!(pool.replace_member(1, new).expect("replace"), 1);
+    fail_and_replace_in_place(&sp, &mut model, 1, MEMBER_BYTES, "rot");
     // Rot on member 2 in the data area, under live rows.
     for at in [
         (1u64 << 20) + 8192,
