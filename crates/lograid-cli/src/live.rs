@@ -242,6 +242,11 @@ pub enum Request {
         size: Option<u64>,
         force: bool,
     },
+    /// Remove member `old` (index) without a replacement: its rows move to
+    /// the other members.
+    Remove {
+        old: usize,
+    },
     /// Pause (true) or resume (false) the rebuild or rebalance.
     PauseReshape(bool),
     /// Change the parity count of new and (by a rebalance) old rows.
@@ -340,6 +345,12 @@ pub fn apply(pool: &Pool, jobs: &Arc<Jobs>, req: &Request) -> Result<String> {
             let added = pool.add_members(members)?;
             Ok(format!(
                 "added member(s) {added:?}; rebalancing old rows to the new width in the background"
+            ))
+        }
+        Request::Remove { old } => {
+            pool.remove_member(*old)?;
+            Ok(format!(
+                "member {old} is being removed; its rows are moved to the other members in the background"
             ))
         }
         Request::SetParity(parity) => {

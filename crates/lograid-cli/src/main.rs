@@ -49,6 +49,8 @@ enum Command {
     Replace(commands::members::ReplaceArgs),
     /// Add drives to a pool; old rows are rebalanced to the new width.
     Add(commands::members::AddArgs),
+    /// Remove a member (failed, missing or healthy) with no replacement; its rows move to the others.
+    Remove(commands::members::RemoveArgs),
     /// Change a pool's parity count (e.g. 1 to 2 after adding a drive); old rows follow.
     Parity(commands::members::ParityArgs),
     /// Pause or resume a served pool's rebuild or rebalance.
@@ -85,6 +87,7 @@ fn main() -> ExitCode {
         Command::Detach(a) => commands::attach::run_detach(a),
         Command::Replace(a) => commands::members::run_replace(a),
         Command::Add(a) => commands::members::run_add(a),
+        Command::Remove(a) => commands::members::run_remove(a),
         Command::Parity(a) => commands::members::run_parity(a),
         Command::Reshape(c) => commands::members::run_reshape(c),
     };

@@ -85,3 +85,49 @@ fn a_member_that_was_missing_is_re_added_while_served() {
     run(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x5e 0 40M", &server.uri("vol0")]));
     server.terminate();
 }
+
+/// A member gone, and no drive to replace it: `lograid remove` while served
+/// moves its rows to the other two (into their free space); the pool is
+/// online again with two members, and every byte reads back, also after a
+/// restart with those two alone. Removing another is refused (parity 1
+/// needs two members).
+#[test]
+fn a_missing_member_is_removed_while_served() {
+    if !need_tools(&["qemu-io"]) {
+        return;
+    }
+    let pool = TestPool::create("128M", "vol0:64M");
+    std::fs::remove_file(&pool.drives[1]).unwrap();
+    let left = vec![pool.drives[0].clone(), pool.drives[2].clone()];
+    let server = Server::start(&left, &[], pool.dir.path());
+    run(tool("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x6d 0 24M",
+        &server.uri("vol0"),
+    ]));
+    let list = format!("{},{}", left[0].display(), left[1].display());
+    let out = run(lograid().args(["remove", &list, "1"]));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("being removed") && said.contains("done"),
+        "{said}"
+    );
+    let st: serde_json::Value =
+        serde_json::from_str(&stdout_of(lograid().args(["status", "--json"]).args(&left))).unwrap();
+    assert_eq!(st["state"], "online", "{st:#}");
+    assert_eq!(st["members"].as_array().unwrap().len(), 2, "{st:#}");
+    run(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x6d 0 24M", &server.uri("vol0")]));
+    let out = lograid().args(["remove", &list, "0"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs at least"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.terminate();
+    let server = Server::start(&left, &[], pool.dir.path());
+    run(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x6d 0 24M", &server.uri("vol0")]));
+    server.terminate();
+}

@@ -941,3 +941,73 @@ fn rows_that_cannot_be_rebuilt_keep_the_member_rebuilding() {
         "the rot hit no live row: the test shows nothing"
     );
 }
+
+/// A failed member removed without a replacement: its rows are rebuilt into
+/// the free space of the other members (every one of them written), the
+/// pool is whole again with one member fewer, and it reopens without it.
+/// Removing more than the others can hold, or below what the parity needs,
+/// is refused and changes nothing.
+#[test]
+fn removing_a_failed_member_rebuilds_its_rows_onto_the_others() {
+    let what = "(4,1) remove";
+    let mut rng = SimRng(404);
+    let sp = SimPool::create(4, 1, MEMBER_BYTES, 0.3);
+    let pool = sp.pool().clone();
+    let mut model = Model::new(sp.volume_size());
+    workload(&pool, &mut model, &mut rng, 300, what);
+    pool.volume("vol").unwrap().flush().unwrap();
+    model.flushed();
+    sp.sims[2].set_dead(true);
+    check_all(&pool, &mut model, "degraded");
+    let before = written(&pool);
+    pool.remove_member(2).expect("remove");
+    assert!(pool.remove_member(2).is_err(), "removed twice");
+    assert_eq!(
+        pool.status().reshape.map(|r| r.kind),
+        Some("rebuild".into())
+    );
+    workload(&pool, &mut model, &mut rng, 50, "while removing");
+    pool.reshape(|_, _| true).expect("rebuild into free space");
+    let st = pool.status();
+    assert_eq!(st.state, "online", "{what}");
+    assert_eq!(st.members.len(), 3, "{:?}", st.members);
+    let after = written(&pool);
+    for m in [0, 1, 3] {
+        assert!(
+            after[m] > before[m] + (64 << 10),
+            "{what}: member {m} got nothing of the rebuild ({before:?} -> {after:?})"
+        );
+    }
+    check_all(&pool, &mut model, "removed");
+    scrub_clean(&pool, "removed");
+    pool.close().expect("close");
+    let set = vec![sp.sims[0].clone(), sp.sims[1].clone(), sp.sims[3].clone()];
+    reopen_online(&set, &mut model, "removed, reopened");
+
+    // Refusals: too full for the others; too few members for the parity.
+    let sp = SimPool::create(3, 1, MEMBER_BYTES, 0.9);
+    let pool = sp.pool().clone();
+    let vol = pool.volume("vol").unwrap();
+    let data = vec![7u8; 1 << 20];
+    let mut off = 0;
+    while off + (1 << 20) <= vol.size_bytes() {
+        vol.write(off, &data).unwrap();
+        off += 1 << 20;
+    }
+    vol.flush().unwrap();
+    let err = pool
+        .remove_member(0)
+        .expect_err("removal of a member of a full pool");
+    assert!(err.to_string().contains("could hold only"), "{err}");
+    assert_eq!(
+        states(&pool)[0].1,
+        "online",
+        "a refused removal changed the member"
+    );
+    let sp = SimPool::create(2, 1, MEMBER_BYTES, 0.3);
+    let err = sp
+        .pool()
+        .remove_member(1)
+        .expect_err("a (2,1) pool cannot lose a member");
+    assert!(err.to_string().contains("needs at least"), "{err}");
+}

@@ -1,5 +1,5 @@
-//! `lograid replace`, `lograid add` and `lograid reshape`: change a pool's
-//! members. On a served pool the request goes to the server over its control
+//! `lograid replace`, `lograid add`, `lograid remove`, `lograid parity` and
+//! `lograid reshape`: change a pool's members. On a served pool the request goes to the server over its control
 //! socket and the rebuild or rebalance runs there, in the background; this
 //! command then follows its progress from the published status (Ctrl-C stops
 //! following, not the rebuild). On a pool that is not served, the command
@@ -52,6 +52,17 @@ pub struct AddArgs {
     pub drives: Vec<PathBuf>,
     #[command(flatten)]
     pub new_drives: NewDriveArgs,
+}
+
+#[derive(Args)]
+pub struct RemoveArgs {
+    /// The pool: a folder of member files (*.img) or a comma-separated list of its drives.
+    pub pool: String,
+    /// The member to remove: its index (as `lograid status` shows), path or UUID.
+    pub member: String,
+    /// Return once the removal has started (served pools only).
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 #[derive(Args)]
@@ -174,6 +185,18 @@ pub fn run_add(a: AddArgs) -> Result<()> {
         force: a.new_drives.force,
     };
     local(&pool, &req)
+}
+
+pub fn run_remove(a: RemoveArgs) -> Result<()> {
+    let drives = pool_drives(&a.pool)?;
+    if let Some(uuid) = served_uuid(&drives) {
+        let (published, _) = live::read(&uuid).context("the server stopped")?;
+        let old = resolve_member(&published.status, &a.member)?;
+        return remote(&uuid, &Request::Remove { old }, a.no_wait);
+    }
+    let pool = open_pool(&drives, false)?;
+    let old = resolve_member(&pool.status(), &a.member)?;
+    local(&pool, &Request::Remove { old })
 }
 
 pub fn run_parity(a: ParityArgs) -> Result<()> {

@@ -150,6 +150,79 @@ impl Pool {
         })
     }
 
+    /// Removes member `m` (failed, missing or healthy) without a
+    /// replacement: new rows leave it out at once, and the rows that use it
+    /// are moved to the other members in the background (its columns
+    /// rebuilt from parity where it cannot be read); it is recorded removed
+    /// once nothing uses it. For a failed member this is how a pool gets its
+    /// redundancy back from its free space alone, with no spare drive: the
+    /// pool's free space is the spare, spread over every remaining member,
+    /// and the rebuild writes to all of them at once. Refused if the other
+    /// members could not hold what the pool stores, or would be too few for
+    /// the parity.
+    pub fn remove_member(&self, m: usize) -> Result<()> {
+        self.inner.guarded("removing a member", || {
+            let _m = self.inner.maintenance.lock();
+            let name = self.inner.member_name(m);
+            let was = {
+                let mut core = self.inner.core.lock();
+                check_writable(&core)?;
+                let was = match core.members.get(m).map(|r| r.state) {
+                    Some(
+                        s @ (MemberState::Active | MemberState::Faulted | MemberState::Joining),
+                    ) => s,
+                    Some(MemberState::Removing) => {
+                        return Err(Error::Refused(format!(
+                            "member {m} is already being replaced or removed"
+                        )))
+                    }
+                    _ => return Err(Error::NotFound(format!("member {m} in this pool"))),
+                };
+                let parity = self.inner.shape.parity() as usize;
+                let left = (0..core.members.len())
+                    .filter(|&i| {
+                        i != m
+                            && matches!(
+                                core.members[i].state,
+                                MemberState::Active | MemberState::Joining
+                            )
+                            && self.inner.device(i).is_some()
+                    })
+                    .count();
+                if left < parity + 1 || left < 2 {
+                    return Err(Error::Refused(format!(
+                        "without member {m} the pool would have {left} working member(s); \
+                         parity {parity} needs at least {}",
+                        (parity + 1).max(2)
+                    )));
+                }
+                core.members[m].state = MemberState::Removing;
+                core.update_capacity(&self.inner.shape);
+                if core.stored_blocks > core.usable_blocks {
+                    let (stored, usable) = (core.stored_blocks, core.usable_blocks);
+                    core.members[m].state = was;
+                    core.update_capacity(&self.inner.shape);
+                    return Err(Error::Refused(format!(
+                        "the pool holds {} bytes; without member {m} it could hold only {} \
+                         (free space or add a drive first)",
+                        stored * BLOCK_BYTES,
+                        usable * BLOCK_BYTES
+                    )));
+                }
+                was
+            };
+            if was == MemberState::Faulted {
+                // Its columns are rebuilt from parity; it is not read.
+                self.inner.devices.write()[m] = None;
+            }
+            self.inner.checkpoint_locked()?;
+            self.inner.event(format!(
+                "removing member {m} ({name}); moving its rows to the other members"
+            ));
+            Ok(())
+        })
+    }
+
     /// Changes the parity columns of the pool's rows (e.g. from 1 to 2 after
     /// adding a member): new rows get `parity` at once, and rows written
     /// before are moved to it in the background, like a rebalance.
