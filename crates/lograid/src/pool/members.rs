@@ -179,6 +179,7 @@ impl Pool {
                     _ => return Err(Error::NotFound(format!("member {m} in this pool"))),
                 };
                 let parity = self.inner.shape.parity() as usize;
+                // (A member still being rebuilt in place does not count.)
                 let left = (0..core.members.len())
                     .filter(|&i| {
                         i != m
@@ -187,6 +188,7 @@ impl Pool {
                                 MemberState::Active | MemberState::Joining
                             )
                             && self.inner.device(i).is_some()
+                            && self.inner.shape.stale[i].count() == 0
                     })
                     .count();
                 if left < parity + 1 || left < 2 {
@@ -198,8 +200,10 @@ impl Pool {
                 }
                 core.members[m].state = MemberState::Removing;
                 core.update_capacity(&self.inner.shape);
-                if core.stored_blocks > core.usable_blocks {
-                    let (stored, usable) = (core.stored_blocks, core.usable_blocks);
+                // Acknowledged sub-block writes have their room reserved.
+                let held = core.stored_blocks + core.overlays.unstored();
+                if held > core.usable_blocks {
+                    let (stored, usable) = (held, core.usable_blocks);
                     core.members[m].state = was;
                     core.update_capacity(&self.inner.shape);
                     return Err(Error::Refused(format!(
@@ -211,11 +215,11 @@ impl Pool {
                 }
                 was
             };
+            self.inner.checkpoint_locked()?;
             if was == MemberState::Faulted {
                 // Its columns are rebuilt from parity; it is not read.
                 self.inner.devices.write()[m] = None;
             }
-            self.inner.checkpoint_locked()?;
             self.inner.event(format!(
                 "removing member {m} ({name}); moving its rows to the other members"
             ));
@@ -250,8 +254,9 @@ impl Pool {
                 }
                 self.inner.shape.parity.store(parity, Ordering::SeqCst);
                 core.update_capacity(&self.inner.shape);
-                if core.stored_blocks > core.usable_blocks {
-                    let (stored, usable) = (core.stored_blocks, core.usable_blocks);
+                let held = core.stored_blocks + core.overlays.unstored();
+                if held > core.usable_blocks {
+                    let (stored, usable) = (held, core.usable_blocks);
                     self.inner.shape.parity.store(old, Ordering::SeqCst);
                     core.update_capacity(&self.inner.shape);
                     return Err(Error::Refused(format!(

@@ -171,8 +171,8 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
         .map(|(i, r)| {
             let dev = inner.device_any(i);
             let state = match (r.state, &dev) {
-                (MemberState::Removing, None) => "replacing (missing)",
-                (MemberState::Removing, Some(_)) => "replacing",
+                (MemberState::Removing, None) => "leaving (missing)",
+                (MemberState::Removing, Some(_)) => "leaving",
                 (MemberState::Faulted, _) => "faulted",
                 (_, None) => "missing",
                 _ if shape.stale[i].count() > 0 => "rebuilding",
