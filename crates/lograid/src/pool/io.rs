@@ -776,76 +776,99 @@ impl PoolInner {
             runs.push((start, end));
             start = end;
         }
-        // Every run is read first; then the runs of a member that is gone or
-        // failing are rebuilt a row at a time from the same range of the
-        // other columns, taking what the other runs read where they cover
-        // it (a sequential degraded read reads each surviving column once).
-        let mut bufs: Vec<(AlignedBuf, bool)> = runs
-            .iter()
-            .map(|&(s, e)| {
-                let mut buf = AlignedBuf::zeroed((e - s) * BLOCK_SIZE);
-                let first = plan[s].1;
-                let ok = self
-                    .device(first.member as usize)
-                    .is_some_and(|dev| dev.read_at(&mut buf, first.byte_offset()).is_ok());
-                (buf, ok)
-            })
-            .collect();
-        let mut rebuilt: Vec<Vec<bool>> = runs.iter().map(|&(s, e)| vec![false; e - s]).collect();
-        if bufs.iter().any(|(_, ok)| !ok) {
+        // Each run is read and settled at once (a healthy read holds one
+        // run's buffer at a time). The runs of a member that is gone or
+        // failing are rebuilt after, a row at a time, from the same range of
+        // the other columns, taking what the other runs put in `out` where
+        // they cover it (a sequential degraded read reads each surviving
+        // column once).
+        let mut read_ok = vec![false; runs.len()];
+        for (r, &(s, e)) in runs.iter().enumerate() {
+            let mut buf = AlignedBuf::zeroed((e - s) * BLOCK_SIZE);
+            let first = plan[s].1;
+            read_ok[r] = self
+                .device(first.member as usize)
+                .is_some_and(|dev| dev.read_at(&mut buf, first.byte_offset()).is_ok());
+            if read_ok[r] {
+                self.settle_run(name, lba, &plan[s..e], &buf, true, &[], out)?;
+            }
+        }
+        if read_ok.iter().any(|ok| !ok) {
             self.check_read_health();
-            for r in 0..runs.len() {
-                if bufs[r].1 {
-                    continue;
-                }
-                let (s, e) = runs[r];
-                let mut buf = std::mem::replace(&mut bufs[r].0, AlignedBuf::zeroed(0));
-                // A run read from the same member that overlaps the range.
+        }
+        for (r, &(s, e)) in runs.iter().enumerate() {
+            if read_ok[r] {
+                continue;
+            }
+            let mut buf = AlignedBuf::zeroed((e - s) * BLOCK_SIZE);
+            let mut rebuilt = vec![false; e - s];
+            {
+                let done: &[u8] = out;
+                // A run read from the same member that overlaps the range
+                // (its blocks are in `out`, checked).
                 let have = |pba: Pba, n: usize| -> Option<(u64, &[u8])> {
-                    runs.iter().zip(&bufs).find_map(|(&(s2, e2), (b, ok))| {
+                    runs.iter().zip(&read_ok).find_map(|(&(s2, e2), ok)| {
                         let f = plan[s2].1;
                         (*ok && f.member == pba.member
                             && f.block < pba.block + n as u64
                             && pba.block < f.block + (e2 - s2) as u64)
-                            .then_some((f.block, &b[..]))
+                            .then(|| {
+                                let at = plan[s2].0 * BLOCK_SIZE;
+                                (f.block, &done[at..at + (e2 - s2) * BLOCK_SIZE])
+                            })
                     })
                 };
                 let run = &plan[s..e];
                 let mut j = 0;
                 while j < run.len() {
                     let n = self.rebuild_run(&run[j..], &mut buf[j * BLOCK_SIZE..], &have);
-                    rebuilt[r][j..j + n.max(1)].fill(n > 0);
+                    rebuilt[j..j + n.max(1)].fill(n > 0);
                     j += n.max(1);
                 }
-                bufs[r].0 = buf;
             }
-        }
-        for (r, &(s, e)) in runs.iter().enumerate() {
-            let (buf, read_ok) = (&bufs[r].0, bufs[r].1);
-            for (j, &(i, pba, crc)) in plan[s..e].iter().enumerate() {
-                let got = &buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE];
-                let dest = &mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
-                if (read_ok || rebuilt[r][j]) && crc32c(got) == crc {
-                    dest.copy_from_slice(got);
-                    continue;
-                }
-                if read_ok {
-                    if let Some(dev) = self.device(pba.member as usize) {
-                        dev.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                let fixed =
-                    self.rebuild_block(pba, crc)
-                        .map_err(|detail| Error::Unrecoverable {
-                            volume: name.to_string(),
-                            offset: (lba + i as u64) * BLOCK_BYTES,
-                            detail,
-                        })?;
-                dest.copy_from_slice(&fixed);
-                self.rewrite_block(pba, &fixed);
-            }
+            self.settle_run(name, lba, &plan[s..e], &buf, false, &rebuilt, out)?;
         }
         Ok(snap)
+    }
+
+    /// Checks the blocks of a run (`buf`: as read, or as rebuilt where
+    /// `rebuilt` says) against their checksums and puts them in `out`; a
+    /// block that does not check out is rebuilt from its stripe (and
+    /// rewritten), or the read fails.
+    #[allow(clippy::too_many_arguments)]
+    fn settle_run(
+        &self,
+        name: &str,
+        lba: u64,
+        run: &[(usize, Pba, u32)],
+        buf: &[u8],
+        read_ok: bool,
+        rebuilt: &[bool],
+        out: &mut [u8],
+    ) -> Result<()> {
+        for (j, &(i, pba, crc)) in run.iter().enumerate() {
+            let got = &buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE];
+            let dest = &mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+            if (read_ok || rebuilt[j]) && crc32c(got) == crc {
+                dest.copy_from_slice(got);
+                continue;
+            }
+            if read_ok {
+                if let Some(dev) = self.device(pba.member as usize) {
+                    dev.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            let fixed = self
+                .rebuild_block(pba, crc)
+                .map_err(|detail| Error::Unrecoverable {
+                    volume: name.to_string(),
+                    offset: (lba + i as u64) * BLOCK_BYTES,
+                    detail,
+                })?;
+            dest.copy_from_slice(&fixed);
+            self.rewrite_block(pba, &fixed);
+        }
+        Ok(())
     }
 
     /// Rebuilds the leading blocks of `run` (consecutive blocks of one
