@@ -292,8 +292,14 @@ fn local(pool: &Pool, req: &Request) -> Result<()> {
     eprintln!("lograid: {}", message.replace(" in the background", ""));
     let bar = bar();
     let started = std::time::Instant::now();
+    // "rebuild" (replace, remove) or "rebalance" (add, parity).
+    let kind = pool
+        .status()
+        .reshape
+        .map(|r| r.kind)
+        .unwrap_or_else(|| "moving".into());
     pool.reshape(|done, left| {
-        bar.set_message("moving");
+        bar.set_message(kind.clone());
         bar.set_length(done + left);
         bar.set_position(done);
         true
