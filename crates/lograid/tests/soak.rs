@@ -34,6 +34,9 @@ struct Counts {
     reads: u64,
     failures: u64,
     replacements: u64,
+    /// Replacements that were rebuilt in place (the others moved rows: the
+    /// member had not been faulted yet when it was replaced).
+    in_place: u64,
     scrubs: u64,
     repaired: u64,
 }
@@ -173,9 +176,10 @@ fn soak_mixed_load_with_failures_replacements_and_scrubs() {
             model.flushed();
             spare += 1;
             let new = Arc::new(SimMember::new(&format!("spare{spare}"), MEMBER_BYTES));
-            pool.replace_member(index, new.clone()).expect("replace");
+            let took = pool.replace_member(index, new.clone()).expect("replace");
             live[victim] = new;
             counts.replacements += 1;
+            counts.in_place += u64::from(took == index);
             next_failure = now + Duration::from_secs(4);
         }
         if now >= next_scrub {
