@@ -180,15 +180,16 @@ impl Pool {
                 };
                 let parity = self.inner.shape.parity() as usize;
                 // (A member still being rebuilt in place does not count.)
+                let rebuilding = self.inner.rebuilding_members(&core);
                 let left = (0..core.members.len())
                     .filter(|&i| {
                         i != m
+                            && rebuilding & (1 << i) == 0
                             && matches!(
                                 core.members[i].state,
                                 MemberState::Active | MemberState::Joining
                             )
                             && self.inner.device(i).is_some()
-                            && self.inner.shape.stale[i].count() == 0
                     })
                     .count();
                 if left < parity + 1 || left < 2 {
@@ -437,10 +438,6 @@ impl PoolInner {
         // Segments that could not be moved or rebuilt are tried again with
         // the new member set.
         self.reshape.lock().stuck.clear();
-        if !in_place {
-            // (A slot that a member rebuilt in place had may be reused.)
-            self.shape.stale[index].reset(0, []);
-        }
         if in_place {
             // Every row laid over this index so far is stale on the new
             // drive, before anyone can read it there.
@@ -451,6 +448,9 @@ impl PoolInner {
                 })
                 .collect();
             self.shape.stale[index].reset(u64::MAX, stale);
+        } else {
+            // (A slot that a member rebuilt in place had may be reused.)
+            self.shape.stale[index].reset(0, []);
         }
         drop(core);
         {

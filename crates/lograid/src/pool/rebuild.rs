@@ -42,18 +42,27 @@ struct SegmentRebuild {
 }
 
 impl PoolInner {
+    /// Members taking a failed member's place (not ones leaving or failed
+    /// again) with segments not rebuilt onto them yet, as a mask.
+    pub(crate) fn rebuilding_members(&self, core: &super::state::Core) -> u32 {
+        (0..core.members.len())
+            .filter(|&m| {
+                self.shape.stale[m].count() > 0
+                    && matches!(
+                        core.members[m].state,
+                        MemberState::Active | MemberState::Joining
+                    )
+                    && self.device(m).is_some()
+            })
+            .fold(0, |mask, m| mask | 1 << m)
+    }
+
     /// (segments, live bytes) still stale on members rebuilt in place.
     pub(crate) fn stale_left(&self, core: &super::state::Core) -> (u64, u64) {
+        let rebuilding = self.rebuilding_members(core);
         let mut left = (0, 0);
-        for (_, stale) in self.shape.stale.iter().enumerate().filter(|(m, st)| {
-            st.count() > 0
-                && matches!(
-                    core.members.get(*m).map(|r| r.state),
-                    Some(MemberState::Active | MemberState::Joining)
-                )
-                && self.device(*m).is_some()
-        }) {
-            for s in stale.list() {
+        for m in (0..core.members.len()).filter(|m| rebuilding & (1 << m) != 0) {
+            for s in self.shape.stale[m].list() {
                 left.0 += 1;
                 left.1 += core.segments[s as usize].live_blocks as u64 * BLOCK_BYTES;
             }
@@ -68,33 +77,21 @@ impl PoolInner {
     pub(crate) fn rebuild_in_place_step(&self) -> Result<bool> {
         let (m, s) = {
             let core = self.core.lock();
-            let stuck = self.reshape.lock().stuck.clone();
-            // Members taking a failed member's place (not ones leaving or
-            // failed again).
-            let pending: Vec<(usize, Vec<u32>)> = self
-                .shape
-                .stale
-                .iter()
-                .enumerate()
-                .filter(|(m, st)| {
-                    st.count() > 0
-                        && matches!(
-                            core.members.get(*m).map(|r| r.state),
-                            Some(MemberState::Active | MemberState::Joining)
-                        )
-                        && self.device(*m).is_some()
-                })
-                .map(|(m, st)| {
-                    let todo = st.list().into_iter().filter(|s| !stuck.contains(s));
-                    (m, todo.collect::<Vec<u32>>())
-                })
-                .filter(|(_, todo)| !todo.is_empty())
-                .collect();
-            if pending.is_empty() {
+            let rebuilding = self.rebuilding_members(&core);
+            let stuck = &self.reshape.lock().stuck;
+            let next = (0..core.members.len())
+                .filter(|m| rebuilding & (1 << m) != 0)
+                .find_map(|m| {
+                    let list = self.shape.stale[m].list();
+                    list.into_iter()
+                        .find(|s| !stuck.contains(s))
+                        .map(|s| (m, s))
+                });
+            let Some(next) = next else {
                 return Ok(false);
-            }
+            };
             super::check_writable(&core)?;
-            (pending[0].0, pending[0].1[0])
+            next
         };
         let started = Instant::now();
         self.reshape.lock().started.get_or_insert(started);
@@ -133,14 +130,10 @@ impl PoolInner {
         let (rows, live_blocks) = {
             let core = self.core.lock();
             let seg = &core.segments[s as usize];
-            if !self.shape.stale[m].contains(s) {
-                // Taken anew since it was picked: nothing old is read in it.
-                return Ok(Some(SegmentRebuild {
-                    live_bytes: 0,
-                    lost_rows: 0,
-                }));
-            }
-            if matches!(seg.state, SegState::Free | SegState::Reserved(_))
+            // Taken anew since it was picked (its bit is clear then), or
+            // holding no row over `m`: nothing old to rebuild in it.
+            if !self.shape.stale[m].contains(s)
+                || matches!(seg.state, SegState::Free | SegState::Reserved(_))
                 || seg.members_mask & (1 << m) == 0
             {
                 drop(core);

@@ -156,20 +156,20 @@ impl PoolInner {
     /// holding off segment reuse meanwhile.
     fn scrub_row_if_live(&self, geom: &RowGeom, repair: bool, report: &mut ScrubReport) {
         let _r = self.reuse.read();
-        let still_there = {
+        let (still_there, rebuilding) = {
             let core = self.core.lock();
             let seg = &core.segments[geom.segment as usize];
-            !matches!(seg.state, SegState::Free | SegState::PendingFree { .. })
-                && seg.rows.contains(geom)
+            (
+                !matches!(seg.state, SegState::Free | SegState::PendingFree { .. })
+                    && seg.rows.contains(geom),
+                self.rebuilding_members(&core),
+            )
         };
         // A row that a member rebuilt in place does not hold yet is checked
         // by that rebuild (every checksum, before its column is written).
-        let rebuilding =
-            |m: usize| self.shape.stale[m].contains(geom.segment) && self.device(m).is_some();
-        if (0..self.shape.stale.len()).any(rebuilding) {
-            return;
-        }
-        if still_there {
+        let stale =
+            |m: usize| rebuilding & (1 << m) != 0 && self.shape.stale[m].contains(geom.segment);
+        if still_there && !(0..self.shape.stale.len()).any(stale) {
             self.scrub_row(geom, repair, report);
         }
     }
