@@ -6,6 +6,11 @@ mod common;
 
 use common::*;
 
+/// Runs one qemu-io command against the server's vol0 (fails the test if it fails).
+fn qemu_io(server: &Server, command: &str) {
+    run(tool("qemu-io").args(["-f", "raw", "-c", command, &server.uri("vol0")]));
+}
+
 #[test]
 fn add_a_drive_raise_the_parity_and_lose_two() {
     if !need_tools(&["qemu-io"]) {
@@ -13,13 +18,7 @@ fn add_a_drive_raise_the_parity_and_lose_two() {
     }
     let pool = TestPool::create("128M", "vol0:64M");
     let server = pool.serve();
-    run(tool("qemu-io").args([
-        "-f",
-        "raw",
-        "-c",
-        "write -P 0x3c 0 40M",
-        &server.uri("vol0"),
-    ]));
+    qemu_io(&server, "write -P 0x3c 0 40M");
     server.terminate();
 
     let dir = pool.dir.path().display().to_string();
@@ -46,7 +45,7 @@ fn add_a_drive_raise_the_parity_and_lose_two() {
     // Two members gone: still all there.
     let left = vec![pool.drives[1].clone(), added];
     let server = Server::start(&left, &[], pool.dir.path());
-    run(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x3c 0 40M", &server.uri("vol0")]));
+    qemu_io(&server, "read -P 0x3c 0 40M");
     server.terminate();
 }
 
@@ -64,13 +63,7 @@ fn a_member_that_was_missing_is_re_added_while_served() {
     std::fs::rename(&pool.drives[1], &away).unwrap();
     let left = vec![pool.drives[0].clone(), pool.drives[2].clone()];
     let server = Server::start(&left, &[], pool.dir.path());
-    run(tool("qemu-io").args([
-        "-f",
-        "raw",
-        "-c",
-        "write -P 0x5e 0 40M",
-        &server.uri("vol0"),
-    ]));
+    qemu_io(&server, "write -P 0x5e 0 40M");
     std::fs::rename(&away, &pool.drives[1]).unwrap();
     let list = format!("{},{}", left[0].display(), left[1].display());
     run(lograid().args(["replace", &list, "1"]).arg(&pool.drives[1]));
@@ -79,10 +72,10 @@ fn a_member_that_was_missing_is_re_added_while_served() {
     ))
     .unwrap();
     assert_eq!(st["state"], "online", "{st:#}");
-    run(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x5e 0 40M", &server.uri("vol0")]));
+    qemu_io(&server, "read -P 0x5e 0 40M");
     server.terminate();
     let server = pool.serve();
-    run(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x5e 0 40M", &server.uri("vol0")]));
+    qemu_io(&server, "read -P 0x5e 0 40M");
     server.terminate();
 }
 
@@ -100,13 +93,7 @@ fn a_missing_member_is_removed_while_served() {
     std::fs::remove_file(&pool.drives[1]).unwrap();
     let left = vec![pool.drives[0].clone(), pool.drives[2].clone()];
     let server = Server::start(&left, &[], pool.dir.path());
-    run(tool("qemu-io").args([
-        "-f",
-        "raw",
-        "-c",
-        "write -P 0x6d 0 24M",
-        &server.uri("vol0"),
-    ]));
+    qemu_io(&server, "write -P 0x6d 0 24M");
     let list = format!("{},{}", left[0].display(), left[1].display());
     let out = run(lograid().args(["remove", &list, "1"]));
     let said = String::from_utf8_lossy(&out.stderr);
@@ -118,7 +105,7 @@ fn a_missing_member_is_removed_while_served() {
         serde_json::from_str(&stdout_of(lograid().args(["status", "--json"]).args(&left))).unwrap();
     assert_eq!(st["state"], "online", "{st:#}");
     assert_eq!(st["members"].as_array().unwrap().len(), 2, "{st:#}");
-    run(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x6d 0 24M", &server.uri("vol0")]));
+    qemu_io(&server, "read -P 0x6d 0 24M");
     let out = lograid().args(["remove", &list, "0"]).output().unwrap();
     assert!(!out.status.success());
     assert!(
@@ -128,6 +115,6 @@ fn a_missing_member_is_removed_while_served() {
     );
     server.terminate();
     let server = Server::start(&left, &[], pool.dir.path());
-    run(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x6d 0 24M", &server.uri("vol0")]));
+    qemu_io(&server, "read -P 0x6d 0 24M");
     server.terminate();
 }
