@@ -13,8 +13,11 @@ under --dir, every member a `losetup --direct-io=on` loop device):
 
   lograid-p1, lograid-p0 (and lograid-p2 with >= 4 members): `lograid create`,
       `lograid serve --socket` in the work folder; for the filesystem
-      experiments (A, C, bonnie) `lograid attach` + ext4, for the block
-      experiments (B, D) fio's nbd engine straight to the server;
+      experiments (A, C, bonnie) ext4 on the volume attached as a loop device
+      (--lograid-attach fuse, the default: the server's own FUSE file,
+      `serve --fuse` + `attach --file`; nbdfuse: `attach --socket`, nbdfuse
+      over NBD), for the block experiments (B, D) fio's nbd engine straight to
+      the server;
   btrfs-raid5 (-m raid1), btrfs-raid0 (and btrfs-raid6 -m raid1c3 with >= 4);
   zfs-raidz1, zfs-stripe: zfs-fuse, only where installed (else skipped, noted);
   bare: ext4 on one loop device;
@@ -797,6 +800,7 @@ def make_stack(ctx, key, exp, tag):
     _, family, parity = STACK_INFO[key]
     if family == "lograid":
         return LograidStack(parity, a.members, a.member_size, a.dir, a.lograid, chunk=a.lograid_chunk,
+                            attach=a.lograid_attach,
                             filesystem=exp not in ("B", "D"),
                             log_dir=os.path.join(ctx.out, "logs", tag))
     if family == "btrfs":
@@ -1117,11 +1121,12 @@ def exp_description(exp, a):
     if exp == "A":
         return ("%d files of 14 MiB (%s, %.1f x vm.dirty_bytes) written into one directory, then one file "
                 "of the same total; MB/s include the final syncfs. lograid: ext4 on `lograid attach` "
-                "(nbdfuse + loop); btrfs, zfs: their own filesystem; bare: ext4; attach path over nbdkit "
+                "(%s + loop); btrfs, zfs: their own filesystem; bare: ext4; attach path over nbdkit "
                 "memory: ext4 on `lograid attach` of nbdkit's memory plugin (RAM: the path's own ceiling; "
                 "no members, so no WA; %d untimed run(s) of the workload first)." % (
                     a.get("a_files", 0), human(a.get("a_files", 0) * A_FILE_BYTES),
                     a.get("a_files", 0) * A_FILE_BYTES / max(a.get("dirty_bytes") or 1, 1),
+                    "its own FUSE file" if a.get("lograid_attach", "nbdfuse") == "fuse" else "nbdfuse",
                     a.get("path_ref_warmup", 0)))
     if exp == "B":
         return ("fio randwrite, O_DIRECT, %s (mixed) and 4 KiB, %d s per test, into a %s file laid out first "
@@ -1176,6 +1181,9 @@ def build_parser():
     ap.add_argument("--lograid", default=None, help="lograid binary (default target/release/lograid, "
                                                     "/work/target-bench/release/lograid, or PATH)")
     ap.add_argument("--lograid-chunk", default=None, help="lograid create --chunk (default: lograid's)")
+    ap.add_argument("--lograid-attach", default="fuse", choices=list(LograidStack.ATTACH),
+                    help="how lograid's volume becomes a loop device for A, C and bonnie: fuse (default; "
+                         "`serve --fuse` + `attach --file`) or nbdfuse (`attach --socket`)")
     ap.add_argument("--path-ref-allocator", default="sparse", choices=list(PathRefStack.ALLOCATORS),
                     help="path-ref: nbdkit memory plugin allocator (default sparse, nbdkit's own default; "
                          "malloc takes the whole size up front and locks less)")

@@ -553,9 +553,12 @@ class NbdAttachedStack(LoopStack):
                                                 self._log_tail(self.server_logs[-1])))
             self.server = None
 
+    def attach_command(self):
+        """The `lograid attach` arguments that make the volume a /dev/loopN."""
+        return ["attach", "--socket", self.socket_path, "--export", self.volume, "--state-dir", self.state_dir]
+
     def attach_and_mount(self, read_only=False):
-        self.attached = self.lograid("attach", "--socket", self.socket_path, "--export", self.volume,
-                                     "--state-dir", self.state_dir).strip()
+        self.attached = self.lograid(*self.attach_command()).strip()
         if not read_only:
             run(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.attached])
         self.mount(self.attached, options="ro" if read_only else None)
@@ -613,21 +616,38 @@ class LograidStack(NbdAttachedStack):
     kind = "lograid"
     server_name = "lograid serve"
 
+    ATTACH = ("fuse", "nbdfuse")
+
     def __init__(self, parity, members=3, member_size=4 << 30, parent="/var/tmp", binary="lograid",
-                 chunk=None, filesystem=True, volume="vol0", log_dir=None):
+                 chunk=None, filesystem=True, volume="vol0", log_dir=None, attach="fuse"):
         if members < parity + 1:
             raise ValueError("lograid P=%d needs at least %d members" % (parity, parity + 1))
+        if attach not in self.ATTACH:
+            raise ValueError("unknown attach mode %r" % attach)
         super().__init__(members, member_size, parent, "lograid-p%d" % parity, binary, volume, log_dir)
         self.parity = parity
         self.chunk = chunk
         self.filesystem = filesystem
+        # fuse: the server's own FUSE file (`serve --fuse WORK/files`, `attach --file`);
+        # nbdfuse: `attach --socket` (nbdfuse over NBD), as path-ref does.
+        self.attach_mode = attach
         self.usable_bytes = None
         self.create_output = ""
 
     def describe(self):
         return "lograid create --parity %d%s; serve --socket; %s" % (
             self.parity, " --chunk %s" % self.chunk if self.chunk else "",
-            "attach + mkfs.ext4" if self.filesystem else "fio nbd engine")
+            ("attach (%s) + mkfs.ext4" % ("serve --fuse, attach --file" if self.attach_mode == "fuse"
+                                           else "nbdfuse")) if self.filesystem else "fio nbd engine")
+
+    @property
+    def fuse_dir(self):
+        return os.path.join(self.workdir, "files")
+
+    def attach_command(self):
+        if self.attach_mode == "fuse":
+            return ["attach", "--file", os.path.join(self.fuse_dir, self.volume), "--state-dir", self.state_dir]
+        return super().attach_command()
 
     def build(self):
         os.makedirs(self.run_dir, exist_ok=True)
@@ -644,8 +664,9 @@ class LograidStack(NbdAttachedStack):
             self.attach_and_mount()
 
     def server_command(self, devices, read_only=False):
+        fuse = ["--fuse", self.fuse_dir] if self.filesystem and self.attach_mode == "fuse" else []
         return [self.binary, "serve", "--socket", self.socket_path] + (["--read-only"] if read_only else []) \
-            + list(devices)
+            + fuse + list(devices)
 
     def engine_status(self, after=None, timeout=5.0):
         """The status the server publishes once a second (WORK/run/pool-*.json), the

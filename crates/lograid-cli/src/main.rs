@@ -41,7 +41,7 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Serve every volume of a pool over NBD (no drives: a default pool in ./lograid-data).
     Serve(commands::serve::ServeArgs),
-    /// Attach an NBD export as a /dev/loopN block device (nbdfuse + loop; needs root).
+    /// Attach an NBD export (nbdfuse + loop) or a `serve --fuse` file (loop) as a /dev/loopN (needs root).
     Attach(commands::attach::AttachArgs),
     /// Detach a device made by `lograid attach`.
     Detach(commands::attach::DetachArgs),

@@ -1,5 +1,6 @@
 //! Real filesystems on a volume attached with `lograid attach` (nbdfuse + a
-//! direct-I/O loop device): made, filled with files of known sha256, checked
+//! direct-I/O loop device, or the server's own FUSE file from `serve --fuse`
+//! and `attach --file`): made, filled with files of known sha256, checked
 //! clean; the server stopped with SIGTERM and restarted; then SIGKILLed while
 //! writing and restarted: every file synced before the kill must be intact
 //! and the filesystem must check clean. Needs root, /dev/fuse and loop
@@ -43,6 +44,34 @@ impl Fs {
             Fs::Ext4 => run(tool("fsck.ext4").args(["-f", "-n"]).arg(device)),
             Fs::Xfs => run(tool("xfs_repair").arg("-n").arg(device)),
         };
+    }
+}
+
+/// How the volume becomes a loop device.
+#[derive(Clone, Copy)]
+enum Via {
+    /// `lograid attach --server ...`: nbdfuse over NBD.
+    Nbdfuse,
+    /// `lograid serve --fuse DIR` and `lograid attach --file DIR/vol0`.
+    ServerFuse,
+}
+
+impl Via {
+    fn serve(self, pool: &TestPool) -> Server {
+        match self {
+            Via::Nbdfuse => pool.serve(),
+            Via::ServerFuse => {
+                let files = pool.path("files");
+                pool.serve_with(&["--fuse", files.to_str().unwrap()])
+            }
+        }
+    }
+
+    fn attach(self, pool: &TestPool, server: &Server, state: &Path) -> Attachment {
+        match self {
+            Via::Nbdfuse => Attachment::attach(server, "vol0", state),
+            Via::ServerFuse => Attachment::attach_file(&pool.path("files").join("vol0"), state),
+        }
     }
 }
 
@@ -118,7 +147,7 @@ fn sync_fs(root: &Path) {
     );
 }
 
-fn filesystem_survives_restart_and_kill(fs: Fs, seed: u64) {
+fn filesystem_survives_restart_and_kill(fs: Fs, via: Via, seed: u64) {
     if !need_block_devices(fs.tools()) {
         return;
     }
@@ -130,8 +159,8 @@ fn filesystem_survives_restart_and_kill(fs: Fs, seed: u64) {
     let mut synced = Manifest::new();
 
     // Make, fill, check.
-    let server = pool.serve();
-    let att = Attachment::attach(&server, "vol0", &state);
+    let server = via.serve(&pool);
+    let att = via.attach(&pool, &server, &state);
     fs.mkfs(&att.device);
     let m = Mount::at(&att.device, &mnt);
     write_files(&m.dir, "a", 100, &mut rng, &mut synced);
@@ -146,8 +175,8 @@ fn filesystem_survives_restart_and_kill(fs: Fs, seed: u64) {
     server.terminate();
 
     // Clean restart: everything is there.
-    let server = pool.serve();
-    let att = Attachment::attach(&server, "vol0", &state);
+    let server = via.serve(&pool);
+    let att = via.attach(&pool, &server, &state);
     let m = Mount::at(&att.device, &mnt);
     verify_files(&m.dir, &synced);
     write_files(&m.dir, "b", 40, &mut rng, &mut synced);
@@ -191,8 +220,8 @@ fn filesystem_survives_restart_and_kill(fs: Fs, seed: u64) {
     att.detach();
 
     // Restart after SIGKILL: the filesystem mounts (its journal replays) and every synced file is intact.
-    let server = pool.serve();
-    let att = Attachment::attach(&server, "vol0", &state);
+    let server = via.serve(&pool);
+    let att = via.attach(&pool, &server, &state);
     let m = Mount::at(&att.device, &mnt);
     verify_files(&m.dir, &synced);
     m.unmount();
@@ -204,12 +233,17 @@ fn filesystem_survives_restart_and_kill(fs: Fs, seed: u64) {
 
 #[test]
 fn ext4_survives_restart_and_sigkill() {
-    filesystem_survives_restart_and_kill(Fs::Ext4, 101);
+    filesystem_survives_restart_and_kill(Fs::Ext4, Via::Nbdfuse, 101);
 }
 
 #[test]
-fn xfs_survives_restart_and_sigkill() {
-    filesystem_survives_restart_and_kill(Fs::Xfs, 202);
+fn ext4_on_the_servers_own_fuse_file_survives_restart_and_sigkill() {
+    filesystem_survives_restart_and_kill(Fs::Ext4, Via::ServerFuse, 303);
+}
+
+#[test]
+fn xfs_on_the_servers_own_fuse_file_survives_restart_and_sigkill() {
+    filesystem_survives_restart_and_kill(Fs::Xfs, Via::ServerFuse, 202);
 }
 
 #[test]
@@ -399,4 +433,106 @@ fn ext4_survives_losing_a_member_and_replacing_it() {
     m.unmount();
     att.detach();
     server.terminate();
+}
+
+/// `serve --fuse` and `attach --file`: a file attached twice, or a directory, is refused; the
+/// list names the attachment; data written through the device is the volume's (read back over
+/// NBD); and the server stops on SIGTERM while the device is still attached, saying so, after
+/// which the device fails its I/O instead of hanging.
+#[test]
+fn the_servers_fuse_files_refusals_and_a_stop_while_attached() {
+    if !need_block_devices(&["qemu-io"]) {
+        return;
+    }
+    let pool = TestPool::create("256M", "vol0:64M");
+    let state = pool.path("state");
+    let files = pool.path("files");
+    let server = Via::ServerFuse.serve(&pool);
+    let att = Via::ServerFuse.attach(&pool, &server, &state);
+    let again = lograid()
+        .arg("attach")
+        .arg("--file")
+        .arg(files.join("vol0"))
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success());
+    assert!(
+        stderr.contains("already attached as") && stderr.contains(&*att.device.to_string_lossy()),
+        "{stderr}"
+    );
+    let dir = lograid()
+        .args(["attach", "--file"])
+        .arg(&files)
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(!dir.status.success());
+    assert!(
+        String::from_utf8_lossy(&dir.stderr).contains("not a regular file"),
+        "{}",
+        String::from_utf8_lossy(&dir.stderr)
+    );
+    let list = stdout_of(
+        lograid()
+            .args(["attach", "--list", "--state-dir"])
+            .arg(&state),
+    );
+    assert!(list.contains("(lograid serve --fuse)"), "{list}");
+
+    // Through the device, O_DIRECT, then read back over NBD.
+    {
+        use std::io::{Seek, Write};
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut dev = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&att.device)
+            .unwrap();
+        let layout = std::alloc::Layout::from_size_align(1 << 20, 4096).unwrap();
+        // SAFETY: an aligned allocation of the layout's size, freed below.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        assert!(!ptr.is_null());
+        // SAFETY: ptr is valid for 1 MiB.
+        let buf = unsafe { std::slice::from_raw_parts_mut(ptr, 1 << 20) };
+        buf.fill(0x6c);
+        dev.seek(std::io::SeekFrom::Start(3 << 20)).unwrap();
+        dev.write_all(buf).unwrap();
+        dev.sync_all().unwrap();
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(ptr, layout) };
+    }
+    run(tool("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-r",
+            "-c",
+            "read -P 0x6c 3M 1M",
+            "-c",
+            "read -P 0 0 3M",
+        ])
+        .arg(server.uri("vol0")));
+
+    let stderr = server.terminate();
+    assert!(stderr.contains("still in use"), "{stderr}");
+    assert!(!lograid_fuse_mounted(&files));
+    fail_io_on_dead_device(&att.device);
+    att.detach();
+    let list = stdout_of(
+        lograid()
+            .args(["attach", "--list", "--state-dir"])
+            .arg(&state),
+    );
+    assert!(list.trim().is_empty(), "{list}");
+}
+
+fn lograid_fuse_mounted(dir: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(1) == Some(&*dir.to_string_lossy()))
 }

@@ -1,5 +1,7 @@
 //! Turning an NBD export into a kernel block device on hosts without the nbd driver:
 //! `nbdfuse` exposes the export as a FUSE file, and a loop device with direct I/O sits on it.
+//! A file that already exists (a volume's file in the FUSE mount of `lograid serve --fuse DIR`)
+//! gets only the loop device ([`attach_file`]); its record has no nbdfuse (pid 0).
 //!
 //! Owns: starting and stopping that stack (nbdfuse, losetup, fusermount3) and a small state file
 //! in the work directory that records each attachment, so that another process (`lograid detach
@@ -62,16 +64,27 @@ fn io_error(what: impl Into<String>) -> impl FnOnce(io::Error) -> AttachError {
 pub struct AttachmentRecord {
     /// `/dev/loopN`.
     pub loop_device: PathBuf,
-    /// Where nbdfuse is mounted; the FUSE file is `mount_dir/nbd`.
+    /// Where nbdfuse is mounted; the FUSE file is `mount_dir/nbd`. For [`attach_file`]: the
+    /// file's directory (mounted by someone else).
     pub mount_dir: PathBuf,
+    /// 0 for [`attach_file`]: no nbdfuse of ours.
     pub nbdfuse_pid: u32,
-    /// The full NBD URI nbdfuse connected to (export name included).
+    /// The full NBD URI nbdfuse connected to (export name included), or the attached file.
     pub uri: String,
 }
 
 impl AttachmentRecord {
     pub fn fuse_file(&self) -> PathBuf {
-        self.mount_dir.join("nbd")
+        if self.owns_mount() {
+            self.mount_dir.join("nbd")
+        } else {
+            PathBuf::from(&self.uri)
+        }
+    }
+
+    /// Whether the FUSE mount is ours (nbdfuse's), to unmount on detach.
+    pub fn owns_mount(&self) -> bool {
+        self.nbdfuse_pid != 0
     }
 }
 
@@ -499,6 +512,72 @@ pub fn attach(uri: &str, export_name: &str, work_dir: &Path) -> Result<Attached,
     })
 }
 
+/// Puts a loop device with direct I/O on an existing file (a volume's file in the FUSE mount of
+/// `lograid serve --fuse DIR`) and records it in `work_dir`. Refuses a file some loop device
+/// already uses.
+pub fn attach_file(file: &Path, work_dir: &Path) -> Result<Attached, AttachError> {
+    let losetup = tool("losetup")?;
+    let file = file
+        .canonicalize()
+        .map_err(io_error(format!("resolving {}", file.display())))?;
+    let metadata = fs::metadata(&file).map_err(io_error(format!("reading {}", file.display())))?;
+    if !metadata.is_file() {
+        return Err(AttachError::Io {
+            what: format!("{}", file.display()),
+            source: io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"),
+        });
+    }
+    let text = file.to_string_lossy().into_owned();
+    if text.contains(['\t', '\n']) {
+        return Err(AttachError::Uri(text, "contains a tab or newline"));
+    }
+    fs::create_dir_all(work_dir).map_err(io_error(format!("creating {}", work_dir.display())))?;
+    let work_dir = work_dir
+        .canonicalize()
+        .map_err(io_error(format!("resolving {}", work_dir.display())))?;
+    let _lock = lock_state(&work_dir)?;
+    let users = run(Command::new(&losetup).arg("-j").arg(&file))?;
+    if let Some(user) = users.lines().next().and_then(|l| l.split(':').next()) {
+        return Err(AttachError::Command {
+            command: format!("losetup -j {}", file.display()),
+            status: "already attached".into(),
+            stderr: format!("{} is already attached as {user}", file.display()),
+        });
+    }
+    let loop_device = match run(Command::new(&losetup)
+        .args(["-f", "--show", "--direct-io=on"])
+        .arg(&file))?
+    {
+        device if device.starts_with("/dev/") => PathBuf::from(device),
+        other => {
+            return Err(AttachError::Command {
+                command: "losetup -f --show".into(),
+                status: "unexpected output".into(),
+                stderr: other,
+            })
+        }
+    };
+    let record = AttachmentRecord {
+        loop_device,
+        mount_dir: file.parent().map(Path::to_owned).unwrap_or_default(),
+        nbdfuse_pid: 0,
+        uri: text,
+    };
+    let mut records = read_records(&work_dir)?;
+    records.retain(|other| other.loop_device != record.loop_device);
+    records.push(record.clone());
+    if let Err(error) = write_records(&work_dir, &records) {
+        let _ = run(Command::new(&losetup).arg("-d").arg(&record.loop_device));
+        return Err(error);
+    }
+    tracing::info!(device = %record.loop_device.display(), file = %record.uri, "attached");
+    Ok(Attached {
+        record,
+        work_dir,
+        nbdfuse: None,
+    })
+}
+
 /// Undoes an attachment recorded in `work_dir` (possibly made by another process):
 /// `losetup -d`, `fusermount3 -u`, then waits for nbdfuse to exit and forgets the record.
 pub fn detach(work_dir: &Path, loop_device: &Path) -> Result<(), AttachError> {
@@ -536,16 +615,20 @@ fn detach_record(
         }
         tracing::warn!(%error, "losetup -d failed; the loop device no longer uses our file");
     }
-    if process_alive(record.nbdfuse_pid) || child.is_some() {
+    if !record.owns_mount() {
+        // The file's mount belongs to the server that serves it.
+    } else if process_alive(record.nbdfuse_pid) || child.is_some() {
         unmount(&record.mount_dir)?;
         wait_nbdfuse_exit(record.nbdfuse_pid, child)?;
     } else if is_mount_point(&record.mount_dir) {
         // nbdfuse died (its server went away) and left its FUSE mount behind.
         unmount(&record.mount_dir)?;
     }
-    let _ = fs::remove_dir(&record.mount_dir);
-    if let Some(name) = record.mount_dir.file_name() {
-        let _ = fs::remove_file(work_dir.join(format!("{}.pid", name.to_string_lossy())));
+    if record.owns_mount() {
+        let _ = fs::remove_dir(&record.mount_dir);
+        if let Some(name) = record.mount_dir.file_name() {
+            let _ = fs::remove_file(work_dir.join(format!("{}.pid", name.to_string_lossy())));
+        }
     }
     records.remove(index);
     write_records(work_dir, &records)?;

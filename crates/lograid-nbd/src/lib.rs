@@ -45,7 +45,9 @@ pub mod proto;
 pub mod server;
 pub mod tls;
 
-pub use attach::{attach, detach, list_attachments, AttachError, Attached, AttachmentRecord};
+pub use attach::{
+    attach, attach_file, detach, list_attachments, AttachError, Attached, AttachmentRecord,
+};
 pub use dispatch::{block_status_descriptors, plan_read, ReadPiece};
 pub use export::{nbd_error_from_io, Allocation, Export};
 pub use harden::harden_process_for_block_backing;

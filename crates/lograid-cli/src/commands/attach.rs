@@ -27,6 +27,10 @@ pub struct AttachArgs {
     /// Export (volume) name; default: the server's default export (its first volume).
     #[arg(long, value_name = "NAME")]
     pub export: Option<String>,
+    /// Attach a volume's file from `lograid serve --fuse DIR` (DIR/VOLUME) instead of an NBD
+    /// export: only a loop device, no NBD client in between.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["socket", "export"])]
+    pub file: Option<PathBuf>,
     /// Where attachments are recorded (and nbdfuse is mounted).
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
@@ -58,13 +62,37 @@ pub fn run_attach(a: AttachArgs) -> Result<()> {
             );
         }
         for r in records {
-            println!(
-                "{}\t{}\t(nbdfuse pid {})",
-                r.loop_device.display(),
-                r.uri,
-                r.nbdfuse_pid
-            );
+            if r.owns_mount() {
+                println!(
+                    "{}\t{}\t(nbdfuse pid {})",
+                    r.loop_device.display(),
+                    r.uri,
+                    r.nbdfuse_pid
+                );
+            } else {
+                println!(
+                    "{}\t{}\t(lograid serve --fuse)",
+                    r.loop_device.display(),
+                    r.uri
+                );
+            }
         }
+        return Ok(());
+    }
+    let detach_hint = if a.state_dir.as_os_str() == DEFAULT_STATE_DIR {
+        String::new()
+    } else {
+        format!(" --state-dir {}", a.state_dir.display())
+    };
+    if let Some(file) = &a.file {
+        let attached = lograid_nbd::attach_file(file, &a.state_dir)
+            .with_context(|| format!("attaching {}", file.display()))?;
+        let device = attached.loop_device().display().to_string();
+        eprintln!(
+            "lograid: attached {} as {device} (direct I/O); detach with `lograid detach {device}{detach_hint}`",
+            attached.record.uri
+        );
+        println!("{device}");
         return Ok(());
     }
     let uri = match &a.socket {
@@ -96,10 +124,9 @@ pub fn run_attach(a: AttachArgs) -> Result<()> {
     })?;
     let device = attached.loop_device().display().to_string();
     eprintln!(
-        "lograid: attached {} as {device} (direct I/O; nbdfuse pid {}); detach with `lograid detach {device}{}`",
+        "lograid: attached {} as {device} (direct I/O; nbdfuse pid {}); detach with `lograid detach {device}{detach_hint}`",
         attached.record.uri,
         attached.record.nbdfuse_pid,
-        if a.state_dir.as_os_str() == DEFAULT_STATE_DIR { String::new() } else { format!(" --state-dir {}", a.state_dir.display()) }
     );
     println!("{device}");
     // Dropping the handle leaves the device attached; nbdfuse runs on in its own process group.
@@ -133,7 +160,7 @@ fn detach_one(state_dir: &Path, device: &Path) -> Result<()> {
         .into_iter()
         .find(|r| r.loop_device == device);
     lograid_nbd::detach(state_dir, device)?;
-    if let Some(record) = record {
+    if let Some(record) = record.filter(|r| r.owns_mount()) {
         if is_mount_point(&record.mount_dir) {
             let status = std::process::Command::new("fusermount3")
                 .arg("-u")

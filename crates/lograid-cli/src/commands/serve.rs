@@ -72,6 +72,10 @@ pub struct ServeArgs {
     /// one DURATION after the server starts.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub scrub_every: Option<std::time::Duration>,
+    /// Also show each volume as a file DIR/VOLUME in a FUSE mount served by this process, for
+    /// `lograid attach --file DIR/VOLUME` (a /dev/loopN with no NBD client in between).
+    #[arg(long, value_name = "DIR")]
+    pub fuse: Option<PathBuf>,
     /// The drives (files, block devices, or a directory of *.img files). None: ./lograid-data,
     /// created on first run as three sparse 4 GiB files with parity 1 and one volume "vol0".
     pub drives: Vec<PathBuf>,
@@ -387,6 +391,17 @@ fn serve_pool(
     };
     let server = Server::bind(config, exports.clone()).context("starting the NBD server")?;
     let handle = server.shutdown_handle();
+    let fuse = match &a.fuse {
+        Some(dir) => {
+            let dir =
+                std::path::absolute(dir).with_context(|| format!("--fuse {}", dir.display()))?;
+            let mount =
+                lograid_fuse::mount(&dir, exports.clone(), &lograid_fuse::FuseOptions::default())
+                    .map_err(|e| anyhow::anyhow!("--fuse: {e}"))?;
+            Some(mount)
+        }
+        None => None,
+    };
 
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
@@ -426,10 +441,22 @@ fn serve_pool(
         &exports,
         a.read_only,
         tls.map(|t| t.mode),
+        fuse.as_ref().map(|m| m.dir()),
     );
     let served = server.serve();
     signals_handle.close();
     let _ = signal_thread.join();
+    if let Some(mount) = fuse {
+        // Before the pool closes: requests through the files must end first.
+        match mount.unmount() {
+            Ok(lograid_fuse::Unmounted::Clean) => {}
+            Ok(lograid_fuse::Unmounted::Aborted) => eprintln!(
+                "lograid: warning: a volume's FUSE file was still in use (a loop device not detached?); \
+                 its connection was aborted, so its holder now gets I/O errors; detach it with `lograid detach`"
+            ),
+            Err(e) => eprintln!("lograid: warning: {e}"),
+        }
+    }
     served.context("NBD server")?;
     Ok(())
 }
@@ -440,6 +467,7 @@ fn print_how_to_connect(
     exports: &[Arc<dyn Export>],
     read_only: bool,
     tls: Option<TlsMode>,
+    fuse: Option<&Path>,
 ) {
     let status = pool.status();
     let mut out = String::new();
@@ -516,6 +544,13 @@ fn print_how_to_connect(
             ));
             }
         }
+    }
+    if let Some(dir) = fuse {
+        out.push_str(&format!(
+            "volumes as files in {} (FUSE, served by this process):\n  lograid attach --file {}      (as root: a /dev/loopN with no NBD client)\n",
+            dir.display(),
+            dir.join(first).display()
+        ));
     }
     out.push_str("stop with Ctrl-C or SIGTERM (flushes and checkpoints before exiting)\n");
     let mut stdout = std::io::stdout().lock();

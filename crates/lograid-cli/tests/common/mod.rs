@@ -383,6 +383,8 @@ impl Drop for Server {
 pub struct Attachment {
     pub device: PathBuf,
     pub state_dir: PathBuf,
+    /// Where the loop device's backing file lives (the state directory for nbdfuse's mounts).
+    backing_dir: PathBuf,
     detached: bool,
 }
 
@@ -400,17 +402,34 @@ impl Attachment {
                 ])
                 .arg(state_dir),
         );
-        let attachment = Attachment {
-            device: PathBuf::from(out.trim()),
-            state_dir: state_dir.to_path_buf(),
-            detached: false,
-        };
+        Self::from_output(&out, state_dir, state_dir)
+    }
+
+    /// `lograid attach --file FILE`: a volume's file from `serve --fuse DIR`.
+    pub fn attach_file(file: &Path, state_dir: &Path) -> Attachment {
+        let out = stdout_of(
+            lograid()
+                .arg("attach")
+                .arg("--file")
+                .arg(file)
+                .arg("--state-dir")
+                .arg(state_dir),
+        );
+        Self::from_output(&out, state_dir, file.parent().unwrap())
+    }
+
+    fn from_output(out: &str, state_dir: &Path, backing_dir: &Path) -> Attachment {
         let printed = out.trim();
         assert!(
             printed.starts_with("/dev/loop") && !printed.contains('\n'),
             "attach printed {out:?}"
         );
-        attachment
+        Attachment {
+            device: PathBuf::from(printed),
+            state_dir: state_dir.to_path_buf(),
+            backing_dir: backing_dir.to_path_buf(),
+            detached: false,
+        }
     }
 
     /// A guard for a device attached some other way: detached (and its leftovers unmounted) on drop.
@@ -418,6 +437,7 @@ impl Attachment {
         Attachment {
             device,
             state_dir: state_dir.to_path_buf(),
+            backing_dir: state_dir.to_path_buf(),
             detached: false,
         }
     }
@@ -456,7 +476,7 @@ impl Drop for Attachment {
                 .output()
                 .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
                 .unwrap_or_default();
-            if backing.contains(&*self.state_dir.to_string_lossy()) {
+            if backing.contains(&*self.backing_dir.to_string_lossy()) {
                 let _ = tool("losetup")
                     .arg("-d")
                     .arg(&self.device)

@@ -1,0 +1,246 @@
+//! The volumes' FUSE files against in-memory exports (`MemExport`), through the real kernel:
+//! reads and writes (aligned and not), short writes at the end, fsync as flush, O_DSYNC as FUA,
+//! punch-hole as trim and zero-range as write-zeroes, refusals (read-only export, truncate,
+//! create), and unmounting with and without a file held open, and over a stale mount. Every
+//! call the export receives must keep its contract. Needs root and /dev/fuse (fails without
+//! them unless LOGRAID_SKIP_EXTERNAL=1).
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::sync::Arc;
+
+use lograid_fuse::{
+    abort_connection, connection_of, is_mount_point, mount, FuseOptions, Unmounted,
+};
+use lograid_nbd::mem_export::MemExport;
+use lograid_nbd::{Allocation, Export};
+
+const SIZE: u64 = 8 << 20;
+
+fn can_mount() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if root && Path::new("/dev/fuse").exists() {
+        return true;
+    }
+    if std::env::var_os("LOGRAID_SKIP_EXTERNAL").is_some_and(|v| v == "1") {
+        eprintln!("SKIPPED (LOGRAID_SKIP_EXTERNAL=1): needs root and /dev/fuse");
+        return false;
+    }
+    panic!("needs root and /dev/fuse (set LOGRAID_SKIP_EXTERNAL=1 to skip)");
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn errno_of<T: std::fmt::Debug>(result: std::io::Result<T>) -> i32 {
+    result
+        .expect_err("the call should fail")
+        .raw_os_error()
+        .expect("an OS error")
+}
+
+fn fallocate(file: &File, mode: i32, offset: u64, length: u64) -> std::io::Result<()> {
+    // SAFETY: fallocate on a descriptor we own.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), mode, offset as i64, length as i64) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[test]
+fn volume_files_carry_every_call_to_the_export_within_its_contract() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("files");
+    let vol = Arc::new(MemExport::new("vol0", SIZE));
+    let ro = Arc::new(MemExport::new("ro1", 1 << 20).with_read_only(true));
+    ro.fill(0, &pattern(1 << 20, 9));
+    let exports: Vec<Arc<dyn Export>> = vec![vol.clone(), ro.clone()];
+    let m = mount(&files, exports, &FuseOptions::default()).unwrap();
+    assert!(is_mount_point(&files));
+
+    // The directory lists one file per export, with the export's size; read-only is 0400.
+    let mut names: Vec<String> = std::fs::read_dir(&files)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["ro1", "vol0"]);
+    let meta = std::fs::metadata(files.join("vol0")).unwrap();
+    assert_eq!(meta.len(), SIZE);
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    assert_eq!(
+        std::fs::metadata(files.join("ro1"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o400
+    );
+    assert_eq!(
+        errno_of(std::fs::metadata(files.join("nothing"))),
+        libc::ENOENT
+    );
+
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(files.join("vol0"))
+        .unwrap();
+    // Aligned: straight through.
+    let a = pattern(64 << 10, 1);
+    file.write_all_at(&a, 4096).unwrap();
+    assert_eq!(vol.contents(4096, a.len() as u64), a);
+    // Unaligned write and read: widened to sectors here, merged with what is around.
+    let b = pattern(100, 2);
+    file.write_all_at(&b, 1000).unwrap();
+    let mut expect = vec![0u8; 8192];
+    expect[4096..].copy_from_slice(&a[..4096]);
+    expect[1000..1100].copy_from_slice(&b);
+    assert_eq!(vol.contents(0, 8192), expect);
+    let mut back = vec![0u8; 3000];
+    file.read_exact_at(&mut back, 777).unwrap();
+    assert_eq!(back, expect[777..3777]);
+    // At the end: a write past it is cut short, one at it has no room; a read there is empty.
+    assert_eq!(file.write_at(&pattern(8192, 3), SIZE - 4096).unwrap(), 4096);
+    assert_eq!(vol.contents(SIZE - 4096, 4096), pattern(4096, 3));
+    assert_eq!(errno_of(file.write_at(&[1; 512], SIZE)), libc::ENOSPC);
+    assert_eq!(file.read_at(&mut back, SIZE).unwrap(), 0);
+    // fsync is the export's flush.
+    let flushes = vol.flush_count();
+    file.sync_all().unwrap();
+    assert!(vol.flush_count() > flushes);
+    // Punching a hole trims whole sectors and zeroes the edges; the middle becomes a hole.
+    fallocate(
+        &file,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        4096 + 100,
+        20_000,
+    )
+    .unwrap();
+    let after = vol.contents(4096, a.len() as u64);
+    assert_eq!(after[..100], a[..100]);
+    assert!(after[100..20_100].iter().all(|&x| x == 0));
+    assert_eq!(after[20_100..], a[20_100..]);
+    assert_eq!(vol.allocation_at(8192), Allocation::Hole);
+    // Zero range: zeroes that stay allocated.
+    fallocate(&file, libc::FALLOC_FL_ZERO_RANGE, 40_960, 8192).unwrap();
+    assert!(vol.contents(40_960, 8192).iter().all(|&x| x == 0));
+    assert_eq!(vol.allocation_at(40_960), Allocation::Zero);
+    // Growing by allocation, truncating, and odd modes are refused.
+    assert_eq!(errno_of(fallocate(&file, 0, SIZE - 512, 4096)), libc::EFBIG);
+    fallocate(&file, 0, 0, 4096).unwrap();
+    assert_eq!(errno_of(file.set_len(SIZE / 2)), libc::EINVAL);
+    assert_eq!(
+        errno_of(fallocate(&file, libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096)),
+        libc::EOPNOTSUPP
+    );
+    // O_DSYNC writes are FUA writes.
+    let sync_file = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DSYNC)
+        .open(files.join("vol0"))
+        .unwrap();
+    let fua = vol.fua_write_count();
+    sync_file.write_all_at(&pattern(4096, 4), 0).unwrap();
+    assert!(vol.fua_write_count() > fua);
+
+    // A read-only export: readable, not writable.
+    assert_eq!(
+        errno_of(OpenOptions::new().write(true).open(files.join("ro1"))),
+        libc::EROFS
+    );
+    let ro_file = File::open(files.join("ro1")).unwrap();
+    let mut first = vec![0u8; 4096];
+    ro_file.read_exact_at(&mut first, 0).unwrap();
+    assert_eq!(first, pattern(1 << 20, 9)[..4096]);
+    // Files are neither created nor removed here.
+    assert_eq!(errno_of(File::create(files.join("new"))), libc::EPERM);
+    assert_eq!(
+        errno_of(std::fs::remove_file(files.join("vol0"))),
+        libc::EPERM
+    );
+
+    drop((file, sync_file, ro_file));
+    assert_eq!(m.unmount().unwrap(), Unmounted::Clean);
+    assert!(!is_mount_point(&files));
+    assert_eq!(vol.contract_violations(), 0);
+    assert_eq!(ro.contract_violations(), 0);
+}
+
+#[test]
+fn unmounting_with_a_file_in_use_aborts_its_connection() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("files");
+    let vol = Arc::new(MemExport::new("vol0", SIZE));
+    let m = mount(
+        &files,
+        vec![vol.clone() as Arc<dyn Export>],
+        &FuseOptions::default(),
+    )
+    .unwrap();
+    let held = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(files.join("vol0"))
+        .unwrap();
+    held.write_all_at(&pattern(4096, 5), 0).unwrap();
+    // The server must be able to stop even so: the holder now gets errors, not hangs.
+    assert_eq!(m.unmount().unwrap(), Unmounted::Aborted);
+    assert!(!is_mount_point(&files));
+    let mut buf = vec![0u8; 4096];
+    assert!(held.read_at(&mut buf, 0).is_err());
+    assert!(held.write_at(&buf, 0).is_err());
+    assert_eq!(vol.contents(0, 4096), pattern(4096, 5));
+}
+
+#[test]
+fn a_mount_left_by_a_dead_server_is_replaced() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("files");
+    let vol = Arc::new(MemExport::new("vol0", SIZE));
+    let first = mount(
+        &files,
+        vec![vol.clone() as Arc<dyn Export>],
+        &FuseOptions::default(),
+    )
+    .unwrap();
+    // What a SIGKILLed server leaves: the mount, with its connection gone.
+    abort_connection(connection_of(&files).unwrap()).unwrap();
+    std::mem::forget(first);
+    assert_eq!(
+        errno_of(std::fs::metadata(files.join("vol0"))),
+        libc::ENOTCONN
+    );
+    vol.fill(0, &pattern(4096, 6));
+    let second = mount(
+        &files,
+        vec![vol.clone() as Arc<dyn Export>],
+        &FuseOptions::default(),
+    )
+    .unwrap();
+    let mut buf = vec![0u8; 4096];
+    File::open(files.join("vol0"))
+        .unwrap()
+        .read_exact_at(&mut buf, 0)
+        .unwrap();
+    assert_eq!(buf, pattern(4096, 6));
+    assert_eq!(second.unmount().unwrap(), Unmounted::Clean);
+    assert!(!is_mount_point(&files));
+}
