@@ -231,24 +231,28 @@ fn read_records(work_dir: &Path) -> Result<Vec<AttachmentRecord>, AttachError> {
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(error) => return Err(io_error(format!("opening {}", path.display()))(error)),
     }
-    let state_error = |problem: String| AttachError::State {
-        path: path.clone(),
-        problem,
-    };
+    parse_records(&text).map_err(|problem| AttachError::State { path, problem })
+}
+
+/// Parses the state file's text (a version line, then one record per line, fields separated
+/// by tabs: loop device, nbdfuse pid, mount directory, URI or file).
+pub(crate) fn parse_records(text: &str) -> Result<Vec<AttachmentRecord>, String> {
     let mut lines = text.lines();
     match lines.next() {
         Some(STATE_VERSION) | None => {}
-        Some(other) => return Err(state_error(format!("unknown header {other:?}"))),
+        Some(other) => return Err(format!("unknown header {other:?}")),
     }
     let mut records = Vec::new();
     for line in lines.filter(|line| !line.is_empty()) {
+        if line.contains('\r') {
+            // Never written (paths with tabs, newlines or carriage returns are refused).
+            return Err(format!("malformed line {line:?}"));
+        }
         let fields: Vec<&str> = line.split('\t').collect();
         let [loop_device, pid, mount_dir, uri] = fields[..] else {
-            return Err(state_error(format!("malformed line {line:?}")));
+            return Err(format!("malformed line {line:?}"));
         };
-        let nbdfuse_pid = pid
-            .parse()
-            .map_err(|_| state_error(format!("bad pid in {line:?}")))?;
+        let nbdfuse_pid = pid.parse().map_err(|_| format!("bad pid in {line:?}"))?;
         records.push(AttachmentRecord {
             loop_device: PathBuf::from(loop_device),
             mount_dir: PathBuf::from(mount_dir),
@@ -259,9 +263,8 @@ fn read_records(work_dir: &Path) -> Result<Vec<AttachmentRecord>, AttachError> {
     Ok(records)
 }
 
-fn write_records(work_dir: &Path, records: &[AttachmentRecord]) -> Result<(), AttachError> {
-    let path = work_dir.join(STATE_FILE);
-    let temporary = work_dir.join(format!("{STATE_FILE}.tmp"));
+/// The state file's text for `records` (what [`parse_records`] reads).
+pub(crate) fn format_records(records: &[AttachmentRecord]) -> String {
     let mut text = format!("{STATE_VERSION}\n");
     for record in records {
         text.push_str(&format!(
@@ -272,6 +275,13 @@ fn write_records(work_dir: &Path, records: &[AttachmentRecord]) -> Result<(), At
             record.uri
         ));
     }
+    text
+}
+
+fn write_records(work_dir: &Path, records: &[AttachmentRecord]) -> Result<(), AttachError> {
+    let path = work_dir.join(STATE_FILE);
+    let temporary = work_dir.join(format!("{STATE_FILE}.tmp"));
+    let text = format_records(records);
     let mut file =
         File::create(&temporary).map_err(io_error(format!("creating {}", temporary.display())))?;
     file.write_all(text.as_bytes())
@@ -391,14 +401,14 @@ fn wait_nbdfuse_exit(pid: u32, child: Option<Child>) -> Result<(), AttachError> 
 pub fn attach(uri: &str, export_name: &str, work_dir: &Path) -> Result<Attached, AttachError> {
     check_attach_tools()?;
     let full_uri = export_uri(uri, export_name)?;
-    if full_uri.contains(['\t', '\n']) {
+    if full_uri.contains(['\t', '\n', '\r']) {
         return Err(AttachError::Uri(full_uri, "contains a tab or newline"));
     }
     fs::create_dir_all(work_dir).map_err(io_error(format!("creating {}", work_dir.display())))?;
     let work_dir = work_dir
         .canonicalize()
         .map_err(io_error(format!("resolving {}", work_dir.display())))?;
-    if work_dir.to_string_lossy().contains(['\t', '\n']) {
+    if work_dir.to_string_lossy().contains(['\t', '\n', '\r']) {
         return Err(AttachError::State {
             path: work_dir,
             problem: "work directory path contains a tab or newline".into(),
@@ -528,7 +538,7 @@ pub fn attach_file(file: &Path, work_dir: &Path) -> Result<Attached, AttachError
         });
     }
     let text = file.to_string_lossy().into_owned();
-    if text.contains(['\t', '\n']) {
+    if text.contains(['\t', '\n', '\r']) {
         return Err(AttachError::Uri(text, "contains a tab or newline"));
     }
     fs::create_dir_all(work_dir).map_err(io_error(format!("creating {}", work_dir.display())))?;

@@ -1,5 +1,6 @@
 //! One entry point that drives every parser of network bytes with arbitrary input: used by the
-//! cargo-fuzz target `fuzz/fuzz_targets/nbd_proto.rs` and by a random-input test.
+//! cargo-fuzz target `fuzz/fuzz_targets/nbd_proto.rs` and by a random-input test; and one for
+//! the attachments state file (`fuzz/fuzz_targets/attach_state.rs`).
 //!
 //! Owns nothing of the server; it only strings together the pure pieces (client flags, option
 //! headers and data, the negotiation state machine, request validation, and reply building
@@ -288,4 +289,14 @@ pub fn fuzz_protocol(input: &[u8]) -> FuzzReach {
         }
     }
     reach
+}
+
+/// Parses `text` as an attachments state file; whatever parses must format and parse back to
+/// the same records (panics otherwise: a finding).
+pub fn fuzz_attach_state(text: &str) {
+    if let Ok(records) = crate::attach::parse_records(text) {
+        let again = crate::attach::parse_records(&crate::attach::format_records(&records))
+            .expect("formatted records parse");
+        assert_eq!(again, records, "records changed in a round trip");
+    }
 }

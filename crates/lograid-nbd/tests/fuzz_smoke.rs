@@ -128,3 +128,38 @@ fn fuzz_seed_corpus_runs() {
         "only {sessions} seeds get past the handshake"
     );
 }
+
+/// The attachments state file's fuzz entry point (`fuzz/fuzz_targets/attach_state.rs`) over
+/// 20,000 pseudo-random texts built from the file's own pieces (the version line, tabs,
+/// newlines, carriage returns, digits, paths), and over a file as `lograid attach` writes it.
+#[test]
+fn attach_state_parser_survives_random_texts() {
+    use lograid_nbd::fuzzing::fuzz_attach_state;
+    fuzz_attach_state(
+        "lograid-attachments-v1\n/dev/loop3\t4242\t/run/lograid/fuse-1-2\tnbd://127.0.0.1:10809/vol0\n\
+         /dev/loop4\t0\t/srv/files\t/srv/files/vol1\n",
+    );
+    let pieces = [
+        "lograid-attachments-v1\n",
+        "\t",
+        "\n",
+        "\r",
+        "\r\n",
+        "0",
+        "4294967296",
+        "+7",
+        "-1",
+        "/dev/loop0",
+        "/run/x y",
+        "nbd://h/é",
+        "",
+    ];
+    let mut rng = XorShift(0x5eed_a77a);
+    for _ in 0..20_000 {
+        let count = (rng.next() % 24) as usize;
+        let text: String = (0..count)
+            .map(|_| pieces[(rng.next() % pieces.len() as u64) as usize])
+            .collect();
+        fuzz_attach_state(&text);
+    }
+}
