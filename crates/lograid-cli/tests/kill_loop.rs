@@ -76,8 +76,14 @@ fn seed() -> u64 {
 /// `lograid serve` on the pool's drives, with its run directory (status file, control
 /// socket) inside the pool's temporary directory, so killed servers leave nothing behind.
 fn serve(pool: &TestPool) -> Server {
+    serve_with(pool, &[])
+}
+
+/// As [`serve`], with more arguments.
+fn serve_with(pool: &TestPool, extra: &[&str]) -> Server {
     let mut args: Vec<String> = vec!["serve".into()];
     args.extend(pool.drives.iter().map(|d| d.display().to_string()));
+    args.extend(extra.iter().map(|a| a.to_string()));
     let run_dir = pool.path("run");
     Server::start_prepared(Path::new(BIN), args, pool.dir.path(), None, |c| {
         c.env("LOGRAID_RUN_DIR", &run_dir);
@@ -807,17 +813,44 @@ fn verify_and_settle(root: &Path, st: &mut FsRound, kill: usize) -> usize {
 
 #[test]
 fn ext4_survives_repeated_sigkill() {
+    ext4_kill_loop(false);
+}
+
+/// The same through the server's own FUSE file (`serve --fuse`, `attach --file`): a killed
+/// server leaves its mount behind, and the next one replaces it.
+#[test]
+fn ext4_on_the_servers_fuse_file_survives_repeated_sigkill() {
+    ext4_kill_loop(true);
+}
+
+fn ext4_kill_loop(server_fuse: bool) {
     if !need_block_devices(&["mkfs.ext4", "fsck.ext4"]) {
         return;
     }
     let (n, seed) = (kills(), seed());
-    eprintln!("kill loop on ext4: {n} kills, seed {seed} (LOGRAID_KILLS={n} LOGRAID_KILL_SEED={seed} to repeat)");
+    let how = if server_fuse {
+        "the server's FUSE file"
+    } else {
+        "nbdfuse"
+    };
+    eprintln!(
+        "kill loop on ext4 through {how}: {n} kills, seed {seed} (LOGRAID_KILLS={n} LOGRAID_KILL_SEED={seed} to repeat)"
+    );
     let started = Instant::now();
     let mut rng = Rng::new(seed ^ 0xE4E4_E4E4);
     let pool = TestPool::create("512M", "vol0:400M");
-    let (state, mnt) = (pool.path("state"), pool.path("mnt"));
+    let (state, mnt, files) = (pool.path("state"), pool.path("mnt"), pool.path("files"));
+    let fuse_args = ["--fuse", files.to_str().unwrap()];
+    let serve = |pool: &TestPool| serve_with(pool, if server_fuse { &fuse_args } else { &[] });
+    let attach = |server: &Server| {
+        if server_fuse {
+            Attachment::attach_file(&files.join("vol0"), &state)
+        } else {
+            Attachment::attach(server, "vol0", &state)
+        }
+    };
     let mut server = serve(&pool);
-    let mut att = Attachment::attach(&server, "vol0", &state);
+    let mut att = attach(&server);
     run(tool("mkfs.ext4").args(["-q", "-F"]).arg(&att.device));
     let mut m = Mount::at(&att.device, &mnt);
     let mut st = FsRound::default();
@@ -846,7 +879,7 @@ fn ext4_survives_repeated_sigkill() {
         let restart = Instant::now();
         server = serve(&pool);
         let restart = restart.elapsed();
-        att = Attachment::attach(&server, "vol0", &state);
+        att = attach(&server);
         m = Mount::at(&att.device, &mnt);
         let checked = st.synced.len() - st.deleted.len();
         let extra = verify_and_settle(&m.dir, &mut st, kill);
@@ -874,7 +907,7 @@ fn ext4_survives_repeated_sigkill() {
     server.terminate();
     let note = scrub_check_clean(&pool, "after the clean stop", false);
     eprintln!(
-        "kill loop on ext4: {n} kills done (seed {seed}): {total_created} files created, {total_syncs} syncfs \
+        "kill loop on ext4 through {how}: {n} kills done (seed {seed}): {total_created} files created, {total_syncs} syncfs \
          completed before kills, {} files at the end; scrub --check: {note}; {:.1} s",
         st.synced.len(),
         started.elapsed().as_secs_f64()
