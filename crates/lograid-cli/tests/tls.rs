@@ -150,6 +150,19 @@ fn qemu_io_tls(server: &Server, export: &str, client_dir: &Path, commands: &[&st
     )
 }
 
+/// A fresh pool with certificates made in POOL/certs (see [`make_certificates`]), served with
+/// `--tls-certificates POOL/certs/server` and `extra`.
+fn tls_pool(extra: &[&str]) -> (TestPool, PathBuf, Server) {
+    let pool = TestPool::create("256M", "vol0:32M");
+    let certs = pool.path("certs");
+    make_certificates(&certs);
+    let server_dir = certs.join("server");
+    let mut args = vec!["--tls-certificates", server_dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let server = pool.serve_with(&args);
+    (pool, certs, server)
+}
+
 /// Reads one option reply header (magic, option, type, length) and its data.
 fn read_option_reply(stream: &mut impl Read) -> (u32, u32, Vec<u8>) {
     let mut header = [0u8; 20];
@@ -283,14 +296,7 @@ fn tls_verify_peer_serves_only_clients_with_a_certificate() {
     if !need_tools(&["openssl", "nbdinfo"]) {
         return;
     }
-    let pool = TestPool::create("256M", "vol0:32M");
-    let certs = pool.path("certs");
-    make_certificates(&certs);
-    let server = pool.serve_with(&[
-        "--tls-certificates",
-        certs.join("server").to_str().unwrap(),
-        "--tls-verify-peer",
-    ]);
+    let (_pool, certs, server) = tls_pool(&["--tls-verify-peer"]);
     // Only the CA certificate: refused.
     let anonymous = certs.join("anonymous");
     std::fs::create_dir_all(&anonymous).unwrap();
@@ -314,15 +320,7 @@ fn tls_on_lets_clients_choose() {
     if !need_tools(&["openssl", "nbdinfo", "qemu-io"]) {
         return;
     }
-    let pool = TestPool::create("256M", "vol0:32M");
-    let certs = pool.path("certs");
-    make_certificates(&certs);
-    let server = pool.serve_with(&[
-        "--tls",
-        "on",
-        "--tls-certificates",
-        certs.join("server").to_str().unwrap(),
-    ]);
+    let (_pool, certs, server) = tls_pool(&["--tls", "on"]);
     let out = qemu_io_tls(
         &server,
         "vol0",
@@ -585,15 +583,7 @@ fn tls_answers_holes_with_zero_bytes_and_plaintext_with_hole_chunks() {
     if !need_tools(&["openssl"]) {
         return;
     }
-    let pool = TestPool::create("256M", "vol0:32M");
-    let certs = pool.path("certs");
-    make_certificates(&certs);
-    let server = pool.serve_with(&[
-        "--tls",
-        "on",
-        "--tls-certificates",
-        certs.join("server").to_str().unwrap(),
-    ]);
+    let (_pool, certs, server) = tls_pool(&["--tls", "on"]);
     let (offset, length) = (1u64 << 20, 256u32 << 10);
 
     let mut plain = connect_raw(&server);

@@ -178,11 +178,13 @@ fn volume_files_carry_every_call_to_the_export_within_its_contract() {
     assert_eq!(ro.contract_violations(), 0);
 }
 
-#[test]
-fn unmounting_with_a_file_in_use_aborts_its_connection() {
-    if !can_mount() {
-        return;
-    }
+/// A temporary directory, its `files` mount point, and one in-memory volume "vol0" mounted there.
+fn mount_one_volume() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    Arc<MemExport>,
+    lograid_fuse::FuseMount,
+) {
     let dir = tempfile::tempdir().unwrap();
     let files = dir.path().join("files");
     let vol = Arc::new(MemExport::new("vol0", SIZE));
@@ -192,6 +194,15 @@ fn unmounting_with_a_file_in_use_aborts_its_connection() {
         &FuseOptions::default(),
     )
     .unwrap();
+    (dir, files, vol, m)
+}
+
+#[test]
+fn unmounting_with_a_file_in_use_aborts_its_connection() {
+    if !can_mount() {
+        return;
+    }
+    let (_dir, files, vol, m) = mount_one_volume();
     let held = OpenOptions::new()
         .read(true)
         .write(true)
@@ -212,15 +223,7 @@ fn a_mount_left_by_a_dead_server_is_replaced() {
     if !can_mount() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let files = dir.path().join("files");
-    let vol = Arc::new(MemExport::new("vol0", SIZE));
-    let first = mount(
-        &files,
-        vec![vol.clone() as Arc<dyn Export>],
-        &FuseOptions::default(),
-    )
-    .unwrap();
+    let (_dir, files, vol, first) = mount_one_volume();
     // What a SIGKILLed server leaves: the mount, with its connection gone.
     abort_connection(connection_of(&files).unwrap()).unwrap();
     std::mem::forget(first);
