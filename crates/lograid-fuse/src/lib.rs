@@ -5,19 +5,19 @@
 //!
 //! Owns: the FUSE mount (one directory, one regular file per [`Export`], named after it), the
 //! translation of the kernel's file requests into export calls (read, write, fsync as flush,
-//! `fallocate` punch-hole as trim and zero-range as write-zeroes, `O_SYNC`/`O_DSYNC` writes as
-//! FUA), and unmounting, also when a loop device still holds a file. Must never: pass the export
-//! a call outside the export's contract (offsets and lengths are multiples of 512 and within the
-//! size; unaligned requests are widened here), grow or shrink a file, or answer a request after
-//! the export refused it.
+//! `fallocate` punch-hole as zeroes that may be unmapped and zero-range as zeroes that stay
+//! allocated, `O_SYNC`/`O_DSYNC` writes as FUA), and unmounting, also when a loop device still
+//! holds a file. Must never: pass the export a call outside the export's contract (offsets and
+//! lengths are multiples of 512 and within the size; unaligned requests are widened here), call
+//! an export after the mount ended, grow or shrink a file, take over a mount it did not make,
+//! or answer a request after the export refused it.
 
 use std::ffi::OsStr;
 use std::fs;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -91,11 +91,12 @@ pub struct FuseMount {
     /// The FUSE connection's number (the mount's device minor), for aborting it.
     connection: Option<u32>,
     stats: Arc<Stats>,
+    gate: Arc<Gate>,
 }
 
-/// Mounts `exports` as files `dir/NAME` (creating `dir` if needed; a stale mount left there by a
-/// process that died is unmounted first). Needs /dev/fuse and, unless running as root,
-/// `fusermount3`.
+/// Mounts `exports` as files `dir/NAME` (creating `dir` if needed). A lograid FUSE mount left
+/// there by a server that died is unmounted first; any other mount on `dir` (a live server's, or
+/// another filesystem) is refused. Needs /dev/fuse and, unless running as root, `fusermount3`.
 pub fn mount(
     dir: &Path,
     exports: Vec<Arc<dyn Export>>,
@@ -104,15 +105,33 @@ pub fn mount(
     if !Path::new("/dev/fuse").exists() {
         return Err(FuseError::NoFuse);
     }
+    let dir = &resolve(dir).map_err(|source| FuseError::Mount {
+        dir: dir.to_owned(),
+        source,
+    })?;
     let mount_error = |source: io::Error| FuseError::Mount {
         dir: dir.to_owned(),
         source,
     };
-    if is_mount_point(dir)
-        || matches!(fs::metadata(dir), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
-    {
-        // A mount left by a server that was killed: "Transport endpoint is not connected".
-        tracing::warn!(dir = %dir.display(), "a FUSE mount is left on the directory; unmounting it (lazily)");
+    if let Some(existing) = mount_at(dir) {
+        // Opening the directory asks the server (attributes may come from the kernel's cache).
+        let dead = matches!(fs::read_dir(dir), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+        if !existing.is_ours() || !dead {
+            return Err(mount_error(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "the directory is already a mount point ({}{}); give an empty directory",
+                    existing.fstype,
+                    if existing.is_ours() {
+                        ", served by a running lograid"
+                    } else {
+                        ""
+                    }
+                ),
+            )));
+        }
+        // What a killed server leaves: "Transport endpoint is not connected".
+        tracing::warn!(dir = %dir.display(), "a FUSE mount left by a server that died is on the directory; unmounting it (lazily)");
         lazy_unmount(dir).map_err(|detail| FuseError::Unmount {
             dir: dir.to_owned(),
             detail,
@@ -120,7 +139,7 @@ pub fn mount(
     }
     fs::create_dir_all(dir).map_err(mount_error)?;
     let files = VolumeFiles::new(exports);
-    let stats = files.stats.clone();
+    let (stats, gate) = (files.stats.clone(), files.gate.clone());
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         MountOption::FSName("lograid".into()),
@@ -133,14 +152,31 @@ pub fn mount(
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = true;
     let session = fuser::spawn_mount(files, dir, &config).map_err(mount_error)?;
-    let connection = connection_of(dir).filter(|_| is_mount_point(dir));
+    let connection = mount_at(dir).filter(MountEntry::is_ours).map(|m| m.minor);
     tracing::info!(dir = %dir.display(), "volumes mounted as FUSE files");
     Ok(FuseMount {
         dir: dir.to_owned(),
         session: Some(session),
         connection,
         stats,
+        gate,
     })
+}
+
+/// The filesystem type our mounts show in /proc/self/mountinfo when made by fusermount3.
+const FSTYPE: &str = "fuse.lograid";
+
+/// `dir` made absolute with symlinks and `..` resolved, without touching `dir` itself (it may
+/// be a dead mount point, where every access fails): its parent is resolved and its name kept.
+fn resolve(dir: &Path) -> io::Result<PathBuf> {
+    let absolute = std::path::absolute(dir)?;
+    match (absolute.parent(), absolute.file_name()) {
+        (Some(parent), Some(name)) if !parent.as_os_str().is_empty() => {
+            fs::create_dir_all(parent)?;
+            Ok(parent.canonicalize()?.join(name))
+        }
+        _ => absolute.canonicalize(),
+    }
 }
 
 impl FuseMount {
@@ -151,7 +187,8 @@ impl FuseMount {
     /// Unmounts and waits for the request threads. If a loop device (or anything else) still
     /// holds a file, the mount is detached lazily and its connection aborted, so that the
     /// server can stop: the holder's later requests fail with an I/O error, as they would
-    /// with the server gone. Returns how the mount ended.
+    /// with the server gone. In every case no request reaches an export once this returns.
+    /// Returns how the mount ended.
     pub fn unmount(mut self) -> Result<Unmounted, FuseError> {
         self.finish()
     }
@@ -161,13 +198,12 @@ impl FuseMount {
             return Ok(Unmounted::Clean);
         };
         let dir = self.dir.clone();
-        // `umount_and_join` unmounts first; a busy mount fails there with the session intact.
-        let mut busy = false;
-        let result = match try_unmount(&dir) {
-            Ok(()) => Ok(()),
+        let ended = match try_unmount(&dir) {
+            Ok(()) => Unmounted::Clean,
             Err(detail) => {
-                busy = true;
                 tracing::warn!(dir = %dir.display(), "{detail}; detaching the mount lazily and aborting its connection");
+                // From here on requests get EIO from us, whatever happens to the connection.
+                self.gate.close();
                 lazy_unmount(&dir).map_err(|detail| FuseError::Unmount {
                     dir: dir.clone(),
                     detail,
@@ -177,29 +213,25 @@ impl FuseMount {
                     None => Err("the mount's connection number is unknown".into()),
                 };
                 if let Err(detail) = aborted {
-                    // Joining would wait for the holder to let go; the threads end with the
-                    // process instead (its /dev/fuse descriptors close then).
+                    // Joining would wait for the holder to let go. The request threads answer
+                    // EIO until the process exits and its /dev/fuse descriptors close.
                     tracing::warn!(
                         "cannot abort the FUSE connection of {}: {detail}",
                         dir.display()
                     );
-                    return Ok(Unmounted::Aborted);
+                    return Ok(Unmounted::Refusing);
                 }
-                Ok(())
+                Unmounted::Aborted
             }
         };
-        result?;
+        self.gate.close();
         // The kernel ends the session (ENODEV to every request thread) once unmounted or aborted.
         session.join().map_err(|e| FuseError::Unmount {
             dir: dir.clone(),
             detail: e.to_string(),
         })?;
         tracing::info!(dir = %dir.display(), "FUSE files unmounted: {}", self.stats.summary());
-        Ok(if busy {
-            Unmounted::Aborted
-        } else {
-            Unmounted::Clean
-        })
+        Ok(ended)
     }
 }
 
@@ -215,8 +247,12 @@ impl Drop for FuseMount {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unmounted {
     Clean,
-    /// A file was still in use (e.g. by a loop device); its holder now gets I/O errors.
+    /// A file was still in use (e.g. by a loop device); its connection was aborted, so its
+    /// holder now gets I/O errors from the kernel.
     Aborted,
+    /// A file was still in use and the connection could not be aborted: the holder's requests
+    /// get I/O errors from this process until it exits (then from the kernel).
+    Refusing,
 }
 
 /// Where the kernel lists FUSE connections (the `fusectl` filesystem).
@@ -249,25 +285,60 @@ pub fn abort_connection(number: u32) -> Result<(), String> {
     fs::write(&abort, b"1").map_err(|e| format!("writing {}: {e}", abort.display()))
 }
 
-/// The FUSE connection number of the mount on `dir` (its device minor).
-pub fn connection_of(dir: &Path) -> Option<u32> {
-    fs::metadata(dir).ok().map(|m| libc::minor(m.dev()))
+/// A mount as /proc/self/mountinfo lists it.
+struct MountEntry {
+    fstype: String,
+    source: String,
+    /// The device's minor number; for FUSE, the connection's number.
+    minor: u32,
 }
 
-/// Whether `dir` is a mount point (per /proc/self/mountinfo, which escapes blanks as octal).
-pub fn is_mount_point(dir: &Path) -> bool {
-    let want = dir
-        .to_string_lossy()
+impl MountEntry {
+    /// Whether this is a mount this crate makes: FUSE, named "lograid" (the type shows as
+    /// `fuse` when mounted directly by root, `fuse.lograid` through fusermount3).
+    fn is_ours(&self) -> bool {
+        (self.fstype == "fuse" || self.fstype == FSTYPE) && self.source == "lograid"
+    }
+}
+
+/// The mount on `dir` (an absolute, resolved path), the last one listed if several are stacked.
+fn mount_at(dir: &Path) -> Option<MountEntry> {
+    let want = escape_mount_path(dir);
+    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().rev().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if fields.get(4) != Some(&want.as_str()) {
+            return None;
+        }
+        let minor = fields.get(2)?.split(':').nth(1)?.parse().ok()?;
+        let dash = fields.iter().position(|f| *f == "-")?;
+        Some(MountEntry {
+            fstype: fields.get(dash + 1)?.to_string(),
+            source: fields.get(dash + 2)?.to_string(),
+            minor,
+        })
+    })
+}
+
+/// How /proc/self/mountinfo writes a path (blanks and backslashes as octal escapes).
+fn escape_mount_path(dir: &Path) -> String {
+    dir.to_string_lossy()
         .replace('\\', "\\134")
         .replace(' ', "\\040")
         .replace('\t', "\\011")
-        .replace('\n', "\\012");
-    fs::read_to_string("/proc/self/mountinfo")
-        .map(|s| {
-            s.lines()
-                .any(|l| l.split(' ').nth(4) == Some(want.as_str()))
-        })
-        .unwrap_or(false)
+        .replace('\n', "\\012")
+}
+
+/// The FUSE connection number of lograid's mount on `dir`, if there is one.
+pub fn connection_of(dir: &Path) -> Option<u32> {
+    mount_at(&resolve(dir).ok()?)
+        .filter(MountEntry::is_ours)
+        .map(|m| m.minor)
+}
+
+/// Whether `dir` is a mount point (of any filesystem).
+pub fn is_mount_point(dir: &Path) -> bool {
+    resolve(dir).ok().and_then(|d| mount_at(&d)).is_some()
 }
 
 fn try_unmount(dir: &Path) -> Result<(), String> {
@@ -313,6 +384,50 @@ fn run_fusermount(dir: &Path, lazy: bool) -> Result<(), String> {
     }
 }
 
+/// Lets requests through to the exports until the mount ends. Closing waits (a bounded time) for
+/// the calls in progress; every later request is answered EIO without touching an export.
+#[derive(Default)]
+struct Gate {
+    closed: AtomicBool,
+    in_progress: AtomicUsize,
+}
+
+/// How long closing the gate waits for calls in progress (an export call stuck on a dead drive
+/// must not keep the server from stopping).
+const GATE_WAIT: Duration = Duration::from_secs(30);
+
+impl Gate {
+    /// Runs `call` unless the gate is closed, turning a panic into EIO (the request thread must
+    /// live on: fuser does not replace it).
+    fn pass<T>(&self, call: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        self.in_progress.fetch_add(1, Ordering::SeqCst);
+        let result = if self.closed.load(Ordering::SeqCst) {
+            Err(io::Error::from_raw_os_error(libc::EIO))
+        } else {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|_| {
+                tracing::error!("a FUSE request panicked; answered EIO");
+                Err(io::Error::from_raw_os_error(libc::EIO))
+            })
+        };
+        self.in_progress.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let deadline = std::time::Instant::now() + GATE_WAIT;
+        while self.in_progress.load(Ordering::SeqCst) > 0 {
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    "FUSE requests still running after {GATE_WAIT:?}; not waiting for them"
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
 /// The filesystem: a root directory holding one file per export.
 struct VolumeFiles {
     exports: Vec<Arc<dyn Export>>,
@@ -323,6 +438,7 @@ struct VolumeFiles {
     /// punched ranges come from tools writing the file directly, never from a loop device).
     edges: Mutex<()>,
     stats: Arc<Stats>,
+    gate: Arc<Gate>,
 }
 
 /// Requests served, logged at unmount (how the kernel split the work shows in the averages).
@@ -390,6 +506,7 @@ impl VolumeFiles {
             gid,
             edges: Mutex::new(()),
             stats: Arc::default(),
+            gate: Arc::default(),
         }
     }
 
@@ -502,6 +619,9 @@ impl Filesystem for VolumeFiles {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         // Asynchronous direct I/O: the loop device's requests reach us all at once, not one
         // after the other (without it each waits for the previous one's reply).
+        // O_TRUNC arrives with the open instead of as a truncation to size 0, so that it can be
+        // ignored as a block device ignores it (`dd of=FILE`, `cp IMAGE FILE` work).
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC);
         if config
             .add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO)
             .is_err()
@@ -579,6 +699,7 @@ impl Filesystem for VolumeFiles {
             Ok(e) => e,
             Err(e) => return reply.error(e),
         };
+        // O_TRUNC is ignored (see `init`), as by a block device.
         let writes = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         if writes && export.read_only() {
             return reply.error(Errno::EROFS);
@@ -614,7 +735,10 @@ impl Filesystem for VolumeFiles {
         }
         READ_BUFFER.with(|buffer| {
             let mut buffer = buffer.borrow_mut();
-            match self.read_range(export.as_ref(), offset, end, &mut buffer) {
+            match self
+                .gate
+                .pass(|| self.read_range(export.as_ref(), offset, end, &mut buffer))
+            {
                 Ok(()) => {
                     Stats::count(&self.stats.reads, &self.stats.read_bytes, buffer.len());
                     reply.data(&buffer)
@@ -654,7 +778,10 @@ impl Filesystem for VolumeFiles {
         // A write running past the end writes what fits (a short write, as on a block device).
         let fits = (size - offset).min(data.len() as u64) as usize;
         let fua = flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0;
-        match self.write_range(export.as_ref(), offset, &data[..fits], fua) {
+        match self
+            .gate
+            .pass(|| self.write_range(export.as_ref(), offset, &data[..fits], fua))
+        {
             Ok(()) => {
                 Stats::count(&self.stats.writes, &self.stats.write_bytes, fits);
                 reply.written(fits as u32)
@@ -688,7 +815,7 @@ impl Filesystem for VolumeFiles {
             Err(e) => return reply.error(e),
         };
         self.stats.fsyncs.fetch_add(1, Ordering::Relaxed);
-        match export.flush() {
+        match self.gate.pass(|| export.flush()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),
         }
@@ -714,27 +841,29 @@ impl Filesystem for VolumeFiles {
         };
         let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let op = mode & !libc::FALLOC_FL_KEEP_SIZE;
-        if end > size && !(keep_size && op != 0) {
-            // Allocating past the end would grow the file.
+        if end > size && !keep_size {
+            // Allocating past the end would grow the file (with KEEP_SIZE it would not).
             return reply.error(Errno::EFBIG);
         }
         let end = end.min(size);
         if op != 0 && export.read_only() {
             return reply.error(Errno::EROFS);
         }
-        let result = match op {
+        let result = self.gate.pass(|| match op {
             // Plain allocation: every byte of a volume is already backed.
             0 => Ok(()),
+            // Not a trim: a trim may leave partly covered blocks as they were, and a punched
+            // hole must read back as zeroes. Zeroes that may be unmapped are exactly that.
             libc::FALLOC_FL_PUNCH_HOLE if keep_size => {
                 self.zero_range(export.as_ref(), offset, end, |o, l| {
-                    export.trim(o, l, false)
+                    export.write_zeroes(o, l, false, false)
                 })
             }
             libc::FALLOC_FL_ZERO_RANGE => self.zero_range(export.as_ref(), offset, end, |o, l| {
                 export.write_zeroes(o, l, true, false)
             }),
             _ => Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP)),
-        };
+        });
         match result {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(&e)),

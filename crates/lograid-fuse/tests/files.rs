@@ -137,9 +137,11 @@ fn volume_files_carry_every_call_to_the_export_within_its_contract() {
     fallocate(&file, libc::FALLOC_FL_ZERO_RANGE, 40_960, 8192).unwrap();
     assert!(vol.contents(40_960, 8192).iter().all(|&x| x == 0));
     assert_eq!(vol.allocation_at(40_960), Allocation::Zero);
-    // Growing by allocation, truncating, and odd modes are refused.
+    // Growing by allocation, truncating, and odd modes are refused; allocating what is there
+    // (or past the end with KEEP_SIZE) is a no-op.
     assert_eq!(errno_of(fallocate(&file, 0, SIZE - 512, 4096)), libc::EFBIG);
     fallocate(&file, 0, 0, 4096).unwrap();
+    fallocate(&file, libc::FALLOC_FL_KEEP_SIZE, SIZE - 512, 4096).unwrap();
     assert_eq!(errno_of(file.set_len(SIZE / 2)), libc::EINVAL);
     assert_eq!(
         errno_of(fallocate(&file, libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096)),
@@ -154,6 +156,18 @@ fn volume_files_carry_every_call_to_the_export_within_its_contract() {
     let fua = vol.fua_write_count();
     sync_file.write_all_at(&pattern(4096, 4), 0).unwrap();
     assert!(vol.fua_write_count() > fua);
+
+    // O_TRUNC is ignored, as on a block device: nothing is cut, the size stays.
+    let before = vol.contents(0, 8192);
+    let truncating = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(files.join("vol0"))
+        .unwrap();
+    assert_eq!(truncating.metadata().unwrap().len(), SIZE);
+    assert_eq!(std::fs::metadata(files.join("vol0")).unwrap().len(), SIZE);
+    assert_eq!(vol.contents(0, 8192), before);
+    drop(truncating);
 
     // A read-only export: readable, not writable.
     assert_eq!(
@@ -176,6 +190,59 @@ fn volume_files_carry_every_call_to_the_export_within_its_contract() {
     assert!(!is_mount_point(&files));
     assert_eq!(vol.contract_violations(), 0);
     assert_eq!(ro.contract_violations(), 0);
+}
+
+/// A mount point already in use is refused: another filesystem's, and a live lograid mount
+/// (a second server given the same directory); the first mount is unharmed.
+#[test]
+fn mounts_it_did_not_make_are_refused() {
+    if !can_mount() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "tmpfs"])
+        .arg(&other)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::write(other.join("keep"), b"mine").unwrap();
+    let vol = Arc::new(MemExport::new("vol0", SIZE));
+    let refused = mount(
+        &other,
+        vec![vol.clone() as Arc<dyn Export>],
+        &FuseOptions::default(),
+    );
+    let message = refused.err().expect("mounted over a tmpfs").to_string();
+    assert!(
+        message.contains("already a mount point (tmpfs"),
+        "{message}"
+    );
+    assert_eq!(std::fs::read(other.join("keep")).unwrap(), b"mine");
+    assert!(std::process::Command::new("umount")
+        .arg(&other)
+        .status()
+        .unwrap()
+        .success());
+
+    let (_dir, files, vol, first) = mount_one_volume();
+    let second = mount(
+        &files,
+        vec![vol.clone() as Arc<dyn Export>],
+        &FuseOptions::default(),
+    );
+    let message = second.err().expect("mounted over a live mount").to_string();
+    assert!(message.contains("served by a running lograid"), "{message}");
+    vol.fill(0, &pattern(4096, 8));
+    let mut buf = vec![0u8; 4096];
+    File::open(files.join("vol0"))
+        .unwrap()
+        .read_exact_at(&mut buf, 0)
+        .unwrap();
+    assert_eq!(buf, pattern(4096, 8));
+    assert_eq!(first.unmount().unwrap(), Unmounted::Clean);
 }
 
 /// A temporary directory, its `files` mount point, and one in-memory volume "vol0" mounted there.
@@ -202,7 +269,17 @@ fn unmounting_with_a_file_in_use_aborts_its_connection() {
     if !can_mount() {
         return;
     }
-    let (_dir, files, vol, m) = mount_one_volume();
+    // Named with a trailing slash, as a shell completes it: the mount is still found to abort.
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("files");
+    let vol = Arc::new(MemExport::new("vol0", SIZE));
+    let slashed = std::path::PathBuf::from(format!("{}/", files.display()));
+    let m = mount(
+        &slashed,
+        vec![vol.clone() as Arc<dyn Export>],
+        &FuseOptions::default(),
+    )
+    .unwrap();
     let held = OpenOptions::new()
         .read(true)
         .write(true)
@@ -212,9 +289,12 @@ fn unmounting_with_a_file_in_use_aborts_its_connection() {
     // The server must be able to stop even so: the holder now gets errors, not hangs.
     assert_eq!(m.unmount().unwrap(), Unmounted::Aborted);
     assert!(!is_mount_point(&files));
+    let writes = vol.write_count();
     let mut buf = vec![0u8; 4096];
     assert!(held.read_at(&mut buf, 0).is_err());
     assert!(held.write_at(&buf, 0).is_err());
+    // Nothing reached the export after the unmount returned.
+    assert_eq!(vol.write_count(), writes);
     assert_eq!(vol.contents(0, 4096), pattern(4096, 5));
 }
 

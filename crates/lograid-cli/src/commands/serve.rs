@@ -454,6 +454,10 @@ fn serve_pool(
                 "lograid: warning: a volume's FUSE file was still in use (a loop device not detached?); \
                  its connection was aborted, so its holder now gets I/O errors; detach it with `lograid detach`"
             ),
+            Ok(lograid_fuse::Unmounted::Refusing) => eprintln!(
+                "lograid: warning: a volume's FUSE file was still in use (a loop device not detached?) and its \
+                 connection could not be aborted; its holder gets I/O errors; detach it with `lograid detach`"
+            ),
             Err(e) => eprintln!("lograid: warning: {e}"),
         }
     }
