@@ -511,17 +511,7 @@ fn the_servers_fuse_files_refusals_and_a_stop_while_attached() {
         // SAFETY: allocated above with this layout.
         unsafe { std::alloc::dealloc(ptr, layout) };
     }
-    run(tool("qemu-io")
-        .args([
-            "-f",
-            "raw",
-            "-r",
-            "-c",
-            "read -P 0x6c 3M 1M",
-            "-c",
-            "read -P 0 0 3M",
-        ])
-        .arg(server.uri("vol0")));
+    qemu_io_reads(&server, &["read -P 0x6c 3M 1M", "read -P 0 0 3M"]);
     // A punched hole reads back as zeroes, also where it covers 4 KiB blocks only in part
     // (512-byte steps, as the loop device's discard and zero-out send them).
     {
@@ -537,23 +527,16 @@ fn the_servers_fuse_files_refusals_and_a_stop_while_attached() {
             assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
         }
     }
-    run(tool("qemu-io")
-        .args([
-            "-f",
-            "raw",
-            "-r",
-            "-c",
+    qemu_io_reads(
+        &server,
+        &[
             "read -P 0x6c 3145728 512",
-            "-c",
             "read -P 0 3146240 3584",
-            "-c",
             "read -P 0x6c 3149824 16384",
-            "-c",
             "read -P 0 3166208 10240",
-            "-c",
             "read -P 0x6c 3176448 1017856",
-        ])
-        .arg(server.uri("vol0")));
+        ],
+    );
 
     let stderr = server.terminate();
     assert!(stderr.contains("still in use"), "{stderr}");
@@ -567,6 +550,21 @@ fn the_servers_fuse_files_refusals_and_a_stop_while_attached() {
             .arg(&state),
     );
     assert!(list.trim().is_empty(), "{list}");
+}
+
+/// Runs qemu-io read-only on vol0 over NBD with `commands` (each `read -P` checks a pattern);
+/// panics if any fails.
+fn qemu_io_reads(server: &Server, commands: &[&str]) {
+    let mut cmd = tool("qemu-io");
+    cmd.args(["-f", "raw", "-r"]);
+    for c in commands {
+        cmd.args(["-c", c]);
+    }
+    let out = stdout_of(cmd.arg(server.uri("vol0")));
+    assert!(
+        !out.contains("Pattern verification failed") && !out.contains("failed"),
+        "{out}"
+    );
 }
 
 fn lograid_fuse_mounted(dir: &Path) -> bool {
