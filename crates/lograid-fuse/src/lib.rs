@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    BackgroundSession, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
     ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, WriteFlags,
 };
 use lograid_nbd::Export;
@@ -87,12 +87,20 @@ impl std::error::Error for FuseError {}
 /// A live mount. [`FuseMount::unmount`] ends it; dropping it unmounts too (without reporting).
 pub struct FuseMount {
     dir: PathBuf,
-    session: Option<BackgroundSession>,
+    /// The thread running fuser's session (it starts and joins the request threads).
+    session: Option<std::thread::JoinHandle<io::Result<()>>>,
+    /// Unmounts through fuser's own handle, so that fuser does not unmount the path again later
+    /// (by then it may be someone else's mount).
+    unmounter: Option<fuser::SessionUnmounter>,
     /// The FUSE connection's number (the mount's device minor), for aborting it.
     connection: Option<u32>,
     stats: Arc<Stats>,
     gate: Arc<Gate>,
 }
+
+/// How long the check of an existing lograid mount at the directory may take: a live but wedged
+/// server's mount is not answering, and counts as live.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Mounts `exports` as files `dir/NAME` (creating `dir` if needed). A lograid FUSE mount left
 /// there by a server that died is unmounted first; any other mount on `dir` (a live server's, or
@@ -105,6 +113,8 @@ pub fn mount(
     if !Path::new("/dev/fuse").exists() {
         return Err(FuseError::NoFuse);
     }
+    // Fails on a dead mount point (it exists); resolved and created again below.
+    let _ = fs::create_dir_all(dir);
     let dir = &resolve(dir).map_err(|source| FuseError::Mount {
         dir: dir.to_owned(),
         source,
@@ -114,9 +124,7 @@ pub fn mount(
         source,
     };
     if let Some(existing) = mount_at(dir) {
-        // Opening the directory asks the server (attributes may come from the kernel's cache).
-        let dead = matches!(fs::read_dir(dir), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
-        if !existing.is_ours() || !dead {
+        if !existing.is_ours() || !is_dead(dir) {
             return Err(mount_error(io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 format!(
@@ -151,32 +159,66 @@ pub fn mount(
     ];
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = true;
-    let session = fuser::spawn_mount(files, dir, &config).map_err(mount_error)?;
+    let mut session = fuser::Session::new(files, dir, &config).map_err(mount_error)?;
+    let unmounter = session.unmount_callable();
     let connection = mount_at(dir).filter(MountEntry::is_ours).map(|m| m.minor);
+    let session = std::thread::Builder::new()
+        .name("lograid-fuse".into())
+        .spawn(move || session.run())
+        .map_err(mount_error)?;
     tracing::info!(dir = %dir.display(), "volumes mounted as FUSE files");
     Ok(FuseMount {
         dir: dir.to_owned(),
         session: Some(session),
+        unmounter: Some(unmounter),
         connection,
         stats,
         gate,
     })
 }
 
+/// Whether the lograid mount on `dir` is dead (its server gone: "Transport endpoint is not
+/// connected"). Opening the directory asks the server (attributes may come from the kernel's
+/// cache); a server that does not answer within [`PROBE_TIMEOUT`] counts as alive.
+fn is_dead(dir: &Path) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let probe = dir.to_owned();
+    let spawned = std::thread::Builder::new()
+        .name("lograid-fuse-probe".into())
+        .spawn(move || {
+            let dead =
+                matches!(fs::read_dir(&probe), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
+            let _ = tx.send(dead);
+        });
+    spawned.is_ok() && rx.recv_timeout(PROBE_TIMEOUT).unwrap_or(false)
+}
+
 /// The filesystem type our mounts show in /proc/self/mountinfo when made by fusermount3.
 const FSTYPE: &str = "fuse.lograid";
 
-/// `dir` made absolute with symlinks and `..` resolved, without touching `dir` itself (it may
-/// be a dead mount point, where every access fails): its parent is resolved and its name kept.
+/// `dir` made absolute with symlinks and `..` resolved. When `dir` cannot be resolved whole
+/// (it does not exist yet, or it is a dead mount point, where every access fails), its parent is
+/// resolved and a symlink in its last part followed with `readlink` (which does not enter it).
+/// Creates nothing.
 fn resolve(dir: &Path) -> io::Result<PathBuf> {
-    let absolute = std::path::absolute(dir)?;
-    match (absolute.parent(), absolute.file_name()) {
-        (Some(parent), Some(name)) if !parent.as_os_str().is_empty() => {
-            fs::create_dir_all(parent)?;
-            Ok(parent.canonicalize()?.join(name))
-        }
-        _ => absolute.canonicalize(),
+    let mut path = std::path::absolute(dir)?;
+    match path.canonicalize() {
+        Ok(resolved) => return Ok(resolved),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ENOENT)) => {}
+        Err(e) => return Err(e),
     }
+    for _ in 0..40 {
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            return Ok(path);
+        };
+        let parent = parent.canonicalize().unwrap_or_else(|_| parent.to_owned());
+        let joined = parent.join(name);
+        match fs::read_link(&joined) {
+            Ok(target) => path = parent.join(target),
+            Err(_) => return Ok(joined),
+        }
+    }
+    Err(io::Error::from_raw_os_error(libc::ELOOP))
 }
 
 impl FuseMount {
@@ -187,8 +229,9 @@ impl FuseMount {
     /// Unmounts and waits for the request threads. If a loop device (or anything else) still
     /// holds a file, the mount is detached lazily and its connection aborted, so that the
     /// server can stop: the holder's later requests fail with an I/O error, as they would
-    /// with the server gone. In every case no request reaches an export once this returns.
-    /// Returns how the mount ended.
+    /// with the server gone. Once this returns no request reaches an export (unless one was
+    /// stuck in an export call for [`GATE_WAIT`]: it is not waited for longer). Returns how the
+    /// mount ended.
     pub fn unmount(mut self) -> Result<Unmounted, FuseError> {
         self.finish()
     }
@@ -198,16 +241,21 @@ impl FuseMount {
             return Ok(Unmounted::Clean);
         };
         let dir = self.dir.clone();
-        let ended = match try_unmount(&dir) {
+        let unmounted = match self.unmounter.take() {
+            Some(mut unmounter) => unmounter.unmount().map_err(|e| e.to_string()),
+            None => Err("no unmount handle".to_string()),
+        };
+        let ended = match unmounted {
             Ok(()) => Unmounted::Clean,
             Err(detail) => {
-                tracing::warn!(dir = %dir.display(), "{detail}; detaching the mount lazily and aborting its connection");
+                tracing::warn!(dir = %dir.display(), "unmounting: {detail}; detaching the mount lazily and aborting its connection");
                 // From here on requests get EIO from us, whatever happens to the connection.
                 self.gate.close();
-                lazy_unmount(&dir).map_err(|detail| FuseError::Unmount {
-                    dir: dir.clone(),
-                    detail,
-                })?;
+                if mount_at(&dir).is_some_and(|m| m.is_ours()) {
+                    if let Err(detail) = lazy_unmount(&dir) {
+                        tracing::warn!(dir = %dir.display(), "{detail}");
+                    }
+                }
                 let aborted = match self.connection {
                     Some(connection) => abort_connection(connection),
                     None => Err("the mount's connection number is unknown".into()),
@@ -226,9 +274,13 @@ impl FuseMount {
         };
         self.gate.close();
         // The kernel ends the session (ENODEV to every request thread) once unmounted or aborted.
-        session.join().map_err(|e| FuseError::Unmount {
+        let joined = match session.join() {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err("the FUSE session thread panicked".to_string()),
+        };
+        joined.map_err(|detail| FuseError::Unmount {
             dir: dir.clone(),
-            detail: e.to_string(),
+            detail,
         })?;
         tracing::info!(dir = %dir.display(), "FUSE files unmounted: {}", self.stats.summary());
         Ok(ended)
@@ -260,7 +312,7 @@ const CONNECTIONS: &str = "/sys/fs/fuse/connections";
 
 /// Aborts FUSE connection `number`: every request waiting on it, and every later one, fails at
 /// once (as when its server dies). Mounts `fusectl` on [`CONNECTIONS`] first if nothing has.
-pub fn abort_connection(number: u32) -> Result<(), String> {
+fn abort_connection(number: u32) -> Result<(), String> {
     let abort = Path::new(CONNECTIONS)
         .join(number.to_string())
         .join("abort");
@@ -302,31 +354,38 @@ impl MountEntry {
 }
 
 /// The mount on `dir` (an absolute, resolved path), the last one listed if several are stacked.
+/// Compared as bytes: paths need not be UTF-8.
 fn mount_at(dir: &Path) -> Option<MountEntry> {
-    let want = escape_mount_path(dir);
-    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().rev().find_map(|line| {
-        let fields: Vec<&str> = line.split(' ').collect();
-        if fields.get(4) != Some(&want.as_str()) {
+    use std::os::unix::ffi::OsStrExt;
+    let want = escape_mount_path(dir.as_os_str().as_bytes());
+    let info = fs::read("/proc/self/mountinfo").ok()?;
+    info.split(|&b| b == b'\n').rev().find_map(|line| {
+        let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+        if fields.get(4) != Some(&want.as_slice()) {
             return None;
         }
-        let minor = fields.get(2)?.split(':').nth(1)?.parse().ok()?;
-        let dash = fields.iter().position(|f| *f == "-")?;
+        let text = |f: &[u8]| String::from_utf8_lossy(f).into_owned();
+        let device = text(fields.get(2)?);
+        let minor = device.split(':').nth(1)?.parse().ok()?;
+        let dash = fields.iter().position(|f| *f == b"-")?;
         Some(MountEntry {
-            fstype: fields.get(dash + 1)?.to_string(),
-            source: fields.get(dash + 2)?.to_string(),
+            fstype: text(fields.get(dash + 1)?),
+            source: text(fields.get(dash + 2)?),
             minor,
         })
     })
 }
 
-/// How /proc/self/mountinfo writes a path (blanks and backslashes as octal escapes).
-fn escape_mount_path(dir: &Path) -> String {
-    dir.to_string_lossy()
-        .replace('\\', "\\134")
-        .replace(' ', "\\040")
-        .replace('\t', "\\011")
-        .replace('\n', "\\012")
+/// How /proc/self/mountinfo writes a path: space, tab, newline and backslash as octal escapes.
+fn escape_mount_path(path: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(path.len());
+    for &b in path {
+        match b {
+            b' ' | b'\t' | b'\n' | b'\\' => out.extend_from_slice(format!("\\{b:03o}").as_bytes()),
+            _ => out.push(b),
+        }
+    }
+    out
 }
 
 /// The FUSE connection number of lograid's mount on `dir`, if there is one.
@@ -339,21 +398,6 @@ pub fn connection_of(dir: &Path) -> Option<u32> {
 /// Whether `dir` is a mount point (of any filesystem).
 pub fn is_mount_point(dir: &Path) -> bool {
     resolve(dir).ok().and_then(|d| mount_at(&d)).is_some()
-}
-
-fn try_unmount(dir: &Path) -> Result<(), String> {
-    let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .map_err(|_| "the path contains a NUL byte".to_string())?;
-    // SAFETY: umount2 on a NUL-terminated path we own.
-    if unsafe { libc::umount2(c_dir.as_ptr(), 0) } == 0 {
-        return Ok(());
-    }
-    let error = io::Error::last_os_error();
-    if error.raw_os_error() == Some(libc::EPERM) {
-        // Not root: the setuid helper can unmount what the user mounted.
-        return run_fusermount(dir, false);
-    }
-    Err(format!("umount: {error}"))
 }
 
 fn lazy_unmount(dir: &Path) -> Result<(), String> {
@@ -414,7 +458,10 @@ impl Gate {
     }
 
     fn close(&self) {
-        self.closed.store(true, Ordering::SeqCst);
+        if self.closed.swap(true, Ordering::SeqCst) && self.in_progress.load(Ordering::SeqCst) == 0
+        {
+            return;
+        }
         let deadline = std::time::Instant::now() + GATE_WAIT;
         while self.in_progress.load(Ordering::SeqCst) > 0 {
             if std::time::Instant::now() >= deadline {
@@ -431,6 +478,9 @@ impl Gate {
 /// The filesystem: a root directory holding one file per export.
 struct VolumeFiles {
     exports: Vec<Arc<dyn Export>>,
+    /// Each export's size and read-only flag, taken at mount: attributes are answered without
+    /// calling an export (also after the mount ended).
+    shapes: Vec<(u64, bool)>,
     mounted_at: SystemTime,
     uid: u32,
     gid: u32,
@@ -500,6 +550,10 @@ impl VolumeFiles {
         // SAFETY: plain getters without side effects.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         VolumeFiles {
+            shapes: exports
+                .iter()
+                .map(|e| (e.size_bytes(), e.read_only()))
+                .collect(),
             exports,
             mounted_at: SystemTime::now(),
             uid,
@@ -524,9 +578,9 @@ impl VolumeFiles {
         let (kind, size, perm, nlink) = if ino == ROOT {
             (FileType::Directory, 0, 0o755, 2)
         } else {
-            let export = self.exports.get(ino.checked_sub(FIRST_FILE)? as usize)?;
-            let perm = if export.read_only() { 0o400 } else { 0o600 };
-            (FileType::RegularFile, export.size_bytes(), perm, 1)
+            let &(size, read_only) = self.shapes.get(ino.checked_sub(FIRST_FILE)? as usize)?;
+            let perm = if read_only { 0o400 } else { 0o600 };
+            (FileType::RegularFile, size, perm, 1)
         };
         Some(FileAttr {
             ino: INodeNo(ino),
@@ -619,9 +673,6 @@ impl Filesystem for VolumeFiles {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         // Asynchronous direct I/O: the loop device's requests reach us all at once, not one
         // after the other (without it each waits for the previous one's reply).
-        // O_TRUNC arrives with the open instead of as a truncation to size 0, so that it can be
-        // ignored as a block device ignores it (`dd of=FILE`, `cp IMAGE FILE` work).
-        let _ = config.add_capabilities(fuser::InitFlags::FUSE_ATOMIC_O_TRUNC);
         if config
             .add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO)
             .is_err()
@@ -699,7 +750,8 @@ impl Filesystem for VolumeFiles {
             Ok(e) => e,
             Err(e) => return reply.error(e),
         };
-        // O_TRUNC is ignored (see `init`), as by a block device.
+        // O_TRUNC reaches `setattr` as a truncation, and is refused there: honouring it as
+        // nothing would let the kernel believe the file empty (its reads end at size 0).
         let writes = flags.0 & libc::O_ACCMODE != libc::O_RDONLY;
         if writes && export.read_only() {
             return reply.error(Errno::EROFS);
@@ -909,7 +961,7 @@ impl Filesystem for VolumeFiles {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: fuser::ReplyStatfs) {
-        let sectors: u64 = self.exports.iter().map(|e| e.size_bytes() / SECTOR).sum();
+        let sectors: u64 = self.shapes.iter().map(|(size, _)| size / SECTOR).sum();
         reply.statfs(
             sectors,
             0,

@@ -11,9 +11,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::Arc;
 
-use lograid_fuse::{
-    abort_connection, connection_of, is_mount_point, mount, FuseOptions, Unmounted,
-};
+use lograid_fuse::{connection_of, is_mount_point, mount, FuseOptions, Unmounted};
 use lograid_nbd::mem_export::MemExport;
 use lograid_nbd::{Allocation, Export};
 
@@ -157,17 +155,21 @@ fn volume_files_carry_every_call_to_the_export_within_its_contract() {
     sync_file.write_all_at(&pattern(4096, 4), 0).unwrap();
     assert!(vol.fua_write_count() > fua);
 
-    // O_TRUNC is ignored, as on a block device: nothing is cut, the size stays.
+    // O_TRUNC is refused (a truncation), and cuts nothing.
     let before = vol.contents(0, 8192);
-    let truncating = OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(files.join("vol0"))
-        .unwrap();
-    assert_eq!(truncating.metadata().unwrap().len(), SIZE);
+    assert_eq!(
+        errno_of(
+            OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(files.join("vol0"))
+        ),
+        libc::EINVAL
+    );
     assert_eq!(std::fs::metadata(files.join("vol0")).unwrap().len(), SIZE);
     assert_eq!(vol.contents(0, 8192), before);
-    drop(truncating);
+    file.read_exact_at(&mut back[..512], 0).unwrap();
+    assert_eq!(back[..512], before[..512]);
 
     // A read-only export: readable, not writable.
     assert_eq!(
@@ -235,6 +237,21 @@ fn mounts_it_did_not_make_are_refused() {
     );
     let message = second.err().expect("mounted over a live mount").to_string();
     assert!(message.contains("served by a running lograid"), "{message}");
+    // Also when the directory is named through a symlink to it.
+    let link = files.with_file_name("link");
+    std::os::unix::fs::symlink(&files, &link).unwrap();
+    let third = mount(
+        &link,
+        vec![vol.clone() as Arc<dyn Export>],
+        &FuseOptions::default(),
+    );
+    let message = third
+        .err()
+        .expect("mounted over a live mount through a symlink")
+        .to_string();
+    assert!(message.contains("served by a running lograid"), "{message}");
+    assert_eq!(connection_of(&link), connection_of(&files));
+    assert!(connection_of(&files).is_some());
     vol.fill(0, &pattern(4096, 8));
     let mut buf = vec![0u8; 4096];
     File::open(files.join("vol0"))
@@ -298,19 +315,63 @@ fn unmounting_with_a_file_in_use_aborts_its_connection() {
     assert_eq!(vol.contents(0, 4096), pattern(4096, 5));
 }
 
+/// Set in the child process of [`a_mount_left_by_a_dead_server_is_replaced`]: the directory to
+/// mount on before waiting to be killed.
+const CHILD_DIR: &str = "LOGRAID_FUSE_TEST_CHILD_DIR";
+
+/// Not a test of its own: the "server" that the test below starts as a child process (this
+/// test binary, running only this function) and kills with SIGKILL.
+#[test]
+fn child_mounts_and_waits_to_be_killed() {
+    let Some(dir) = std::env::var_os(CHILD_DIR) else {
+        return;
+    };
+    let vol = Arc::new(MemExport::new("vol0", SIZE));
+    let _m = mount(
+        Path::new(&dir),
+        vec![vol as Arc<dyn Export>],
+        &FuseOptions::default(),
+    )
+    .unwrap();
+    println!("mounted");
+    std::thread::sleep(std::time::Duration::from_secs(60));
+    panic!("not killed within 60 s");
+}
+
+/// A server killed with SIGKILL leaves its mount behind ("Transport endpoint is not
+/// connected"); the next mount on the directory replaces it.
 #[test]
 fn a_mount_left_by_a_dead_server_is_replaced() {
     if !can_mount() {
         return;
     }
-    let (_dir, files, vol, first) = mount_one_volume();
-    // What a SIGKILLed server leaves: the mount, with its connection gone.
-    abort_connection(connection_of(&files).unwrap()).unwrap();
-    std::mem::forget(first);
-    assert_eq!(
-        errno_of(std::fs::metadata(files.join("vol0"))),
-        libc::ENOTCONN
-    );
+    let dir = tempfile::tempdir().unwrap();
+    let files = dir.path().join("files");
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_mounts_and_waits_to_be_killed",
+            "--nocapture",
+        ])
+        .env(CHILD_DIR, &files)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("mounted") {
+        line.clear();
+        assert!(
+            std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0,
+            "the child exited without mounting"
+        );
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(is_mount_point(&files));
+    assert_eq!(errno_of(std::fs::read_dir(&files)), libc::ENOTCONN);
+
+    let vol = Arc::new(MemExport::new("vol0", SIZE));
     vol.fill(0, &pattern(4096, 6));
     let second = mount(
         &files,
