@@ -13,7 +13,7 @@ for rep in $(seq 1 $REPS); do for mode in $MODES; do
   spid=$!; sleep 1.5
   if [ $mode = fuse ]; then dev=$($L attach --file $d/files/vol0 --state-dir $d/state 2>/dev/null)
   else dev=$($L attach --server nbd://127.0.0.1:10902 --export vol0 --state-dir $d/state 2>/dev/null); fi
-  mkfs.ext4 -q -E nodiscard $dev && mount $dev $d/mnt
+  mkfs.ext4 -q ${MKFS_OPTS:--E nodiscard} $dev && mount $dev $d/mnt
   c0=$(awk '{print $14+$15}' /proc/$spid/stat)
   MEMBERS= /work/shared/bench/exp_a_manyfiles.sh lograid-p$P-$mode $d/mnt $N $rep 2>&1 | grep -E "many-files|big-file"
   c1=$(awk '{print $14+$15}' /proc/$spid/stat)
