@@ -14,6 +14,30 @@ use std::sync::Arc;
 
 const MEMBER_BYTES: u64 = 8 << 20;
 
+/// A fresh pool of `members` simulated drives of `member_bytes` (volume at `fill` of its
+/// capacity) that has taken `ops` operations of [`workload`], flushed after them if `flush`.
+#[allow(clippy::too_many_arguments)]
+fn worked_pool(
+    members: usize,
+    parity: u8,
+    member_bytes: u64,
+    fill: f64,
+    rng: &mut SimRng,
+    ops: usize,
+    what: &str,
+    flush: bool,
+) -> (SimPool, Pool, Model) {
+    let sp = SimPool::create(members, parity, member_bytes, fill);
+    let pool = sp.pool().clone();
+    let mut model = Model::new(sp.volume_size());
+    workload(&pool, &mut model, rng, ops, what);
+    if flush {
+        pool.volume("vol").unwrap().flush().unwrap();
+        model.flushed();
+    }
+    (sp, pool, model)
+}
+
 /// Random writes, trims and flushes, with reads checked against the model.
 fn workload(pool: &Pool, model: &mut Model, rng: &mut SimRng, ops: usize, what: &str) {
     let vol = pool.volume("vol").expect("volume");
@@ -125,10 +149,16 @@ fn replacing_a_failed_member_rebuilds_live_data_onto_the_new_one() {
     for (members, parity) in [(3usize, 1u8), (4, 2)] {
         let what = format!("({members},{parity})");
         let mut rng = SimRng(members as u64 * 7 + 1);
-        let sp = SimPool::create(members, parity, MEMBER_BYTES, 0.4);
-        let pool = sp.pool().clone();
-        let mut model = Model::new(sp.volume_size());
-        workload(&pool, &mut model, &mut rng, 200, &what);
+        let (sp, pool, mut model) = worked_pool(
+            members,
+            parity,
+            MEMBER_BYTES,
+            0.4,
+            &mut rng,
+            200,
+            &what,
+            false,
+        );
         sp.sims[1].set_dead(true);
         workload(
             &pool,
@@ -187,10 +217,8 @@ fn replacing_a_failed_member_rebuilds_live_data_onto_the_new_one() {
 #[test]
 fn replacing_a_healthy_member_then_the_old_one_is_not_a_member() {
     let mut rng = SimRng(99);
-    let sp = SimPool::create(3, 1, MEMBER_BYTES, 0.5);
-    let pool = sp.pool().clone();
-    let mut model = Model::new(sp.volume_size());
-    workload(&pool, &mut model, &mut rng, 300, "healthy");
+    let (sp, pool, mut model) =
+        worked_pool(3, 1, MEMBER_BYTES, 0.5, &mut rng, 300, "healthy", false);
     let before = pool.status().member_bytes_written;
     let stored = pool.status().stored_bytes;
     let new = Arc::new(SimMember::new("new", MEMBER_BYTES));
@@ -231,10 +259,8 @@ fn replacing_a_healthy_member_then_the_old_one_is_not_a_member() {
 #[test]
 fn a_member_that_came_back_is_re_added_and_gets_the_live_data() {
     let mut rng = SimRng(5);
-    let sp = SimPool::create(3, 1, MEMBER_BYTES, 0.4);
-    let pool = sp.pool().clone();
-    let mut model = Model::new(sp.volume_size());
-    workload(&pool, &mut model, &mut rng, 200, "before");
+    let (sp, pool, mut model) =
+        worked_pool(3, 1, MEMBER_BYTES, 0.4, &mut rng, 200, "before", false);
     sp.sims[2].set_dead(true);
     workload(&pool, &mut model, &mut rng, 100, "degraded");
     assert_eq!(states(&pool)[2].1, "faulted");
@@ -255,10 +281,8 @@ fn a_member_that_came_back_is_re_added_and_gets_the_live_data() {
 #[test]
 fn adding_members_widens_new_and_old_rows() {
     let mut rng = SimRng(11);
-    let sp = SimPool::create(3, 1, MEMBER_BYTES, 0.4);
-    let pool = sp.pool().clone();
-    let mut model = Model::new(sp.volume_size());
-    workload(&pool, &mut model, &mut rng, 300, "before");
+    let (sp, pool, mut model) =
+        worked_pool(3, 1, MEMBER_BYTES, 0.4, &mut rng, 300, "before", false);
     let capacity = pool.status().capacity_bytes;
     let added: Vec<Arc<SimMember>> = (0..2)
         .map(|i| Arc::new(SimMember::new(&format!("add{i}"), MEMBER_BYTES * 2)))
@@ -435,10 +459,8 @@ fn rebuild_cut_by_power_failures_resumes_and_finishes() {
 #[test]
 fn raising_the_parity_protects_old_rows_too() {
     let mut rng = SimRng(21);
-    let sp = SimPool::create(4, 1, MEMBER_BYTES, 0.4);
-    let pool = sp.pool().clone();
-    let mut model = Model::new(sp.volume_size());
-    workload(&pool, &mut model, &mut rng, 300, "parity 1");
+    let (sp, pool, mut model) =
+        worked_pool(4, 1, MEMBER_BYTES, 0.4, &mut rng, 300, "parity 1", false);
     let err = pool.set_parity(4).expect_err("parity 4 on 4 members");
     assert!(err.to_string().contains("less than"), "{err}");
     pool.set_parity(2).expect("parity 2");
@@ -544,12 +566,7 @@ fn flushed_writes_survive_a_crash_in_the_middle_of_a_reshape() {
     for (seed, kind) in [(1u64, "add"), (2, "replace"), (3, "add"), (4, "replace")] {
         let what = format!("{kind} seed {seed}");
         let mut rng = SimRng(seed);
-        let sp = SimPool::create(3, 1, 8 << 20, 0.6);
-        let pool = sp.pool().clone();
-        let mut model = Model::new(sp.volume_size());
-        workload(&pool, &mut model, &mut rng, 600, &what);
-        pool.volume("vol").unwrap().flush().unwrap();
-        model.flushed();
+        let (sp, pool, mut model) = worked_pool(3, 1, 8 << 20, 0.6, &mut rng, 600, &what, true);
         let new = Arc::new(SimMember::new("new", 8 << 20));
         let set: Vec<Arc<SimMember>> = if kind == "add" {
             pool.add_members(vec![new.clone()]).expect("add");
@@ -602,10 +619,8 @@ fn flushed_writes_survive_a_crash_in_the_middle_of_a_reshape() {
 #[test]
 fn replacing_the_largest_member_by_a_smaller_one_then_reopen() {
     let mut rng = SimRng(8);
-    let sp = SimPool::create(3, 1, MEMBER_BYTES, 0.3);
-    let pool = sp.pool().clone();
-    let mut model = Model::new(sp.volume_size());
-    workload(&pool, &mut model, &mut rng, 200, "before");
+    let (sp, pool, mut model) =
+        worked_pool(3, 1, MEMBER_BYTES, 0.3, &mut rng, 200, "before", false);
     let big = Arc::new(SimMember::new("big", MEMBER_BYTES * 2));
     let big_index = pool.add_members(vec![big.clone()]).expect("add")[0];
     pool.reshape(|_, _| true).expect("rebalance");
@@ -735,12 +750,16 @@ fn a_second_failure_during_an_in_place_rebuild() {
     for (members, parity) in [(3usize, 1u8), (4, 2)] {
         let what = format!("({members},{parity})");
         let mut rng = SimRng(members as u64 * 13 + 1);
-        let sp = SimPool::create(members, parity, MEMBER_BYTES, 0.5);
-        let pool = sp.pool().clone();
-        let mut model = Model::new(sp.volume_size());
-        workload(&pool, &mut model, &mut rng, 300, &what);
-        pool.volume("vol").unwrap().flush().unwrap();
-        model.flushed();
+        let (sp, pool, mut model) = worked_pool(
+            members,
+            parity,
+            MEMBER_BYTES,
+            0.5,
+            &mut rng,
+            300,
+            &what,
+            true,
+        );
         fail_and_replace_in_place(&sp, &mut model, 0, MEMBER_BYTES, &what);
         // One step of the rebuild (the progress callback stops it after it).
         pool.reshape(|_, _| false).expect("one step");
@@ -810,12 +829,7 @@ fn a_second_failure_during_an_in_place_rebuild() {
 #[test]
 fn crashes_during_an_in_place_rebuild_with_another_member_missing_keep_flushed_writes() {
     let mut rng = SimRng(77);
-    let sp = SimPool::create(3, 1, MEMBER_BYTES, 0.5);
-    let pool = sp.pool().clone();
-    let mut model = Model::new(sp.volume_size());
-    workload(&pool, &mut model, &mut rng, 200, "before");
-    pool.volume("vol").unwrap().flush().unwrap();
-    model.flushed();
+    let (sp, pool, mut model) = worked_pool(3, 1, MEMBER_BYTES, 0.5, &mut rng, 200, "before", true);
     let new = fail_and_replace_in_place(&sp, &mut model, 1, MEMBER_BYTES, "crashes");
     let vol = pool.volume("vol").unwrap();
     let mut rounds = 0;
@@ -904,12 +918,7 @@ fn crashes_during_an_in_place_rebuild_with_another_member_missing_keep_flushed_w
 #[test]
 fn rows_that_cannot_be_rebuilt_keep_the_member_rebuilding() {
     let mut rng = SimRng(5);
-    let sp = SimPool::create(3, 1, MEMBER_BYTES, 0.5);
-    let pool = sp.pool().clone();
-    let mut model = Model::new(sp.volume_size());
-    workload(&pool, &mut model, &mut rng, 300, "before");
-    pool.volume("vol").unwrap().flush().unwrap();
-    model.flushed();
+    let (sp, pool, mut model) = worked_pool(3, 1, MEMBER_BYTES, 0.5, &mut rng, 300, "before", true);
     fail_and_replace_in_place(&sp, &mut model, 1, MEMBER_BYTES, "rot");
     // Rot on member 2 in the data area, under live rows.
     for at in [
@@ -951,12 +960,7 @@ fn rows_that_cannot_be_rebuilt_keep_the_member_rebuilding() {
 fn removing_a_failed_member_rebuilds_its_rows_onto_the_others() {
     let what = "(4,1) remove";
     let mut rng = SimRng(404);
-    let sp = SimPool::create(4, 1, MEMBER_BYTES, 0.3);
-    let pool = sp.pool().clone();
-    let mut model = Model::new(sp.volume_size());
-    workload(&pool, &mut model, &mut rng, 300, what);
-    pool.volume("vol").unwrap().flush().unwrap();
-    model.flushed();
+    let (sp, pool, mut model) = worked_pool(4, 1, MEMBER_BYTES, 0.3, &mut rng, 300, what, true);
     sp.sims[2].set_dead(true);
     check_all(&pool, &mut model, "degraded");
     let before = written(&pool);
