@@ -403,8 +403,7 @@ fn ext4_survives_losing_a_member_and_replacing_it() {
     // The new drive took the missing member's place (rebuilt in place).
     assert!(said.contains("takes the place of member 1"), "{said}");
     let now = vec![pool.drives[0].clone(), pool.drives[2].clone(), new.clone()];
-    let status: serde_json::Value =
-        serde_json::from_str(&stdout_of(lograid().args(["status", "--json"]).args(&now))).unwrap();
+    let status = status_json(&now);
     assert_eq!(status["state"], "online", "{status:#}");
     assert!(status["reshape"].is_null(), "{status:#}");
     assert_eq!(

@@ -36,8 +36,7 @@ fn add_a_drive_raise_the_parity_and_lose_two() {
     run(lograid().args(["parity", &dir, "2"]));
     let mut all = pool.drives.clone();
     all.push(added.clone());
-    let st: serde_json::Value =
-        serde_json::from_str(&stdout_of(lograid().args(["status", "--json"]).args(&all))).unwrap();
+    let st = status_json(&all);
     assert_eq!(st["parity"], 2, "{st:#}");
     assert_eq!(st["members"].as_array().unwrap().len(), 4, "{st:#}");
     assert!(st["reshape"].is_null(), "{st:#}");
@@ -67,10 +66,7 @@ fn a_member_that_was_missing_is_re_added_while_served() {
     std::fs::rename(&away, &pool.drives[1]).unwrap();
     let list = format!("{},{}", left[0].display(), left[1].display());
     run(lograid().args(["replace", &list, "1"]).arg(&pool.drives[1]));
-    let st: serde_json::Value = serde_json::from_str(&stdout_of(
-        lograid().args(["status", "--json"]).args(&pool.drives),
-    ))
-    .unwrap();
+    let st = status_json(&pool.drives);
     assert_eq!(st["state"], "online", "{st:#}");
     qemu_io(&server, "read -P 0x5e 0 40M");
     server.terminate();
@@ -101,8 +97,7 @@ fn a_missing_member_is_removed_while_served() {
         said.contains("being removed") && said.contains("done"),
         "{said}"
     );
-    let st: serde_json::Value =
-        serde_json::from_str(&stdout_of(lograid().args(["status", "--json"]).args(&left))).unwrap();
+    let st = status_json(&left);
     assert_eq!(st["state"], "online", "{st:#}");
     assert_eq!(st["members"].as_array().unwrap().len(), 2, "{st:#}");
     qemu_io(&server, "read -P 0x6d 0 24M");

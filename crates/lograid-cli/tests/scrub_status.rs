@@ -32,8 +32,7 @@ fn scrub_repairs_a_damaged_member_and_status_sees_a_served_pool() {
     // While served: status reads what the server publishes (once a second).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let st = loop {
-        let out = stdout_of(lograid().args(["status", "--json"]).args(&pool.drives));
-        let st: serde_json::Value = serde_json::from_str(&out).expect("status json");
+        let st = status_json(&pool.drives);
         if st["stored_bytes"].as_u64().unwrap() >= 48 << 20 || std::time::Instant::now() > deadline
         {
             break st;

@@ -109,6 +109,12 @@ pub fn stdout_of(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&run(cmd).stdout).into_owned()
 }
 
+/// `lograid status --json DRIVES...`, parsed.
+pub fn status_json(drives: &[PathBuf]) -> serde_json::Value {
+    let out = stdout_of(lograid().args(["status", "--json"]).args(drives));
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("status --json: {e}: {out}"))
+}
+
 pub fn lograid() -> Command {
     let mut c = Command::new(BIN);
     c.env("RUST_LOG", "warn,lograid_nbd=warn");
