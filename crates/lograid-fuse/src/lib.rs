@@ -601,22 +601,25 @@ impl VolumeFiles {
         })
     }
 
-    /// Reads `[offset, end)` (end within the size) into `out`, widening to whole sectors.
+    /// Reads `[offset, end)` (end within the size) through `buffer`, widening to whole sectors;
+    /// returns where in `buffer` the bytes asked for are. The buffer only grows: it is not
+    /// cleared or zeroed per request (the export overwrites what it reads into).
     fn read_range(
         &self,
         export: &dyn Export,
         offset: u64,
         end: u64,
-        out: &mut Vec<u8>,
-    ) -> io::Result<()> {
+        buffer: &mut Vec<u8>,
+    ) -> io::Result<std::ops::Range<usize>> {
         let start = round_down(offset);
         let stop = round_up(end).min(round_down(export.size_bytes()).max(start));
-        out.clear();
-        out.resize((stop - start) as usize, 0);
-        export.read(start, out)?;
-        out.drain(..(offset - start) as usize);
-        out.truncate((end - offset) as usize);
-        Ok(())
+        let len = (stop - start) as usize;
+        if buffer.len() < len {
+            buffer.resize(len, 0);
+        }
+        export.read(start, &mut buffer[..len])?;
+        let head = (offset - start) as usize;
+        Ok(head..head + (end - offset) as usize)
     }
 
     /// Writes `data` at `offset` (within the size). Unaligned edges are read, merged and written
@@ -791,9 +794,9 @@ impl Filesystem for VolumeFiles {
                 .gate
                 .pass(|| self.read_range(export.as_ref(), offset, end, &mut buffer))
             {
-                Ok(()) => {
-                    Stats::count(&self.stats.reads, &self.stats.read_bytes, buffer.len());
-                    reply.data(&buffer)
+                Ok(range) => {
+                    Stats::count(&self.stats.reads, &self.stats.read_bytes, range.len());
+                    reply.data(&buffer[range])
                 }
                 Err(e) => reply.error(errno(&e)),
             }
