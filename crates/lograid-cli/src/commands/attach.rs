@@ -134,23 +134,6 @@ pub fn run_attach(a: AttachArgs) -> Result<()> {
     Ok(())
 }
 
-/// Whether `dir` is a mount point (listed in /proc/self/mounts).
-fn is_mount_point(dir: &Path) -> bool {
-    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
-        return false;
-    };
-    let dir = dir.to_string_lossy();
-    // /proc/mounts escapes spaces, tabs, newlines and backslashes as octal.
-    let escaped = dir
-        .replace('\\', "\\134")
-        .replace(' ', "\\040")
-        .replace('\t', "\\011")
-        .replace('\n', "\\012");
-    mounts
-        .lines()
-        .any(|line| line.split(' ').nth(1) == Some(escaped.as_str()))
-}
-
 /// Detaches one recorded device, then removes its FUSE mount if it outlived
 /// nbdfuse: when the server dies, nbdfuse exits but its mount stays behind
 /// ("Transport endpoint is not connected"), and `lograid_nbd::detach` only
@@ -161,7 +144,7 @@ fn detach_one(state_dir: &Path, device: &Path) -> Result<()> {
         .find(|r| r.loop_device == device);
     lograid_nbd::detach(state_dir, device)?;
     if let Some(record) = record.filter(|r| r.owns_mount()) {
-        if is_mount_point(&record.mount_dir) {
+        if lograid_fuse::is_mount_point(&record.mount_dir) {
             let status = std::process::Command::new("fusermount3")
                 .arg("-u")
                 .arg(&record.mount_dir)
