@@ -21,6 +21,8 @@ under --dir, every member a `losetup --direct-io=on` loop device):
   btrfs-raid5 (-m raid1), btrfs-raid0 (and btrfs-raid6 -m raid1c3 with >= 4);
   zfs-raidz1, zfs-stripe: zfs-fuse, only where installed (else skipped, noted);
   bare: ext4 on one loop device;
+  ram-ext4: ext4 on one loop device over a tmpfs file: no disk at all, so the
+      ceiling of ext4 itself on this machine (a reference, like path-ref);
   path-ref: no members; nbdkit's memory plugin attached exactly as lograid is
       (`lograid attach` + ext4): the ceiling of the attach path itself, for the
       filesystem experiments only (B and D use no attach path: skipped there).
@@ -31,6 +33,9 @@ stacks of one repetition run back to back, in an order rotated per repetition):
   A  --a-files files of 14 MiB into one directory, then one file of the same
      total, each timed including the final syncfs (total >= 3 x vm.dirty_bytes,
      which is lowered to --dirty-bytes for the whole run and restored after);
+     before each phase the caches are dropped and the guest's free page
+     reporting is let finish (settle_memory), so no stack starts on memory
+     that the one before it happened to leave warm;
   B  fio random writes, O_DIRECT: 512 B-64 KiB (--bsrange, or --bssplit) at
      QD 1, 10, 100 and 4 KiB at QD 32, --b-seconds each, into a --b-size file
      laid out first (lograid: the first --b-size of the volume); write
@@ -99,13 +104,18 @@ STACK_INFO = {
     "zfs-raidz1": ("zfs-fuse raidz1", "zfs", 1),
     "zfs-stripe": ("zfs-fuse stripe", "zfs", 0),
     "bare": ("bare ext4", "bare", 0),
+    "ram-ext4": ("ext4 on RAM", "bare", 0),
     "path-ref": ("attach path over nbdkit memory", "ref", 0),
 }
 STACK_ORDER = list(STACK_INFO)
 COLOURS = {"lograid-p1": "#1f77b4", "lograid-p0": "#9ecae1", "lograid-p2": "#08306b",
            "btrfs-raid5": "#d62728", "btrfs-raid0": "#ff9896", "btrfs-raid6": "#7f0000",
            "zfs-raidz1": "#2ca02c", "zfs-stripe": "#98df8a", "bare": "#7f7f7f",
-           "path-ref": "#9467bd"}
+           "ram-ext4": "#bcbd22", "path-ref": "#9467bd"}
+
+# Where ram-ext4 keeps its one member file: tmpfs, so the ext4 under test has no disk
+# under it at all (the ceiling of ext4 itself on this machine).
+RAM_DIR = "/dev/shm"
 
 # Ratio columns: (numerator, denominator). Parity over its own stripe, then lograid
 # P=1 (and P=2) over each peer.
@@ -113,7 +123,8 @@ STRIPE_PAIRS = [("lograid-p1", "lograid-p0"), ("lograid-p2", "lograid-p0"),
                 ("btrfs-raid5", "btrfs-raid0"), ("btrfs-raid6", "btrfs-raid0"),
                 ("zfs-raidz1", "zfs-stripe")]
 PEER_PAIRS = [("lograid-p1", "btrfs-raid5"), ("lograid-p1", "btrfs-raid0"), ("lograid-p1", "zfs-raidz1"),
-              ("lograid-p1", "zfs-stripe"), ("lograid-p1", "bare"), ("lograid-p2", "btrfs-raid6")]
+              ("lograid-p1", "zfs-stripe"), ("lograid-p1", "bare"), ("lograid-p2", "btrfs-raid6"),
+              ("lograid-p1", "ram-ext4"), ("bare", "btrfs-raid5"), ("ram-ext4", "btrfs-raid5")]
 # Against the attach path alone (path-ref): how much of its ceiling lograid reaches,
 # and where a peer stands beside that ceiling.
 REF_PAIRS = [("lograid-p1", "path-ref"), ("lograid-p0", "path-ref"), ("btrfs-raid5", "path-ref")]
@@ -485,6 +496,36 @@ def drop_caches():
         f.write("3")
 
 
+# A guest with free page reporting (virtio-balloon) hands freed memory back to the
+# host, and the first touch of such a page afterwards is slow. A page-cache-bound phase
+# that starts right after a teardown freed gigabytes therefore runs on warm memory, and
+# one that starts later on cold memory: measured here, the same stack wrote many files
+# at 426 and at 1,937 MB/s depending on what ran before it. settle_memory() puts every
+# stack in the same state before such a phase: caches dropped, and reporting finished.
+PAGE_REPORTING_KIB = "/sys/module/page_reporting/parameters/reported_kib"
+
+
+def settle_memory(quiet_s=2.0, limit_s=30.0, path=PAGE_REPORTING_KIB):
+    """Drop the caches, then wait until the guest has stopped reporting free pages to
+    the host (the counter unchanged for quiet_s; at most limit_s). Without page
+    reporting, just drop the caches. Returns the seconds waited."""
+    drop_caches()
+    t0 = time.time()
+    try:
+        last = open(path).read().strip()
+    except OSError:
+        return 0.0
+    still = time.time()
+    while time.time() - t0 < limit_s:
+        time.sleep(0.25)
+        now = open(path).read().strip()
+        if now != last:
+            last, still = now, time.time()
+        elif time.time() - still >= quiet_s:
+            break
+    return time.time() - t0
+
+
 # ----- fio -------------------------------------------------------------------------------
 
 def run_fio(ctx, stack, args, tag, timeout):
@@ -570,6 +611,7 @@ def exp_a(ctx, stack, tag):
         for i in range(n):
             with open(os.path.join(d, "f%d" % i), "wb", buffering=0) as f:
                 f.write(buf)
+    det["settle_seconds"] = [round(settle_memory(), 1)]
     c0 = cpu_snapshot(stack)
     secs, write_part, dev = timed_phase(stack, many)
     det["manyfiles_cpu_s"] = cpu_delta(c0, cpu_snapshot(stack))
@@ -590,6 +632,7 @@ def exp_a(ctx, stack, tag):
         with open(os.path.join(d, "big"), "wb", buffering=0) as f:
             for _ in range(n):
                 f.write(buf)
+    det["settle_seconds"].append(round(settle_memory(), 1))
     c0 = cpu_snapshot(stack)
     secs, write_part, dev = timed_phase(stack, big)
     det["bigfile_cpu_s"] = cpu_delta(c0, cpu_snapshot(stack))
@@ -812,6 +855,8 @@ def make_stack(ctx, key, exp, tag):
     if family == "ref":
         return PathRefStack(path_ref_size(a.members, a.member_size), a.dir, a.lograid,
                             log_dir=os.path.join(ctx.out, "logs", tag), allocator=a.path_ref_allocator)
+    if key == "ram-ext4":
+        return Ext4Stack(a.member_size, RAM_DIR, name="ram-ext4")
     return Ext4Stack(a.member_size, a.dir)
 
 
@@ -1120,10 +1165,13 @@ def human(n):
 def exp_description(exp, a):
     if exp == "A":
         return ("%d files of 14 MiB (%s, %.1f x vm.dirty_bytes) written into one directory, then one file "
-                "of the same total; MB/s include the final syncfs. lograid: ext4 on `lograid attach` "
+                "of the same total; MB/s include the final syncfs; before each phase the caches are dropped and "
+                "the guest's free page reporting is let finish, so every stack starts on the same (cold) "
+                "memory. lograid: ext4 on `lograid attach` "
                 "(%s + loop); btrfs, zfs: their own filesystem; bare: ext4; attach path over nbdkit "
                 "memory: ext4 on `lograid attach` of nbdkit's memory plugin (RAM: the path's own ceiling; "
-                "no members, so no WA; %d untimed run(s) of the workload first)." % (
+                "no members, so no WA; %d untimed run(s) of the workload first); ext4 on RAM: ext4 on a loop "
+                "device over a tmpfs file (no disk: the ceiling of ext4 itself)." % (
                     a.get("a_files", 0), human(a.get("a_files", 0) * A_FILE_BYTES),
                     a.get("a_files", 0) * A_FILE_BYTES / max(a.get("dirty_bytes") or 1, 1),
                     "its own FUSE file" if a.get("lograid_attach", "nbdfuse") == "fuse" else "nbdfuse",

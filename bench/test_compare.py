@@ -166,7 +166,7 @@ class Planning(unittest.TestCase):
     def test_available_stacks(self):
         keys, skipped = compare.available_stacks(3, zfs_check=lambda: (False, "zfs-fuse is not installed"),
                                                  nbdkit_check=lambda: (True, ""))
-        self.assertEqual(keys, ["lograid-p1", "lograid-p0", "btrfs-raid5", "btrfs-raid0", "bare", "path-ref"])
+        self.assertEqual(keys, ["lograid-p1", "lograid-p0", "btrfs-raid5", "btrfs-raid0", "bare", "ram-ext4", "path-ref"])
         self.assertIn("4 members", skipped["lograid-p2"])
         self.assertEqual(skipped["zfs-raidz1"], "zfs-fuse is not installed")
         keys, _ = compare.available_stacks(4, zfs_check=lambda: (True, ""))
