@@ -505,11 +505,11 @@ def drop_caches():
 PAGE_REPORTING_KIB = "/sys/module/page_reporting/parameters/reported_kib"
 
 
-def settle_memory(quiet_s=2.0, limit_s=30.0, path=PAGE_REPORTING_KIB):
+def settle_memory(quiet_s=2.0, limit_s=30.0, path=PAGE_REPORTING_KIB, drop=drop_caches):
     """Drop the caches, then wait until the guest has stopped reporting free pages to
-    the host (the counter unchanged for quiet_s; at most limit_s). Without page
-    reporting, just drop the caches. Returns the seconds waited."""
-    drop_caches()
+    the host (the counter at `path` unchanged for quiet_s; at most limit_s). Without
+    page reporting, just drop the caches. Returns the seconds waited."""
+    drop()
     t0 = time.time()
     try:
         last = open(path).read().strip()

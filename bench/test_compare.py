@@ -349,6 +349,40 @@ class FakeSysctls(compare.Sysctls):
         self.values[partner[key]] = "0"
 
 
+class SettleMemory(unittest.TestCase):
+    """settle_memory() waits for the page-reporting counter to stand still."""
+
+    def test_without_page_reporting_it_only_drops_the_caches(self):
+        dropped = []
+        waited = compare.settle_memory(path="/nonexistent/reported_kib", drop=lambda: dropped.append(1))
+        self.assertEqual((waited, dropped), (0.0, [1]))
+
+    def test_waits_until_the_counter_stops_moving(self):
+        import threading
+        import time
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "reported_kib")
+            with open(path, "w") as f:
+                f.write("0\n")
+            stop = time.time() + 1.0
+
+            def report():
+                n = 0
+                while time.time() < stop:
+                    n += 1
+                    with open(path, "w") as f:
+                        f.write("%d\n" % n)
+                    time.sleep(0.1)
+            t = threading.Thread(target=report)
+            t.start()
+            waited = compare.settle_memory(quiet_s=0.5, limit_s=10, path=path, drop=lambda: None)
+            t.join()
+            self.assertGreaterEqual(waited, 1.4)     # 1 s of reports, then 0.5 s still
+            self.assertLess(waited, 5)
+            # A counter that never stops gives up at the limit.
+            self.assertLess(compare.settle_memory(quiet_s=5, limit_s=0.6, path=path, drop=lambda: None), 1.5)
+
+
 class SysctlRestore(unittest.TestCase):
     def test_ratio_mode_restored(self):
         s = FakeSysctls({"vm/dirty_bytes": "0", "vm/dirty_background_bytes": "0",
