@@ -511,14 +511,18 @@ def settle_memory(quiet_s=2.0, limit_s=30.0, path=PAGE_REPORTING_KIB, drop=drop_
     page reporting, just drop the caches. Returns the seconds waited."""
     drop()
     t0 = time.time()
+
+    def counter():
+        with open(path) as f:
+            return f.read().strip()
     try:
-        last = open(path).read().strip()
+        last = counter()
     except OSError:
         return 0.0
     still = time.time()
     while time.time() - t0 < limit_s:
         time.sleep(0.25)
-        now = open(path).read().strip()
+        now = counter()
         if now != last:
             last, still = now, time.time()
         elif time.time() - still >= quiet_s:
