@@ -21,8 +21,8 @@ under --dir, every member a `losetup --direct-io=on` loop device):
   btrfs-raid5 (-m raid1), btrfs-raid0 (and btrfs-raid6 -m raid1c3 with >= 4);
   zfs-raidz1, zfs-stripe: zfs-fuse, only where installed (else skipped, noted);
   bare: ext4 on one loop device;
-  ram-ext4: ext4 on one loop device over a tmpfs file: no disk at all, so the
-      ceiling of ext4 itself on this machine (a reference, like path-ref);
+  ram-ext4: ext4 on one loop device over a tmpfs file: ext4 with no disk under
+      it (a reference; the loop's copy into tmpfs costs CPU, so not a ceiling);
   path-ref: no members; nbdkit's memory plugin attached exactly as lograid is
       (`lograid attach` + ext4): the ceiling of the attach path itself, for the
       filesystem experiments only (B and D use no attach path: skipped there).
@@ -35,7 +35,9 @@ stacks of one repetition run back to back, in an order rotated per repetition):
      which is lowered to --dirty-bytes for the whole run and restored after);
      before each phase the caches are dropped and the guest's free page
      reporting is let finish (settle_memory), so no stack starts on memory
-     that the one before it happened to leave warm;
+     that the one before it happened to leave warm; --a-memory warm then
+     writes and deletes --a-warm-bytes in tmpfs, so that every stack's phase
+     starts on recently used memory instead (as on a machine with no balloon);
   B  fio random writes, O_DIRECT: 512 B-64 KiB (--bsrange, or --bssplit) at
      QD 1, 10, 100 and 4 KiB at QD 32, --b-seconds each, into a --b-size file
      laid out first (lograid: the first --b-size of the volume); write
@@ -69,6 +71,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from xml.sax.saxutils import escape
 
@@ -114,8 +117,11 @@ COLOURS = {"lograid-p1": "#1f77b4", "lograid-p0": "#9ecae1", "lograid-p2": "#083
            "ram-ext4": "#bcbd22", "path-ref": "#9467bd"}
 
 # Where ram-ext4 keeps its one member file: tmpfs, so the ext4 under test has no disk
-# under it at all (the ceiling of ext4 itself on this machine).
+# under it at all (and where --a-memory warm touches memory).
 RAM_DIR = "/dev/shm"
+# Stacks left out unless --stacks names them (ram-ext4 holds up to a member's size of
+# RAM while it runs).
+OPT_IN_STACKS = ["ram-ext4"]
 
 # Ratio columns: (numerator, denominator). Parity over its own stripe, then lograid
 # P=1 (and P=2) over each peer.
@@ -520,13 +526,36 @@ def settle_memory(quiet_s=2.0, limit_s=30.0, path=PAGE_REPORTING_KIB, drop=drop_
     except OSError:
         return 0.0
     still = time.time()
-    while time.time() - t0 < limit_s:
+    while True:
+        if time.time() - t0 >= limit_s:
+            log("note: free page reporting still moving after %.0f s; going on" % limit_s)
+            break
         time.sleep(0.25)
-        now = counter()
+        try:
+            now = counter()
+        except OSError:
+            break
         if now != last:
             last, still = now, time.time()
         elif time.time() - still >= quiet_s:
             break
+    return time.time() - t0
+
+
+def warm_memory(nbytes, where=RAM_DIR):
+    """Write nbytes of zeroes to a file in tmpfs and delete it: the pages just freed are
+    resident, and the page cache of the phase that follows gets them (a machine without
+    a memory balloon is always in this state). Returns the seconds it took."""
+    t0 = time.time()
+    chunk = b"\0" * (64 << 20)
+    fd, path = tempfile.mkstemp(prefix="lograid-warm-", dir=where)
+    try:
+        with os.fdopen(fd, "wb", buffering=0) as f:
+            left = nbytes
+            while left > 0:
+                left -= f.write(chunk[:min(left, len(chunk))])
+    finally:
+        os.unlink(path)
     return time.time() - t0
 
 
@@ -615,7 +644,10 @@ def exp_a(ctx, stack, tag):
         for i in range(n):
             with open(os.path.join(d, "f%d" % i), "wb", buffering=0) as f:
                 f.write(buf)
+    det["memory"] = ctx.a.a_memory
     det["settle_seconds"] = [round(settle_memory(), 1)]
+    if ctx.a.a_memory == "warm":
+        det["warm_seconds"] = [round(warm_memory(ctx.a.a_warm_bytes), 1)]
     c0 = cpu_snapshot(stack)
     secs, write_part, dev = timed_phase(stack, many)
     det["manyfiles_cpu_s"] = cpu_delta(c0, cpu_snapshot(stack))
@@ -637,6 +669,8 @@ def exp_a(ctx, stack, tag):
             for _ in range(n):
                 f.write(buf)
     det["settle_seconds"].append(round(settle_memory(), 1))
+    if ctx.a.a_memory == "warm":
+        det["warm_seconds"].append(round(warm_memory(ctx.a.a_warm_bytes), 1))
     c0 = cpu_snapshot(stack)
     secs, write_part, dev = timed_phase(stack, big)
     det["bigfile_cpu_s"] = cpu_delta(c0, cpu_snapshot(stack))
@@ -819,6 +853,9 @@ def available_stacks(members, zfs_check=None, nbdkit_check=None):
     for key in STACK_ORDER:
         _, family, parity = STACK_INFO[key]
         if family == "bare":
+            if key == "ram-ext4" and not os.path.isdir(RAM_DIR):
+                skipped[key] = "%s does not exist" % RAM_DIR
+                continue
             keys.append(key)
             continue
         if family == "ref":
@@ -1171,13 +1208,16 @@ def exp_description(exp, a):
         return ("%d files of 14 MiB (%s, %.1f x vm.dirty_bytes) written into one directory, then one file "
                 "of the same total; MB/s include the final syncfs; before each phase the caches are dropped and "
                 "the guest's free page reporting is let finish, so every stack starts on the same (cold) "
-                "memory. lograid: ext4 on `lograid attach` "
+                "memory%s. lograid: ext4 on `lograid attach` "
                 "(%s + loop); btrfs, zfs: their own filesystem; bare: ext4; attach path over nbdkit "
                 "memory: ext4 on `lograid attach` of nbdkit's memory plugin (RAM: the path's own ceiling; "
                 "no members, so no WA; %d untimed run(s) of the workload first); ext4 on RAM: ext4 on a loop "
-                "device over a tmpfs file (no disk: the ceiling of ext4 itself)." % (
+                "device over a tmpfs file (no disk at all; the loop copies into tmpfs, so not a ceiling)." % (
                     a.get("a_files", 0), human(a.get("a_files", 0) * A_FILE_BYTES),
                     a.get("a_files", 0) * A_FILE_BYTES / max(a.get("dirty_bytes") or 1, 1),
+                    "" if a.get("a_memory", "cold") != "warm" else
+                    (", then %s is written to tmpfs and deleted (--a-memory warm), so the phase's page "
+                     "cache gets recently used memory" % human(a.get("a_warm_bytes") or 0)),
                     "its own FUSE file" if a.get("lograid_attach", "nbdfuse") == "fuse" else "nbdfuse",
                     a.get("path_ref_warmup", 0)))
     if exp == "B":
@@ -1252,6 +1292,12 @@ def build_parser():
                     help="vm.dirty_background_bytes (default a quarter of --dirty-bytes)")
     ap.add_argument("--a-files", type=int, default=None,
                     help="A: number of 14 MiB files (default: 4 x dirty bytes worth; at least 3 x)")
+    ap.add_argument("--a-memory", default="cold", choices=["cold", "warm"],
+                    help="A: the memory each timed phase starts on (default cold: caches dropped and the "
+                         "guest's free page reporting settled; warm: then --a-warm-bytes written to and "
+                         "deleted from tmpfs, so the page cache gets recently used memory, as on a machine "
+                         "without a memory balloon)")
+    ap.add_argument("--a-warm-bytes", default="6G", help="A, --a-memory warm: how much memory to touch (default 6G)")
     ap.add_argument("--b-size", default=None, help="B: file (or volume range) size (default 2G; --quick 256M)")
     ap.add_argument("--b-seconds", type=int, default=None, help="B: seconds per test (default 10; --quick 3)")
     ap.add_argument("--bsrange", default="512-64k", help="B: mixed sizes, fio bsrange (default 512-64k, "
@@ -1286,6 +1332,7 @@ def parse_args(argv, stat_free=None):
         a.dirty_bytes = parse_size(a.dirty_bytes or ("64M" if q else "512M"))
         a.dirty_background_bytes = parse_size(a.dirty_background_bytes) if a.dirty_background_bytes \
             else a.dirty_bytes // 4
+        a.a_warm_bytes = parse_size(a.a_warm_bytes)
         a.b_size = parse_size(a.b_size or ("256M" if q else "2G"))
         a.d_size = parse_size(a.d_size or ("256M" if q else "2G"))
         a.lograid_chunk = a.lograid_chunk and str(parse_size(a.lograid_chunk))
@@ -1406,6 +1453,11 @@ def main(argv=None):
         for k in a.want_stacks:
             if k not in keys and k not in skipped:
                 skipped[k] = "not available"
+    else:
+        for k in OPT_IN_STACKS:
+            if k in keys:
+                keys.remove(k)
+                skipped[k] = "a reference run only when named in --stacks"
     if any(STACK_INFO[k][1] in ("lograid", "ref") for k in keys) and not (a.lograid and os.access(a.lograid, os.X_OK)):
         build_parser().error("no lograid binary: build it (cargo build --release -p lograid-cli) or give --lograid")
     if not keys:

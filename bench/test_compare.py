@@ -379,8 +379,26 @@ class SettleMemory(unittest.TestCase):
             t.join()
             self.assertGreaterEqual(waited, 1.4)     # 1 s of reports, then 0.5 s still
             self.assertLess(waited, 5)
-            # A counter that never stops gives up at the limit.
+            # The limit holds even when the quiet time would be longer.
             self.assertLess(compare.settle_memory(quiet_s=5, limit_s=0.6, path=path, drop=lambda: None), 1.5)
+
+
+class WarmMemory(unittest.TestCase):
+    def test_writes_the_bytes_and_leaves_nothing_behind(self):
+        with tempfile.TemporaryDirectory() as d:
+            seen = []
+            real_unlink = os.unlink
+
+            def unlink(path):
+                seen.append(os.path.getsize(path))
+                real_unlink(path)
+            old, os.unlink = os.unlink, unlink
+            try:
+                compare.warm_memory(100 << 20 | 12345, where=d)
+            finally:
+                os.unlink = old
+            self.assertEqual(seen, [100 << 20 | 12345])
+            self.assertEqual(os.listdir(d), [])
 
 
 class SysctlRestore(unittest.TestCase):

@@ -14,7 +14,7 @@ echo $((512<<20)) > /proc/sys/vm/dirty_bytes; echo $((128<<20)) > /proc/sys/vm/d
 sync; echo 3 > /proc/sys/vm/drop_caches; sleep 8
 read -r _ u n s i w x y z _ < /proc/stat; t0=$((u+n+s+x+y+z)); c0=$(awk '{print $14+$15}' /proc/$spid/stat)
 s0=$(date +%s.%N)
-bash -c "for i in \$(seq 1 147); do cp /dev/shm/src14 $d/mnt/f\$i; done; sync -f $d/mnt/f1" >/dev/null 2>&1
+${PERF:-} bash -ec "for i in \$(seq 1 147); do cp /dev/shm/src14 $d/mnt/f\$i; done; sync -f $d/mnt/f1"
 s1=$(date +%s.%N)
 read -r _ u n s i w x y z _ < /proc/stat; t1=$((u+n+s+x+y+z)); c1=$(awk '{print $14+$15}' /proc/$spid/stat)
 python3 -c "print('${FS:-ext4} P=$P many files %.0f MB/s; machine %.2f s/GB server %.2f s/GB' % (147*14*2**20/($s1-$s0)/1e6, ($t1-$t0)/100/(147*14*2**20/1e9), ($c1-$c0)/100/(147*14*2**20/1e9)))"
