@@ -878,6 +878,14 @@ def available_stacks(members, zfs_check=None, nbdkit_check=None):
     return keys, skipped
 
 
+def leave_out_opt_in(keys, skipped):
+    """The default stacks: `keys` without OPT_IN_STACKS (noted in `skipped`)."""
+    for k in OPT_IN_STACKS:
+        if k in keys:
+            skipped[k] = "a reference run only when named in --stacks"
+    return [k for k in keys if k not in OPT_IN_STACKS]
+
+
 def make_stack(ctx, key, exp, tag):
     """A fresh stack object for one experiment (not yet up)."""
     a = ctx.a
@@ -1454,10 +1462,7 @@ def main(argv=None):
             if k not in keys and k not in skipped:
                 skipped[k] = "not available"
     else:
-        for k in OPT_IN_STACKS:
-            if k in keys:
-                keys.remove(k)
-                skipped[k] = "a reference run only when named in --stacks"
+        keys = leave_out_opt_in(keys, skipped)
     if any(STACK_INFO[k][1] in ("lograid", "ref") for k in keys) and not (a.lograid and os.access(a.lograid, os.X_OK)):
         build_parser().error("no lograid binary: build it (cargo build --release -p lograid-cli) or give --lograid")
     if not keys:

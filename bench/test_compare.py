@@ -168,6 +168,9 @@ class Planning(unittest.TestCase):
                                                  nbdkit_check=lambda: (True, ""))
         self.assertEqual(keys, ["lograid-p1", "lograid-p0", "btrfs-raid5", "btrfs-raid0", "bare", "ram-ext4", "path-ref"])
         self.assertIn("4 members", skipped["lograid-p2"])
+        self.assertEqual(compare.leave_out_opt_in(keys, skipped),
+                         ["lograid-p1", "lograid-p0", "btrfs-raid5", "btrfs-raid0", "bare", "path-ref"])
+        self.assertIn("named in --stacks", skipped["ram-ext4"])
         self.assertEqual(skipped["zfs-raidz1"], "zfs-fuse is not installed")
         keys, _ = compare.available_stacks(4, zfs_check=lambda: (True, ""))
         self.assertIn("lograid-p2", keys)
