@@ -131,6 +131,9 @@ impl Member for FileMember {
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.file.write_all_at(buf, offset)
     }
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.file.as_raw_fd())
+    }
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
     }

@@ -5,13 +5,15 @@
 //! tests; `RecordingMember`, a wrapper that logs every write, flush and
 //! discard, for crash-replay tests), 4 KiB-aligned buffers, per-member
 //! counters, the map of segments a member does not hold yet (`StaleSegments`)
-//! and the I/O worker pool that writes a row's columns in parallel.
+//! and the I/O worker pool that writes a row's columns in parallel (or, for
+//! files and block devices, one io_uring submission per row: `uring`).
 //! It never interprets the bytes.
 
 mod aligned;
 mod file;
 mod record;
 mod sim;
+pub mod uring;
 
 pub use aligned::AlignedBuf;
 pub use file::{
@@ -32,6 +34,11 @@ pub trait Member: Send + Sync {
     fn size_bytes(&self) -> u64;
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// The file descriptor positioned writes may go to directly (through
+    /// io_uring, `uring`), if this member is a plain file or block device.
+    fn raw_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Tells the drive a range is no longer needed (hole punch, BLKDISCARD).

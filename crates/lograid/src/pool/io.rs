@@ -425,18 +425,58 @@ impl PoolInner {
             let mut out: Vec<&mut [u8]> = parity.chunks_mut(column_bytes).collect();
             lograid_parity::encode(&data, &mut out);
         }
-        let parity = Arc::new(parity);
-        let mut jobs: Vec<IoJob<(u8, std::io::Result<()>)>> = Vec::new();
+        let k = g.data_capacity_columns();
         let columns =
             (0..g.data_columns as usize).chain((0..g.parity as usize).map(|p| g.parity_column(p)));
-        for col in columns {
-            let pba = g.pba(&self.shape.geometry, col, 0);
-            let Some(dev) = self.device(pba.member as usize) else {
-                continue;
-            };
+        let targets: Vec<(usize, Pba, Arc<crate::device::Device>)> = columns
+            .filter_map(|col| {
+                let pba = g.pba(&self.shape.geometry, col, 0);
+                self.device(pba.member as usize).map(|dev| (col, pba, dev))
+            })
+            .collect();
+        let column_bytes_of = |col: usize| -> &[u8] {
+            if col < k {
+                row.column(col)
+            } else {
+                let p = col - k;
+                &parity[p * column_bytes..(p + 1) * column_bytes]
+            }
+        };
+        // One io_uring submission for the whole row where the members allow
+        // it; a column it did not write whole is written again below, the
+        // usual way (retries, then the member is faulted).
+        let batch: Vec<crate::device::uring::ColumnWrite<'_>> = targets
+            .iter()
+            .map(|(col, pba, dev)| crate::device::uring::ColumnWrite {
+                device: dev,
+                bytes: column_bytes_of(*col),
+                offset: pba.byte_offset(),
+            })
+            .collect();
+        if let Some(first) = crate::device::uring::write_columns(&batch) {
+            drop(batch);
+            let results: Vec<(u8, std::io::Result<()>)> = targets
+                .iter()
+                .zip(first)
+                .map(|((col, pba, dev), r)| {
+                    let r = r.or_else(|e| {
+                        tracing::warn!(
+                            "member write through io_uring failed ({e}); writing it again"
+                        );
+                        with_retries(|| dev.write_at(column_bytes_of(*col), pba.byte_offset()))
+                    });
+                    (pba.member, r)
+                })
+                .collect();
+            PARITY_BUFFER.with(|b| *b.borrow_mut() = Some(parity));
+            return self.finish_row_write(row, results);
+        }
+        drop(batch);
+        let parity = Arc::new(parity);
+        let mut jobs: Vec<IoJob<(u8, std::io::Result<()>)>> = Vec::new();
+        for (col, pba, dev) in targets {
             let row = row.clone();
             let parity = parity.clone();
-            let k = g.data_capacity_columns();
             jobs.push(Box::new(move || {
                 let bytes = if col < k {
                     row.column(col)
@@ -455,6 +495,17 @@ impl PoolInner {
         if let Ok(buf) = Arc::try_unwrap(parity) {
             PARITY_BUFFER.with(|b| *b.borrow_mut() = Some(buf));
         }
+        self.finish_row_write(row, results)
+    }
+
+    /// Records the outcome of a row's column writes: members written are
+    /// dirty (a flush syncs them), members that failed are faulted; the row
+    /// leaves the in-flight list.
+    fn finish_row_write(
+        &self,
+        row: &Arc<SealedRow>,
+        results: Vec<(u8, std::io::Result<()>)>,
+    ) -> Result<()> {
         let mut error = None;
         for (member, r) in results {
             match r {
