@@ -251,15 +251,22 @@ impl FuseMount {
                 tracing::warn!(dir = %dir.display(), "unmounting: {detail}; detaching the mount lazily and aborting its connection");
                 // From here on requests get EIO from us, whatever happens to the connection.
                 self.gate.close();
-                if mount_at(&dir).is_some_and(|m| m.is_ours()) {
+                // Abort first, while the mount still holds its connection number: once the mount
+                // is detached and its last user gone, the number is free, and the next FUSE mount
+                // on the machine (another server's) may get it.
+                let ours = mount_at(&dir).filter(MountEntry::is_ours);
+                let aborted = match (self.connection, &ours) {
+                    (Some(connection), Some(m)) if m.minor == connection => {
+                        abort_connection(connection)
+                    }
+                    (Some(_), _) => Err("the mount is no longer on its directory".into()),
+                    (None, _) => Err("the mount's connection number is unknown".into()),
+                };
+                if ours.is_some() {
                     if let Err(detail) = lazy_unmount(&dir) {
                         tracing::warn!(dir = %dir.display(), "{detail}");
                     }
                 }
-                let aborted = match self.connection {
-                    Some(connection) => abort_connection(connection),
-                    None => Err("the mount's connection number is unknown".into()),
-                };
                 if let Err(detail) = aborted {
                     // Joining would wait for the holder to let go. The request threads answer
                     // EIO until the process exits and its /dev/fuse descriptors close.
