@@ -82,6 +82,9 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 
 #[test]
 fn a_ring_write_that_fails_is_written_again_and_the_member_stays() {
+    // The ring is opt-in; this test binary runs only this test, so the
+    // switch is read after this line.
+    std::env::set_var("LOGRAID_IO_URING", "1");
     if !lograid::device::uring::available() {
         eprintln!("io_uring unavailable here: test skipped");
         return;

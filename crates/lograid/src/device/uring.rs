@@ -1,4 +1,5 @@
-//! Writing the columns of a row with one io_uring submission.
+//! Writing the columns of a row with one io_uring submission (opt-in:
+//! `LOGRAID_IO_URING=1`).
 //!
 //! Owns: one ring per writing thread (made on first use), and a batch write
 //! that puts every column of a row on it and waits for all of them, so a
@@ -118,11 +119,13 @@ fn make_ring() -> io::Result<IoUring> {
     Ok(ring)
 }
 
-/// Whether the ring is used at all (`LOGRAID_IO_URING=0` turns it off, for
-/// comparisons).
+/// Whether the ring is used at all: only with `LOGRAID_IO_URING=1` (and
+/// always in this module's unit tests). Off by default: on sparse member
+/// files it cost 6-11% of the 4 KiB random-write IOPS (docs/BENCHMARKS.md,
+/// "A row's columns in one io_uring submission").
 fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("LOGRAID_IO_URING").map_or(true, |v| v != "0"))
+    cfg!(test) || *ON.get_or_init(|| std::env::var("LOGRAID_IO_URING").is_ok_and(|v| v == "1"))
 }
 
 /// Submits columns `range` and waits until every one submitted has
