@@ -404,16 +404,7 @@ pub fn attach(uri: &str, export_name: &str, work_dir: &Path) -> Result<Attached,
     if full_uri.contains(['\t', '\n', '\r']) {
         return Err(AttachError::Uri(full_uri, "contains a tab or newline"));
     }
-    fs::create_dir_all(work_dir).map_err(io_error(format!("creating {}", work_dir.display())))?;
-    let work_dir = work_dir
-        .canonicalize()
-        .map_err(io_error(format!("resolving {}", work_dir.display())))?;
-    if work_dir.to_string_lossy().contains(['\t', '\n', '\r']) {
-        return Err(AttachError::State {
-            path: work_dir,
-            problem: "work directory path contains a tab or newline".into(),
-        });
-    }
+    let work_dir = prepare_work_dir(work_dir)?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_nanos());
@@ -479,19 +470,8 @@ pub fn attach(uri: &str, export_name: &str, work_dir: &Path) -> Result<Attached,
     let fuse_file = mount_dir.join("nbd");
 
     let _lock = lock_state(&work_dir)?;
-    let loop_device = match run(Command::new(tool("losetup")?)
-        .args(["-f", "--show", "--direct-io=on"])
-        .arg(&fuse_file))
-    {
-        Ok(device) if device.starts_with("/dev/") => PathBuf::from(device),
-        Ok(other) => {
-            cleanup_mount(child);
-            return Err(AttachError::Command {
-                command: "losetup -f --show".into(),
-                status: "unexpected output".into(),
-                stderr: other,
-            });
-        }
+    let loop_device = match loop_on(&fuse_file) {
+        Ok(device) => device,
         Err(error) => {
             cleanup_mount(child);
             return Err(error);
@@ -503,13 +483,10 @@ pub fn attach(uri: &str, export_name: &str, work_dir: &Path) -> Result<Attached,
         nbdfuse_pid,
         uri: full_uri,
     };
-    let mut records = read_records(&work_dir)?;
-    records.retain(|other| other.loop_device != record.loop_device);
-    records.push(record.clone());
-    if let Err(error) = write_records(&work_dir, &records) {
-        let _ = run(Command::new(tool("losetup")?)
-            .arg("-d")
-            .arg(&record.loop_device));
+    if let Err(error) = add_record(&work_dir, &record) {
+        if let Ok(losetup) = tool("losetup") {
+            let _ = run(Command::new(losetup).arg("-d").arg(&record.loop_device));
+        }
         cleanup_mount(child);
         return Err(error);
     }
@@ -520,6 +497,46 @@ pub fn attach(uri: &str, export_name: &str, work_dir: &Path) -> Result<Attached,
         work_dir,
         nbdfuse: Some(child),
     })
+}
+
+/// Creates and resolves the directory attachments are recorded in. Its path goes into the
+/// state file, whose lines are tab-separated.
+fn prepare_work_dir(work_dir: &Path) -> Result<PathBuf, AttachError> {
+    fs::create_dir_all(work_dir).map_err(io_error(format!("creating {}", work_dir.display())))?;
+    let work_dir = work_dir
+        .canonicalize()
+        .map_err(io_error(format!("resolving {}", work_dir.display())))?;
+    if work_dir.to_string_lossy().contains(['\t', '\n', '\r']) {
+        return Err(AttachError::State {
+            path: work_dir,
+            problem: "work directory path contains a tab or newline".into(),
+        });
+    }
+    Ok(work_dir)
+}
+
+/// A free loop device with direct I/O on `file` (`losetup -f --show --direct-io=on`).
+fn loop_on(file: &Path) -> Result<PathBuf, AttachError> {
+    match run(Command::new(tool("losetup")?)
+        .args(["-f", "--show", "--direct-io=on"])
+        .arg(file))?
+    {
+        device if device.starts_with("/dev/") => Ok(PathBuf::from(device)),
+        other => Err(AttachError::Command {
+            command: "losetup -f --show".into(),
+            status: "unexpected output".into(),
+            stderr: other,
+        }),
+    }
+}
+
+/// Adds `record` to the attachments recorded in `work_dir` (replacing one for the same loop
+/// device). The caller holds the state lock.
+fn add_record(work_dir: &Path, record: &AttachmentRecord) -> Result<(), AttachError> {
+    let mut records = read_records(work_dir)?;
+    records.retain(|other| other.loop_device != record.loop_device);
+    records.push(record.clone());
+    write_records(work_dir, &records)
 }
 
 /// Puts a loop device with direct I/O on an existing file (a volume's file in the FUSE mount of
@@ -541,10 +558,7 @@ pub fn attach_file(file: &Path, work_dir: &Path) -> Result<Attached, AttachError
     if text.contains(['\t', '\n', '\r']) {
         return Err(AttachError::Uri(text, "contains a tab or newline"));
     }
-    fs::create_dir_all(work_dir).map_err(io_error(format!("creating {}", work_dir.display())))?;
-    let work_dir = work_dir
-        .canonicalize()
-        .map_err(io_error(format!("resolving {}", work_dir.display())))?;
+    let work_dir = prepare_work_dir(work_dir)?;
     let _lock = lock_state(&work_dir)?;
     let users = run(Command::new(&losetup).arg("-j").arg(&file))?;
     if let Some(user) = users.lines().next().and_then(|l| l.split(':').next()) {
@@ -554,29 +568,14 @@ pub fn attach_file(file: &Path, work_dir: &Path) -> Result<Attached, AttachError
             stderr: format!("{} is already attached as {user}", file.display()),
         });
     }
-    let loop_device = match run(Command::new(&losetup)
-        .args(["-f", "--show", "--direct-io=on"])
-        .arg(&file))?
-    {
-        device if device.starts_with("/dev/") => PathBuf::from(device),
-        other => {
-            return Err(AttachError::Command {
-                command: "losetup -f --show".into(),
-                status: "unexpected output".into(),
-                stderr: other,
-            })
-        }
-    };
+    let loop_device = loop_on(&file)?;
     let record = AttachmentRecord {
         loop_device,
         mount_dir: file.parent().map(Path::to_owned).unwrap_or_default(),
         nbdfuse_pid: 0,
         uri: text,
     };
-    let mut records = read_records(&work_dir)?;
-    records.retain(|other| other.loop_device != record.loop_device);
-    records.push(record.clone());
-    if let Err(error) = write_records(&work_dir, &records) {
+    if let Err(error) = add_record(&work_dir, &record) {
         let _ = run(Command::new(&losetup).arg("-d").arg(&record.loop_device));
         return Err(error);
     }

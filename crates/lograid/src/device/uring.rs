@@ -123,7 +123,7 @@ fn make_ring() -> io::Result<IoUring> {
 /// always in this module's unit tests). Off by default: on sparse member
 /// files it cost 6-11% of the 4 KiB random-write IOPS (docs/BENCHMARKS.md,
 /// "A row's columns in one io_uring submission").
-fn enabled() -> bool {
+pub fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     cfg!(test) || *ON.get_or_init(|| std::env::var("LOGRAID_IO_URING").is_ok_and(|v| v == "1"))
 }

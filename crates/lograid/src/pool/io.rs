@@ -8,8 +8,8 @@ use super::log::AppendError;
 use super::overlay::{Cond, Written};
 use super::state::{Core, SealedRow, SegState};
 use super::{check_writable, Allocation, PoolInner};
-use crate::device::AlignedBuf;
 use crate::device::IoJob;
+use crate::device::{uring, AlignedBuf, Device};
 use crate::error::{Error, Result};
 use crate::format::row::{Entry, EntryKind, HeadId};
 use crate::format::superblock::MemberState;
@@ -425,65 +425,27 @@ impl PoolInner {
             let mut out: Vec<&mut [u8]> = parity.chunks_mut(column_bytes).collect();
             lograid_parity::encode(&data, &mut out);
         }
-        let k = g.data_capacity_columns();
         let columns =
             (0..g.data_columns as usize).chain((0..g.parity as usize).map(|p| g.parity_column(p)));
-        let targets: Vec<(usize, Pba, Arc<crate::device::Device>)> = columns
+        let targets: Vec<(usize, Pba, Arc<Device>)> = columns
             .filter_map(|col| {
                 let pba = g.pba(&self.shape.geometry, col, 0);
                 self.device(pba.member as usize).map(|dev| (col, pba, dev))
             })
             .collect();
-        let column_bytes_of = |col: usize| -> &[u8] {
-            if col < k {
-                row.column(col)
-            } else {
-                let p = col - k;
-                &parity[p * column_bytes..(p + 1) * column_bytes]
+        if uring::enabled() {
+            if let Some(results) = self.write_by_ring(row, &parity, &targets) {
+                PARITY_BUFFER.with(|b| *b.borrow_mut() = Some(parity));
+                return self.finish_row_write(row, results);
             }
-        };
-        // One io_uring submission for the whole row where the members allow
-        // it; a column it did not write whole is written again below, the
-        // usual way (retries, then the member is faulted).
-        let batch: Vec<crate::device::uring::ColumnWrite<'_>> = targets
-            .iter()
-            .map(|(col, pba, dev)| crate::device::uring::ColumnWrite {
-                device: dev,
-                bytes: column_bytes_of(*col),
-                offset: pba.byte_offset(),
-            })
-            .collect();
-        if let Some(first) = crate::device::uring::write_columns(&batch) {
-            drop(batch);
-            let results: Vec<(u8, std::io::Result<()>)> = targets
-                .iter()
-                .zip(first)
-                .map(|((col, pba, dev), r)| {
-                    let r = r.or_else(|e| {
-                        tracing::warn!(
-                            "member write through io_uring failed ({e}); writing it again"
-                        );
-                        with_retries(|| dev.write_at(column_bytes_of(*col), pba.byte_offset()))
-                    });
-                    (pba.member, r)
-                })
-                .collect();
-            PARITY_BUFFER.with(|b| *b.borrow_mut() = Some(parity));
-            return self.finish_row_write(row, results);
         }
-        drop(batch);
         let parity = Arc::new(parity);
         let mut jobs: Vec<IoJob<(u8, std::io::Result<()>)>> = Vec::new();
         for (col, pba, dev) in targets {
             let row = row.clone();
             let parity = parity.clone();
             jobs.push(Box::new(move || {
-                let bytes = if col < k {
-                    row.column(col)
-                } else {
-                    let p = col - k;
-                    &parity[p * column_bytes..(p + 1) * column_bytes]
-                };
+                let bytes = column_of(&row, &parity, col);
                 (
                     pba.member,
                     with_retries(|| dev.write_at(bytes, pba.byte_offset())),
@@ -496,6 +458,44 @@ impl PoolInner {
             PARITY_BUFFER.with(|b| *b.borrow_mut() = Some(buf));
         }
         self.finish_row_write(row, results)
+    }
+
+    /// Writes a row's columns in one io_uring submission (`LOGRAID_IO_URING=1`);
+    /// a column the ring did not write whole is written again the usual way
+    /// (retries, then the member is faulted). `None` if the ring cannot take
+    /// this row (nothing was written).
+    fn write_by_ring(
+        &self,
+        row: &SealedRow,
+        parity: &[u8],
+        targets: &[(usize, Pba, Arc<Device>)],
+    ) -> Option<Vec<(u8, std::io::Result<()>)>> {
+        let batch: Vec<uring::ColumnWrite<'_>> = targets
+            .iter()
+            .map(|(col, pba, dev)| uring::ColumnWrite {
+                device: dev,
+                bytes: column_of(row, parity, *col),
+                offset: pba.byte_offset(),
+            })
+            .collect();
+        let first = uring::write_columns(&batch)?;
+        Some(
+            targets
+                .iter()
+                .zip(first)
+                .map(|((col, pba, dev), r)| {
+                    let r = r.or_else(|e| {
+                        tracing::warn!(
+                            "member write through io_uring failed ({e}); writing it again"
+                        );
+                        with_retries(|| {
+                            dev.write_at(column_of(row, parity, *col), pba.byte_offset())
+                        })
+                    });
+                    (pba.member, r)
+                })
+                .collect(),
+        )
     }
 
     /// Records the outcome of a row's column writes: members written are
@@ -1201,6 +1201,21 @@ const WRITE_ATTEMPTS: u32 = 3;
 
 /// Runs `op` up to `WRITE_ATTEMPTS` times, backing off a little between
 /// attempts (a transient error: a bus reset, a timeout).
+/// The bytes of column `col` of `row`: a data column from the row's buffer,
+/// a parity column from `parity` (the row's parity columns, one after the
+/// other).
+fn column_of<'a>(row: &'a SealedRow, parity: &'a [u8], col: usize) -> &'a [u8] {
+    let g = row.geom;
+    let k = g.data_capacity_columns();
+    if col < k {
+        row.column(col)
+    } else {
+        let column_bytes = g.height as usize * BLOCK_SIZE;
+        let p = col - k;
+        &parity[p * column_bytes..(p + 1) * column_bytes]
+    }
+}
+
 pub(crate) fn with_retries(mut op: impl FnMut() -> std::io::Result<()>) -> std::io::Result<()> {
     let mut attempt = 1;
     loop {
