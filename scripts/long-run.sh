@@ -4,19 +4,24 @@
 # kill loops, and the nightly toolchain with cargo-fuzz for the fuzzing.
 #
 #   scripts/long-run.sh [--fuzz-seconds N] [--soak-seconds N] [--kills N] [--cuts N]
+#                       [--power-cuts N] [--schedules N]
 #
-# Defaults: 1,200 crash-replay cut points (400 per shape), 100 kills (50 per
-# kill-loop test), a one-hour soak, 10 minutes of fuzzing per target.
+# Defaults: 1,200 crash-replay cut points (400 per shape), 3,000 power cuts
+# under concurrent operations (1,500 per shape), 20,000 thread schedules
+# under shuttle (10,000 random, 10,000 PCT), 100 kills (50 per kill-loop
+# test), a one-hour soak, 10 minutes of fuzzing per target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-fuzz_seconds=600 soak_seconds=3600 kills=50 cuts=400
+fuzz_seconds=600 soak_seconds=3600 kills=50 cuts=400 power_cuts=1500 schedules=10000
 while [ $# -gt 0 ]; do
     case "$1" in
         --fuzz-seconds) fuzz_seconds=$2; shift 2 ;;
         --soak-seconds) soak_seconds=$2; shift 2 ;;
         --kills) kills=$2; shift 2 ;;
         --cuts) cuts=$2; shift 2 ;;
+        --power-cuts) power_cuts=$2; shift 2 ;;
+        --schedules) schedules=$2; shift 2 ;;
         *) echo "long-run: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
@@ -27,6 +32,12 @@ step() { echo "== $* ($(date -u +%H:%M:%S))" | tee -a "$log"; }
 
 step "crash replay: $cuts cut points per shape"
 LOGRAID_REPLAY_CUTS=$cuts cargo test --profile test -p lograid --test crash_replay -- --nocapture 2>&1 | tee -a "$log" | grep -E "cut points|test result"
+
+step "power cuts under concurrent operations: $power_cuts per shape"
+LOGRAID_CUT_SEEDS=$power_cuts cargo test --profile test -p lograid --test power_cuts -- --nocapture 2>&1 | tee -a "$log" | grep -E "power cuts|test result"
+
+step "thread schedules under shuttle: $schedules of each kind"
+LOGRAID_SCHEDULES=$schedules cargo test --profile test -p lograid --features shuttle --test schedules -- --nocapture 2>&1 | tee -a "$log" | grep -E "schedules|test result"
 
 step "kill loops: $kills kills per test"
 LOGRAID_KILLS=$kills cargo test --profile test -p lograid-cli --test kill_loop -- --nocapture --test-threads 1 2>&1 | tee -a "$log" | grep -E "kills|test result"

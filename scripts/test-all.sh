@@ -24,8 +24,12 @@ fi
 export CARGO_TERM_COLOR=never
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --release --no-fail-fast
+    # The engine's own code under shuttle's thread scheduler: a build of its
+    # own, since the `shuttle` feature puts every lock and thread on it.
+    cargo nextest run -p lograid --release --features shuttle --test schedules
 else
     cargo test --workspace --release --no-fail-fast
+    cargo test -p lograid --release --features shuttle --test schedules
 fi
 
 # The benchmark scripts' own tests (report, ratios, argument errors; no root work).

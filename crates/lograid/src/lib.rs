@@ -22,6 +22,7 @@ pub mod format;
 pub mod layout;
 pub mod map;
 pub mod pool;
+pub mod sync;
 
 pub use error::{Error, Result};
 pub use pool::recovery_api::{open_members, read_superblock, RecoveryReport};

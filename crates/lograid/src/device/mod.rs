@@ -14,14 +14,16 @@ mod file;
 mod record;
 mod sim;
 pub mod uring;
+mod write_cache;
 
 pub use aligned::AlignedBuf;
 pub use file::{
     is_mounted, probe_signature, signature_in, FileMember, OpenMode, LOGRAID_SIGNATURE,
 };
 pub use record::{IoLog, Record, RecordingMember};
-pub use sim::{CrashMode, PowerCut, SimMember, SimRng};
+pub use sim::{CrashMode, Hold, PowerCut, SimMember, SimRng};
 
+use crate::sync::{channel, thread};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -218,6 +220,8 @@ pub struct Device {
     pub retired: std::sync::atomic::AtomicBool,
     /// Segments it does not hold yet (see `StaleSegments`).
     pub stale: Arc<StaleSegments>,
+    /// Which completed writes may still sit in the member's volatile cache.
+    cache: write_cache::WriteCache,
 }
 
 /// A read slower than this counts as a failed one (a drive that hangs on
@@ -232,6 +236,7 @@ impl Device {
             bad_reads_in_a_row: AtomicU64::new(0),
             retired: Default::default(),
             stale,
+            cache: Default::default(),
         }
     }
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -263,20 +268,41 @@ impl Device {
         self.counters
             .bytes_written
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        self.member.write_at(buf, offset).inspect_err(|_| {
-            self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
-        })
+        let result = self.member.write_at(buf, offset);
+        self.completed(&result);
+        result
     }
     pub fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.member.discard(offset, len).inspect_err(|_| {
-            self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+        let result = self.member.discard(offset, len);
+        self.completed(&result);
+        result
+    }
+    /// Accounts for a write or discard that went to the member (by any
+    /// path: `write_at`, `discard`, a ring): a completed one may sit in its
+    /// cache until the next `sync`.
+    pub(crate) fn completed(&self, result: &io::Result<()>) {
+        match result {
+            Ok(()) => self.cache.wrote(),
+            Err(_) => {
+                self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+    /// Makes every write that completed on this member before the call
+    /// durable: shares a flush with concurrent callers, never retries a
+    /// failed one (after a failure every call fails). See `write_cache`.
+    pub fn sync(&self) -> io::Result<()> {
+        self.cache.sync(|| {
+            self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+            self.member.flush().inspect_err(|_| {
+                self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
+            })
         })
     }
-    pub fn flush(&self) -> io::Result<()> {
-        self.counters.flushes.fetch_add(1, Ordering::Relaxed);
-        self.member.flush().inspect_err(|_| {
-            self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
-        })
+    /// Whether a completed write may not be durable yet (`sync` would
+    /// flush, or fail).
+    pub fn dirty(&self) -> bool {
+        self.cache.dirty()
     }
 }
 
@@ -289,17 +315,17 @@ pub type IoJob<T> = Box<dyn FnOnce() -> T + Send + 'static>;
 /// (and several rows) are written to the members in parallel. Bounded: at
 /// most `threads` jobs run at once; submitters wait for their own jobs.
 pub struct IoPool {
-    sender: Option<crossbeam_channel::Sender<Job>>,
-    workers: Vec<std::thread::JoinHandle<()>>,
+    sender: Option<channel::Sender<Job>>,
+    workers: Vec<thread::JoinHandle<()>>,
 }
 
 impl IoPool {
     pub fn new(threads: usize) -> IoPool {
-        let (sender, receiver) = crossbeam_channel::bounded::<Job>(threads * 4);
+        let (sender, receiver) = channel::bounded::<Job>(threads * 4);
         let workers = (0..threads)
             .map(|i| {
                 let rx = receiver.clone();
-                std::thread::Builder::new()
+                thread::Builder::new()
                     .name(format!("lograid-io-{i}"))
                     .spawn(move || {
                         while let Ok(job) = rx.recv() {
@@ -324,7 +350,7 @@ impl IoPool {
     ) -> Vec<T> {
         type Answer<T> = (usize, std::thread::Result<T>);
         let n = jobs.len();
-        let (tx, rx) = crossbeam_channel::bounded::<Answer<T>>(n);
+        let (tx, rx) = channel::bounded::<Answer<T>>(n);
         let sender = self.sender.as_ref().expect("pool running");
         for (i, job) in jobs.into_iter().enumerate() {
             let tx = tx.clone();

@@ -23,7 +23,11 @@ pub enum CrashMode {
 struct SimState {
     current: Vec<u8>,
     durable: Vec<u8>,
+    /// Writes not yet durable, oldest first: write number `pending_from + i`.
     pending: Vec<(u64, Vec<u8>)>,
+    /// The number of the first pending write (writes are numbered from 0
+    /// as they complete).
+    pending_from: u64,
     /// Fail every I/O (a drive that vanished).
     dead: bool,
 }
@@ -35,6 +39,8 @@ pub struct SimMember {
     /// Writes and flushes that fail before the member works again (a
     /// transient fault).
     transient: std::sync::atomic::AtomicU64,
+    /// Flushes to come that fail (writes work).
+    flush_failures: std::sync::atomic::AtomicU64,
     /// Reads fail (bad sectors everywhere, a dying drive) while writes work.
     reads_fail: std::sync::atomic::AtomicBool,
     /// Writes to come that are acknowledged but not done (lost writes), or
@@ -46,6 +52,61 @@ pub struct SimMember {
     /// the members of a pool: when it runs out every member stops, so a
     /// crash can land inside any operation.
     budget: Mutex<Option<PowerCut>>,
+    /// I/O held at the door until released (see `SimMember::hold`).
+    gate: Gate,
+}
+
+/// Which I/O a `SimMember` holds before doing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Every flush (a drive slow to write back its cache).
+    Flushes,
+    /// Writes starting at a byte offset in `from..to` (a superblock slot, say).
+    WritesIn { from: u64, to: u64 },
+}
+
+impl Hold {
+    /// Whether this rule holds `io`: a flush, or a write starting at
+    /// byte `from` (given as `WritesIn { from, to: from }`).
+    fn holds(self, io: Hold) -> bool {
+        match (self, io) {
+            (Hold::Flushes, Hold::Flushes) => true,
+            (Hold::WritesIn { from, to }, Hold::WritesIn { from: at, .. }) => {
+                (from..to).contains(&at)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Holds chosen I/O of a member until released, and counts what waits, so
+/// that a test can stop an operation of the engine inside its member I/O
+/// and do something else meanwhile (another flush, a power cut).
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    opened: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    rule: Option<Hold>,
+    waiting: usize,
+}
+
+impl Gate {
+    /// Waits while the rule holds `io`.
+    fn pass(&self, io: Hold) {
+        let mut s = self.state.lock();
+        if !s.rule.is_some_and(|rule| rule.holds(io)) {
+            return;
+        }
+        s.waiting += 1;
+        while s.rule.is_some_and(|rule| rule.holds(io)) {
+            self.opened.wait(&mut s);
+        }
+        s.waiting -= 1;
+    }
 }
 
 /// A countdown shared by members; see `SimMember::power_cut_after`.
@@ -61,6 +122,14 @@ impl PowerCut {
     /// Takes one I/O from the budget; false once the power is out.
     fn take(&self) -> bool {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) > 0
+    }
+    /// Whether an I/O found the budget spent (the power is out now).
+    pub fn is_out(&self) -> bool {
+        self.remaining() < 0
+    }
+    /// I/Os left before the power goes out (0 or less: out).
+    pub fn remaining(&self) -> i64 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
     }
     pub fn tripped(&self) -> bool {
         self.0.load(std::sync::atomic::Ordering::SeqCst) <= 0
@@ -100,20 +169,45 @@ impl SimMember {
                 current: image.clone(),
                 durable: image,
                 pending: Vec::new(),
+                pending_from: 0,
                 dead: false,
             }),
             budget: Mutex::new(None),
             transient: Default::default(),
+            flush_failures: Default::default(),
             reads_fail: Default::default(),
             lose: Default::default(),
             misdirect: Default::default(),
             misdirect_by: Default::default(),
+            gate: Gate::default(),
         }
+    }
+
+    /// Holds the I/O `rule` names (before it is done) until `release`.
+    pub fn hold(&self, rule: Hold) {
+        self.gate.state.lock().rule = Some(rule);
+    }
+
+    /// Lets held I/O go on, and holds nothing more.
+    pub fn release(&self) {
+        self.gate.state.lock().rule = None;
+        self.gate.opened.notify_all();
+    }
+
+    /// I/Os waiting at the gate now.
+    pub fn held(&self) -> usize {
+        self.gate.state.lock().waiting
     }
 
     /// Makes the next `n` writes or flushes fail with EIO (then it works).
     pub fn fail_next(&self, n: u64) {
         self.transient.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Makes the next `n` flushes fail with EIO (writes still work).
+    pub fn fail_next_flushes(&self, n: u64) {
+        self.flush_failures
+            .store(n, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Makes every read fail with EIO (writes still work), or not.
@@ -261,6 +355,10 @@ impl Member for SimMember {
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_range(self.size_bytes, offset, buf.len())?;
+        self.gate.pass(Hold::WritesIn {
+            from: offset,
+            to: offset,
+        });
         let mut s = self.state.lock();
         if s.dead || !self.powered(&mut s) || self.transient_failure() {
             return Err(dead_error());
@@ -278,13 +376,39 @@ impl Member for SimMember {
         s.pending.push((offset, buf.to_vec()));
         Ok(())
     }
+    /// Makes durable the writes that completed before the flush started,
+    /// and no others, as a drive's cache flush does: it starts, other I/O
+    /// may run (a scheduling point), then it ends. If the power goes out
+    /// meanwhile it fails and made nothing durable.
+    ///
+    /// A flush that fails drops the writes it could not make durable, as
+    /// Linux does with the dirty pages behind a failed fsync: they stay
+    /// readable, a later flush succeeds, and a power cut loses them.
     fn flush(&self) -> io::Result<()> {
+        self.gate.pass(Hold::Flushes);
+        let covers = {
+            let mut s = self.state.lock();
+            if s.dead || !self.powered(&mut s) {
+                return Err(dead_error());
+            }
+            if self.transient_failure() || Self::take(&self.flush_failures) {
+                s.pending_from += s.pending.len() as u64;
+                s.pending.clear();
+                return Err(dead_error());
+            }
+            s.pending_from + s.pending.len() as u64
+        };
+        crate::sync::thread::yield_now();
         let mut s = self.state.lock();
-        if s.dead || !self.powered(&mut s) || self.transient_failure() {
+        if s.dead || self.budget.lock().as_ref().is_some_and(PowerCut::is_out) {
             return Err(dead_error());
         }
-        let pending = std::mem::take(&mut s.pending);
-        for (off, bytes) in pending {
+        let n = covers
+            .saturating_sub(s.pending_from)
+            .min(s.pending.len() as u64) as usize;
+        let done: Vec<(u64, Vec<u8>)> = s.pending.drain(..n).collect();
+        s.pending_from += n as u64;
+        for (off, bytes) in done {
             s.durable[off as usize..off as usize + bytes.len()].copy_from_slice(&bytes);
         }
         Ok(())

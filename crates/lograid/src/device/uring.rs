@@ -89,9 +89,7 @@ pub fn write_columns(columns: &[ColumnWrite<'_>]) -> Option<Vec<io::Result<()>>>
                     counters
                         .bytes_written
                         .fetch_add(c.bytes.len() as u64, Ordering::Relaxed);
-                    if r.is_err() {
-                        counters.io_errors.fetch_add(1, Ordering::Relaxed);
-                    }
+                    c.device.completed(&r);
                     r
                 })
                 .collect(),

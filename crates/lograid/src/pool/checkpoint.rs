@@ -55,25 +55,10 @@ impl PoolInner {
             (sealed, core.next_seq, gen, blob, checkpoint_id)
         };
         self.write_rows(sealed)?;
-        {
-            let mut core = self.core.lock();
-            // A pool that stopped writing may never complete its rows.
-            while core.read_only_reason.is_none()
-                && core.inflight.iter().any(|r| r.geom.seq < target_seq)
-            {
-                self.progress.wait(&mut core);
-            }
-            if let Some(r) = &core.read_only_reason {
-                return Err(Error::ReadOnly(r.clone()));
-            }
-        }
         let (pointer, visited) = self.write_checkpoint_rows(checkpoint_id, &blob)?;
-        let mask = std::mem::take(&mut self.core.lock().dirty_members);
-        self.sync_members(mask)?;
-        {
-            let mut core = self.core.lock();
-            core.flushed_seq = core.flushed_seq.max(target_seq - 1);
-        }
+        // The log up to the checkpoint (rows other threads write included)
+        // and the checkpoint's own rows, before any superblock points at it.
+        self.make_durable(target_seq)?;
         let recorded = self.write_superblocks(pointer)?;
         self.members_recorded(&recorded);
         {
@@ -110,7 +95,7 @@ impl PoolInner {
             w.volume(
                 v.id,
                 &v.name,
-                v.size_bytes,
+                v.recording_size_bytes.unwrap_or(v.size_bytes),
                 v.created_unix,
                 v.map.iter_from(0).map(|(lba, loc, crc)| {
                     debug_assert!(
@@ -321,7 +306,7 @@ impl PoolInner {
                 let r = Superblock::slot_blocks(size_blocks, generation)
                     .iter()
                     .try_for_each(|&b| dev.write_at(&buf, b * BLOCK_SIZE as u64))
-                    .and_then(|_| dev.flush());
+                    .and_then(|_| dev.sync());
                 (m, r)
             }));
         }

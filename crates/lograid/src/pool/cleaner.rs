@@ -9,6 +9,7 @@ use super::state::SealedRow;
 
 /// A live block to relocate: volume, LBA, where it is, its CRC, its bytes.
 type LiveBlock<'a> = (u32, u64, crate::layout::Pba, u32, Cow<'a, [u8]>);
+use super::background::Stop;
 use super::state::SegState;
 use super::status::CleanerState;
 use super::{CleanerPolicy, PoolInner};
@@ -16,8 +17,9 @@ use crate::error::{Error, Result};
 use crate::format::row::{Entry, EntryKind, HeadId};
 use crate::format::{crc32c, BLOCK_SIZE};
 use crate::map::Loc;
+use crate::sync::{channel, thread};
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -230,8 +232,8 @@ impl PoolInner {
         let rows = self.core.lock().segments[victim as usize].rows.clone();
         // Rows sealed here are written by a second thread, so that reading
         // the next row overlaps writing the last (a few rows in flight).
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Arc<SealedRow>>>(2);
-        let moved = std::thread::scope(|scope| -> Result<u64> {
+        let (tx, rx) = channel::bounded::<Vec<Arc<SealedRow>>>(2);
+        let moved = thread::scope(|scope| -> Result<u64> {
             let writer = scope.spawn(move || -> Result<()> {
                 let mut first_error = None;
                 // Every row is written (or fails) so none stays in flight.
@@ -260,7 +262,7 @@ impl PoolInner {
     fn relocate_rows(
         &self,
         rows: Vec<crate::layout::RowGeom>,
-        write: &std::sync::mpsc::SyncSender<Vec<Arc<SealedRow>>>,
+        write: &channel::Sender<Vec<Arc<SealedRow>>>,
     ) -> Result<u64> {
         let mut moved = 0u64;
         // Every column of a row, read whole, lost ones rebuilt from parity.
@@ -398,12 +400,12 @@ impl PoolInner {
 
 /// The background thread (`lograid-cleaner`) that keeps free segments ahead of writers and
 /// writes checkpoints when enough log has accumulated.
-pub(crate) fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
-    while !stop.load(Ordering::SeqCst) {
+pub(crate) fn background_loop(weak: Weak<PoolInner>, stop: Arc<Stop>) {
+    while !stop.is_set() {
         let Some(inner) = weak.upgrade() else { return };
         if inner.closed.load(Ordering::SeqCst) || inner.core.lock().read_only_reason.is_some() {
             drop(inner);
-            std::thread::sleep(Duration::from_millis(50));
+            stop.pause(Duration::from_millis(50));
             continue;
         }
         inner.check_read_health();
@@ -416,7 +418,7 @@ pub(crate) fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!("background cleaner: {e}");
-                    std::thread::sleep(Duration::from_millis(500));
+                    stop.pause(Duration::from_millis(500));
                 }
             }
         } else {
@@ -437,14 +439,14 @@ pub(crate) fn background_loop(weak: Weak<PoolInner>, stop: Arc<AtomicBool>) {
         }
         sample(&inner);
         drop(inner);
-        std::thread::sleep(Duration::from_millis(20));
+        stop.pause(Duration::from_millis(20));
     }
 }
 
 /// One reshape step (rebuild or rebalance) if there is one to do; while
 /// users are doing I/O, then sleeps so that it takes at most
 /// `reshape_share` of the time. True if it moved something.
-fn reshape_and_throttle(inner: &PoolInner, stop: &AtomicBool) -> bool {
+fn reshape_and_throttle(inner: &PoolInner, stop: &Stop) -> bool {
     let user_io = |inner: &PoolInner| {
         let core = inner.core.lock();
         core.counters.user_bytes_written + core.counters.user_bytes_read
@@ -456,7 +458,7 @@ fn reshape_and_throttle(inner: &PoolInner, stop: &AtomicBool) -> bool {
         Ok(false) => return false,
         Err(e) => {
             tracing::warn!("rebuild/rebalance: {e}");
-            std::thread::sleep(Duration::from_millis(500));
+            stop.pause(Duration::from_millis(500));
             return false;
         }
     }
@@ -465,10 +467,7 @@ fn reshape_and_throttle(inner: &PoolInner, stop: &AtomicBool) -> bool {
     if busy {
         let share = inner.options.reshape_share.clamp(0.05, 1.0);
         let pause = started.elapsed().mul_f64((1.0 - share) / share);
-        let until = std::time::Instant::now() + pause;
-        while std::time::Instant::now() < until && !stop.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(10).min(pause));
-        }
+        stop.pause(pause);
     }
     true
 }

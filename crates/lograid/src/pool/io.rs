@@ -107,23 +107,7 @@ impl PoolInner {
                 Written::TableFull => match self.try_make_overlay_room() {
                     Some(made) => made?,
                     None => {
-                        let before = {
-                            let core = self.core.lock();
-                            let vol = core.volume(id).ok_or_else(|| gone(name))?;
-                            vol.map.get(lba)
-                        };
-                        let mut block = vec![0u8; BLOCK_SIZE];
-                        self.read_blocks(id, name, lba, &mut block)?;
-                        block[within..within + bytes.len()].copy_from_slice(bytes);
-                        if self.write_blocks(
-                            id,
-                            lba,
-                            &block,
-                            Some(Cond {
-                                entry: Some(before),
-                                overlay: None,
-                            }),
-                        )? {
+                        if self.merge_beside_table(id, name, lba, within, bytes)? {
                             return Ok(());
                         }
                     }
@@ -133,6 +117,39 @@ impl PoolInner {
         Err(Error::Refused(format!(
             "volume '{name}' block {lba}: sub-block write kept racing with other writes"
         )))
+    }
+
+    /// Writes `bytes` at byte `within` of block `lba` by reading the block,
+    /// merging and writing it whole, on condition that the block did not
+    /// change since it was read (false if it did: try again). The map entry
+    /// the condition compares is taken in the lock section of the read's map
+    /// lookup: taken apart from it, the block could change A to B to A
+    /// in between, and the merge, built on B, would be written over the
+    /// later A (a lost write). The block's overlays, if any, are applied,
+    /// and the write requires that there be none by then.
+    pub(crate) fn merge_beside_table(
+        &self,
+        id: u32,
+        name: &str,
+        lba: u64,
+        within: usize,
+        bytes: &[u8],
+    ) -> Result<bool> {
+        let mut block = vec![0u8; BLOCK_SIZE];
+        let (entry, overlays) = self.read_base(id, name, lba, &mut block, |core| {
+            let entry = core.volume(id).map(|v| v.map.get(lba));
+            (entry, core.overlays.copies(id, lba, 1))
+        })?;
+        let entry = entry.ok_or_else(|| gone(name))?;
+        for (_, o) in overlays {
+            o.apply(&mut block);
+        }
+        block[within..within + bytes.len()].copy_from_slice(bytes);
+        let cond = Cond {
+            entry: Some(entry),
+            overlay: None,
+        };
+        self.write_blocks(id, lba, &block, Some(cond))
     }
 
     /// Appends whole blocks to the user head, dropping their overlays. With
@@ -237,7 +254,7 @@ impl PoolInner {
     /// Blocks while too many rows are in flight (bounds memory). Returns at
     /// once in a pool that stopped writing: its rows may never complete,
     /// and the caller's `check_writable` refuses.
-    fn wait_for_inflight_room(&self, core: &mut parking_lot::MutexGuard<'_, Core>) {
+    fn wait_for_inflight_room(&self, core: &mut crate::sync::MutexGuard<'_, Core>) {
         while core.read_only_reason.is_none()
             && (core.inflight.len() >= self.options.max_inflight_rows
                 || core.inflight.iter().map(|r| r.buf.len()).sum::<usize>()
@@ -498,9 +515,10 @@ impl PoolInner {
         )
     }
 
-    /// Records the outcome of a row's column writes: members written are
-    /// dirty (a flush syncs them), members that failed are faulted; the row
-    /// leaves the in-flight list.
+    /// Records the outcome of a row's column writes: members that failed
+    /// are faulted (the row stays readable without their columns, from its
+    /// parity), or the pool stops writing; the row leaves the in-flight
+    /// list. (Each member counts its completed writes itself, for `sync`.)
     fn finish_row_write(
         &self,
         row: &Arc<SealedRow>,
@@ -508,14 +526,9 @@ impl PoolInner {
     ) -> Result<()> {
         let mut error = None;
         for (member, r) in results {
-            match r {
-                Ok(()) => self.core.lock().dirty_members |= 1 << member,
-                // The row stays readable without this column (its parity);
-                // the member is faulted, or the pool stops writing.
-                Err(e) => {
-                    if let Err(e) = self.fault_member(member as usize, "a write", e) {
-                        error.get_or_insert(e);
-                    }
+            if let Err(e) = r {
+                if let Err(e) = self.fault_member(member as usize, "a write", e) {
+                    error.get_or_insert(e);
                 }
             }
         }
@@ -531,9 +544,11 @@ impl PoolInner {
     }
 
     /// Makes every block the log took before the call durable on every
-    /// member. Sub-block writes still held as overlays are not merged here
-    /// (the cleaner and members call this holding `maintenance`, which
-    /// merging may need): `flush_all` makes every acknowledged write durable.
+    /// member: seals the open rows, then `make_durable`; only then may the
+    /// segments emptied before the call be reused (`finish_flush`).
+    /// Sub-block writes still held as overlays are not merged here (the
+    /// cleaner and members call this holding `maintenance`, which merging
+    /// may need): `flush_all` makes every acknowledged write durable.
     pub(crate) fn flush(&self) -> Result<()> {
         let (sealed, target_seq, gen) = {
             let mut core = self.core.lock();
@@ -543,25 +558,7 @@ impl PoolInner {
             (sealed, core.next_seq, gen)
         };
         self.write_rows(sealed)?;
-        let mask = {
-            let mut core = self.core.lock();
-            // A pool that stopped writing (a row write failed beyond the
-            // parity, or panicked) may never complete its rows.
-            while core.read_only_reason.is_none()
-                && core.inflight.iter().any(|r| r.geom.seq < target_seq)
-            {
-                self.progress.wait(&mut core);
-            }
-            if let Some(r) = &core.read_only_reason {
-                return Err(Error::ReadOnly(r.clone()));
-            }
-            std::mem::take(&mut core.dirty_members)
-        };
-        self.sync_members(mask)?;
-        {
-            let mut core = self.core.lock();
-            core.flushed_seq = core.flushed_seq.max(target_seq - 1);
-        }
+        self.make_durable(target_seq)?;
         self.finish_flush(gen);
         self.debug_check("flush");
         let due = {
@@ -577,15 +574,49 @@ impl PoolInner {
         Ok(())
     }
 
-    /// fdatasync of the members in `mask`, in parallel.
-    pub(crate) fn sync_members(&self, mask: u32) -> Result<()> {
-        let jobs: Vec<IoJob<(usize, std::io::Result<()>)>> = self
+    /// Makes every row with a sequence number below `target_seq` durable:
+    /// waits until each is written (whichever thread writes it), syncs
+    /// every member, and only then records them flushed (`flushed_seq`,
+    /// which later rows carry and recovery trusts).
+    pub(crate) fn make_durable(&self, target_seq: u64) -> Result<()> {
+        {
+            let mut core = self.core.lock();
+            // A pool that stopped writing (a row write failed beyond the
+            // parity, or panicked) may never complete its rows.
+            while core.read_only_reason.is_none()
+                && core.inflight.iter().any(|r| r.geom.seq < target_seq)
+            {
+                self.progress.wait(&mut core);
+            }
+            check_writable(&core)?;
+        }
+        self.sync_members()?;
+        let mut core = self.core.lock();
+        core.flushed_seq = core.flushed_seq.max(target_seq - 1);
+        Ok(())
+    }
+
+    /// Makes every write completed on the members before the call durable
+    /// (`Device::sync`, which shares a flush with concurrent callers and
+    /// waits for one already running). A member whose flush fails is
+    /// faulted, never flushed again; past the parity the pool stops
+    /// writing and this fails.
+    pub(crate) fn sync_members(&self) -> Result<()> {
+        let dirty: Vec<(usize, Arc<Device>)> = self
             .open_devices()
             .into_iter()
-            .filter(|(m, _)| mask & (1 << m) != 0)
-            .map(|(m, d)| Box::new(move || (m, with_retries(|| d.flush()))) as IoJob<_>)
+            .filter(|(_, d)| d.dirty())
             .collect();
-        for (m, r) in self.io.run_all(jobs) {
+        let results: Vec<(usize, std::io::Result<()>)> = if dirty.len() <= 1 {
+            dirty.into_iter().map(|(m, d)| (m, d.sync())).collect()
+        } else {
+            let jobs = dirty
+                .into_iter()
+                .map(|(m, d)| Box::new(move || (m, d.sync())) as IoJob<_>)
+                .collect();
+            self.io.run_all(jobs)
+        };
+        for (m, r) in results {
             if let Err(e) = r {
                 self.fault_member(m, "a flush", e)?;
             }
@@ -624,7 +655,7 @@ impl PoolInner {
             return Err(Error::io(msg, e));
         }
         tracing::error!(
-            "member {m} ({name}) failed {what} after {WRITE_ATTEMPTS} attempts ({e}): faulted; \
+            "member {m} ({name}) failed {what} ({e}): faulted; \
              the pool goes on degraded, new rows use the other members with full parity"
         );
         if state != Some(MemberState::Removing) {
@@ -636,7 +667,6 @@ impl PoolInner {
         }
         self.event(format!("member {m} ({name}) faulted: {what} failed: {e}"));
         core.active_mask &= !(1 << m);
-        core.dirty_members &= !(1 << m);
         core.member_set_changed(&self.shape);
         // New rows are narrower: the pool holds less (writes of new blocks
         // get NoSpace once it is full at the new width).
@@ -677,12 +707,14 @@ impl PoolInner {
     }
 
     /// After flush `gen` completed: segments emptied before it started become
-    /// free, except those holding rows written since the durable checkpoint:
-    /// recovery follows the log through them, so they wait for the next
-    /// checkpoint (`after_checkpoint`).
+    /// free, except those holding rows written since the durable checkpoint
+    /// (recovery follows the log through them) and those emptied since a
+    /// change only a checkpoint records (`Core::unlogged_changes`): they
+    /// wait for the next checkpoint (`after_checkpoint`).
     pub(crate) fn finish_flush(&self, gen: u64) {
         self.release_pending(|core, seg, flush_gen| {
             flush_gen < gen
+                && core.unlogged_changes.iter().all(|&u| flush_gen < u)
                 && seg
                     .rows
                     .last()
@@ -692,9 +724,11 @@ impl PoolInner {
         core.flushed_gen = core.flushed_gen.max(gen);
     }
 
-    /// After a checkpoint is durable (it started with flush `gen`): every
-    /// segment emptied before it started becomes free.
+    /// After a checkpoint is durable (it started with flush `gen`): it
+    /// records every change made before it started, and every segment
+    /// emptied before it started becomes free.
     pub(crate) fn after_checkpoint(&self, gen: u64) {
+        self.core.lock().unlogged_changes.retain(|&u| u >= gen);
         self.release_pending(|_, _, flush_gen| flush_gen < gen);
     }
 
@@ -1021,7 +1055,6 @@ impl PoolInner {
         buf.copy_from_slice(block);
         if dev.write_at(&buf, pba.byte_offset()).is_ok() {
             dev.counters.repaired_blocks.fetch_add(1, Ordering::Relaxed);
-            self.core.lock().dirty_members |= 1 << pba.member;
         }
     }
 
@@ -1196,11 +1229,10 @@ fn gone(name: &str) -> Error {
 /// Failed or too slow reads in a row before a member is faulted.
 const BAD_READS_TO_FAULT: u64 = 8;
 
-/// Attempts at a member write or flush before the member is faulted.
+/// Attempts at a member write before the member is faulted (a flush gets
+/// one: see `device::write_cache`).
 const WRITE_ATTEMPTS: u32 = 3;
 
-/// Runs `op` up to `WRITE_ATTEMPTS` times, backing off a little between
-/// attempts (a transient error: a bus reset, a timeout).
 /// The bytes of column `col` of `row`: a data column from the row's buffer,
 /// a parity column from `parity` (the row's parity columns, one after the
 /// other).
@@ -1216,6 +1248,9 @@ fn column_of<'a>(row: &'a SealedRow, parity: &'a [u8], col: usize) -> &'a [u8] {
     }
 }
 
+/// Runs a member write `op` up to `WRITE_ATTEMPTS` times, backing off a
+/// little between attempts (a transient error: a bus reset, a timeout).
+/// Never for a flush: a failed flush is final.
 pub(crate) fn with_retries(mut op: impl FnMut() -> std::io::Result<()>) -> std::io::Result<()> {
     let mut attempt = 1;
     loop {
@@ -1224,7 +1259,7 @@ pub(crate) fn with_retries(mut op: impl FnMut() -> std::io::Result<()>) -> std::
             Err(e) if attempt >= WRITE_ATTEMPTS => return Err(e),
             Err(e) => {
                 tracing::warn!("member I/O failed (attempt {attempt} of {WRITE_ATTEMPTS}): {e}");
-                std::thread::sleep(std::time::Duration::from_millis(10 << attempt));
+                crate::sync::thread::sleep(std::time::Duration::from_millis(10 << attempt));
                 attempt += 1;
             }
         }

@@ -717,7 +717,7 @@ impl PoolInner {
                 for b in [0, 1, blocks - TAIL_BLOCKS, blocks - TAIL_BLOCKS + 1] {
                     let _ = dev.write_at(&zero, b * BLOCK_BYTES);
                 }
-                let _ = dev.flush();
+                let _ = dev.sync();
             }
             self.event(format!(
                 "member {m} ({}) removed: no row uses it any more",

@@ -40,7 +40,7 @@ use crate::device::{Device, IoPool};
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE;
 use crate::layout::Geometry;
-use parking_lot::{Condvar, Mutex, RwLock};
+use crate::sync::{Condvar, Mutex, RwLock};
 use state::{full_row_shape, Core};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -401,10 +401,13 @@ impl Pool {
         self.inner.recovery_report.lock().clone()
     }
 
+    /// The volumes that exist (a volume being created is not listed until
+    /// its creation is durable).
     pub fn volumes(&self) -> Vec<Volume> {
         let core = self.inner.core.lock();
         core.volumes
             .values()
+            .filter(|v| v.exists())
             .map(|v| Volume {
                 inner: self.inner.clone(),
                 id: v.id,
@@ -420,10 +423,13 @@ impl Pool {
             .ok_or_else(|| Error::NotFound(format!("volume '{name}' in pool '{}'", self.name())))
     }
 
-    /// Creates a thin volume of `size_bytes` (a multiple of 4096).
+    /// Creates a thin volume of `size_bytes` (a multiple of 4096). It is
+    /// handed out (here and by `volume`) once a checkpoint recording it is
+    /// durable: nothing written to it can be lost with it.
     pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<Volume> {
         validate_volume_name(name)?;
         validate_volume_size(size_bytes)?;
+        let _m = self.inner.maintenance.lock();
         let id = {
             let mut core = self.inner.core.lock();
             check_writable(&core)?;
@@ -437,14 +443,27 @@ impl Pool {
                 state::VolumeState {
                     id,
                     name: name.to_string(),
-                    size_bytes,
+                    size_bytes: 0,
+                    recording_size_bytes: Some(size_bytes),
                     created_unix: now_unix(),
                     map: Default::default(),
                 },
             );
             id
         };
-        self.inner.checkpoint()?;
+        let recorded = self.inner.checkpoint_locked();
+        let mut core = self.inner.core.lock();
+        match recorded {
+            Ok(()) => {
+                let v = core.volumes.get_mut(&id).expect("volume being created");
+                v.size_bytes = size_bytes;
+                v.recording_size_bytes = None;
+            }
+            Err(e) => {
+                core.volumes.remove(&id);
+                return Err(e);
+            }
+        }
         Ok(Volume {
             inner: self.inner.clone(),
             id,
@@ -452,16 +471,18 @@ impl Pool {
         })
     }
 
-    /// Grows a volume (shrinking is refused: it would drop data).
+    /// Grows a volume (shrinking is refused: it would drop data). The new
+    /// range takes writes once a checkpoint recording the size is durable.
     pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<()> {
         validate_volume_size(size_bytes)?;
-        {
+        let _m = self.inner.maintenance.lock();
+        let id = {
             let mut core = self.inner.core.lock();
             check_writable(&core)?;
             let v = core
                 .volumes
                 .values_mut()
-                .find(|v| v.name == name)
+                .find(|v| v.name == name && v.exists())
                 .ok_or_else(|| Error::NotFound(format!("volume '{name}'")))?;
             if size_bytes < v.size_bytes {
                 return Err(Error::Refused(format!(
@@ -469,39 +490,50 @@ impl Pool {
                     v.size_bytes
                 )));
             }
+            v.recording_size_bytes = Some(size_bytes);
+            v.id
+        };
+        let recorded = self.inner.checkpoint_locked();
+        let mut core = self.inner.core.lock();
+        let v = core.volumes.get_mut(&id).expect("volume being grown");
+        v.recording_size_bytes = None;
+        if recorded.is_ok() {
             v.size_bytes = size_bytes;
         }
-        self.inner.checkpoint()
+        recorded
     }
 
-    /// Deletes a volume and frees its blocks.
+    /// Deletes a volume and frees its blocks. The space becomes reusable
+    /// only once a checkpoint recording the deletion is durable (until
+    /// then a crash brings the volume back, whole).
     pub fn delete_volume(&self, name: &str) -> Result<()> {
-        {
-            let _m = self.inner.maintenance.lock();
-            let sealed = {
-                let mut core = self.inner.core.lock();
-                check_writable(&core)?;
-                let id = core
-                    .volumes
-                    .values()
-                    .find(|v| v.name == name)
-                    .map(|v| v.id)
-                    .ok_or_else(|| Error::NotFound(format!("volume '{name}'")))?;
-                // Seal first so no open slot refers to the volume.
-                let sealed = self.inner.seal_open_rows(&mut core);
-                core.overlays.remove_volume(id);
-                let vol = core.volumes.remove(&id).expect("volume");
-                for (_, loc, _) in vol.map.iter_from(0) {
-                    core.release_loc(loc, &self.inner.shape);
-                    if loc.is_stored() {
-                        core.stored_blocks -= 1;
-                    }
+        let _m = self.inner.maintenance.lock();
+        let sealed = {
+            let mut core = self.inner.core.lock();
+            check_writable(&core)?;
+            let id = core
+                .volumes
+                .values()
+                .find(|v| v.name == name && v.exists())
+                .map(|v| v.id)
+                .ok_or_else(|| Error::NotFound(format!("volume '{name}'")))?;
+            // Seal first so no open slot refers to the volume.
+            let sealed = self.inner.seal_open_rows(&mut core);
+            core.overlays.remove_volume(id);
+            let vol = core.volumes.remove(&id).expect("volume");
+            for (_, loc, _) in vol.map.iter_from(0) {
+                core.release_loc(loc, &self.inner.shape);
+                if loc.is_stored() {
+                    core.stored_blocks -= 1;
                 }
-                sealed
-            };
-            self.inner.write_rows(sealed)?;
-        }
-        self.inner.checkpoint()
+            }
+            // Segments it emptied wait for the checkpoint below.
+            let gen = core.flush_gen;
+            core.unlogged_changes.push(gen);
+            sealed
+        };
+        self.inner.write_rows(sealed)?;
+        self.inner.checkpoint_locked()
     }
 
     /// Flushes everything (sub-block writes held in memory included) and

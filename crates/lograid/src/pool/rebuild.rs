@@ -182,7 +182,7 @@ impl PoolInner {
             REBUILD_WORKERS
         };
         let next = AtomicUsize::new(0);
-        let results: Vec<std::io::Result<u64>> = std::thread::scope(|scope| {
+        let results: Vec<std::io::Result<u64>> = crate::sync::thread::scope(|scope| {
             let workers: Vec<_> = (0..workers.min(groups.len()))
                 .map(|_| {
                     let (groups, next, dev) = (&groups, &next, &dev);
@@ -209,9 +209,6 @@ impl PoolInner {
                     return Ok(None);
                 }
             }
-        }
-        if !rows.is_empty() {
-            self.core.lock().dirty_members |= 1 << m;
         }
         if lost_rows == 0 {
             self.shape.stale[m].clear(s);

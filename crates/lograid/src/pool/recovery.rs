@@ -15,7 +15,7 @@ use crate::format::superblock::{MemberRecord, MemberState, Superblock};
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
 use crate::layout::{Geometry, MemberSizes, Pba, RowGeom};
 use crate::map::{Loc, VolumeMap};
-use parking_lot::{Condvar, Mutex, RwLock};
+use crate::sync::{Condvar, Mutex, RwLock};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -293,10 +293,10 @@ pub(crate) fn new_inner(
         next_volume_id: 1,
         inflight: Vec::new(),
         user_appends: 0,
-        dirty_members: 0,
         counters: Default::default(),
         log_blocks_since_checkpoint: 0,
         flush_gen: 0,
+        unlogged_changes: Vec::new(),
         flushed_gen: 0,
         flushed_seq: 0,
         checkpoint_next_seq: 0,
@@ -518,12 +518,9 @@ impl PoolInner {
         self.debug_check("roll forward");
         if !read_only {
             // What was replayed may sit in a volatile cache: make it durable
-            // before any segment it emptied is reused, then checkpoint.
-            let all = self
-                .open_devices()
-                .iter()
-                .fold(0u32, |mask, (i, _)| mask | 1 << i);
-            self.sync_members(all)?;
+            // before any segment it emptied is reused, then checkpoint. (A
+            // member just opened always counts as holding unsynced writes.)
+            self.sync_members()?;
             let gen = {
                 let mut core = self.core.lock();
                 core.flush_gen += 1;
@@ -862,6 +859,7 @@ impl PoolInner {
                     id: v.id,
                     name: v.name,
                     size_bytes: v.size_bytes,
+                    recording_size_bytes: None,
                     created_unix: v.created_unix,
                     map,
                 },
@@ -1116,7 +1114,9 @@ impl PoolInner {
             let seq = core.heads[h.index()].last_seq;
             core.next_seq = core.next_seq.max(seq + 1);
         }
-        // Everything replayed is made durable before the pool is used.
+        // Everything replayed is made durable before the pool is used: the
+        // opening syncs every member before anything is sealed, so no row
+        // carries this value before that sync.
         core.flushed_seq = core.next_seq - 1;
         Ok((rows, blocks))
     }

@@ -15,7 +15,7 @@
 
 use super::state::SealedRow;
 use super::PoolInner;
-use parking_lot::Mutex;
+use crate::sync::{channel, thread, Mutex};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -27,9 +27,9 @@ const QUEUE_ROWS: usize = 1;
 type Batch = Vec<Arc<SealedRow>>;
 
 pub(crate) struct RowWriter {
-    sender: Mutex<Option<crossbeam_channel::Sender<Batch>>>,
+    sender: Mutex<Option<channel::Sender<Batch>>>,
     queued: Arc<AtomicUsize>,
-    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    threads: Mutex<Vec<thread::JoinHandle<()>>>,
 }
 
 impl RowWriter {
@@ -44,14 +44,14 @@ impl RowWriter {
 
     /// Starts the threads of `inner.row_writer`.
     pub fn start(inner: &Arc<PoolInner>) {
-        let (sender, receiver) = crossbeam_channel::unbounded::<Batch>();
+        let (sender, receiver) = channel::unbounded::<Batch>();
         let mut threads = Vec::new();
         for i in 0..THREADS {
             let weak: Weak<PoolInner> = Arc::downgrade(inner);
             let receiver = receiver.clone();
             let queued = inner.row_writer.queued.clone();
             threads.push(
-                std::thread::Builder::new()
+                thread::Builder::new()
                     .name(format!("lograid-rows-{i}"))
                     .spawn(move || {
                         while let Ok(rows) = receiver.recv() {
@@ -103,7 +103,7 @@ impl PoolInner {
         let rows = match writer.sender.lock().as_ref() {
             Some(sender) => match sender.send(rows) {
                 Ok(()) => return Ok(()),
-                Err(crossbeam_channel::SendError(rows)) => rows,
+                Err(channel::SendError(rows)) => rows,
             },
             None => rows,
         };

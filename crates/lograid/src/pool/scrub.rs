@@ -85,7 +85,7 @@ impl PoolInner {
         let next = AtomicUsize::new(0);
         let done = AtomicU64::new(0);
         let (hold, stop) = (AtomicBool::new(false), AtomicBool::new(false));
-        let mut report = std::thread::scope(|scope| {
+        let mut report = crate::sync::thread::scope(|scope| {
             let workers: Vec<_> = (0..SCRUB_THREADS)
                 .map(|_| {
                     let (rows, next, done, hold, stop) = (&rows, &next, &done, &hold, &stop);
@@ -93,7 +93,7 @@ impl PoolInner {
                         let mut report = ScrubReport::default();
                         loop {
                             while hold.load(Ordering::SeqCst) && !stop.load(Ordering::SeqCst) {
-                                std::thread::sleep(Duration::from_millis(10));
+                                crate::sync::thread::sleep(Duration::from_millis(10));
                             }
                             if stop.load(Ordering::SeqCst) {
                                 break;
@@ -119,7 +119,7 @@ impl PoolInner {
                 if !go_on || d >= total {
                     break;
                 }
-                std::thread::sleep(Duration::from_millis(20));
+                crate::sync::thread::sleep(Duration::from_millis(20));
             }
             let mut report = ScrubReport::default();
             for w in workers {
@@ -138,7 +138,7 @@ impl PoolInner {
         }
         if repair && report.repaired_blocks > 0 {
             // Repairs are plain writes: make them durable.
-            self.sync_members(u32::MAX)?;
+            self.sync_members()?;
         }
         report.complete = true;
         report.duration = started.elapsed();

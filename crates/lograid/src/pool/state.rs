@@ -174,9 +174,23 @@ impl Head {
 pub struct VolumeState {
     pub id: u32,
     pub name: String,
+    /// The size reads and writes may use: only sizes a durable checkpoint
+    /// records (0 for a volume being created, which is not handed out).
     pub size_bytes: u64,
+    /// A size a checkpoint under way records (the volume is being created
+    /// or grown); it becomes `size_bytes` once that checkpoint is durable.
+    /// A write into the new range is refused until then: acknowledged and
+    /// flushed, it would be lost with the size if the power failed first.
+    pub recording_size_bytes: Option<u64>,
     pub created_unix: u64,
     pub map: VolumeMap,
+}
+
+impl VolumeState {
+    /// Created, as far as users can tell (its creation is durable).
+    pub fn exists(&self) -> bool {
+        self.size_bytes > 0
+    }
 }
 
 pub struct Core {
@@ -191,11 +205,17 @@ pub struct Core {
     /// memory only): what `SpaceStalls` watches to tell a full pool from
     /// one that moves.
     pub user_appends: u64,
-    pub dirty_members: u32,
     pub counters: PoolCounters,
     pub log_blocks_since_checkpoint: u64,
     /// Incremented by every flush when it seals the open rows.
     pub flush_gen: u64,
+    /// Flush generations of changes that only a checkpoint records, not
+    /// the log (a volume deleted: its blocks released at once), which no
+    /// durable checkpoint records yet. Until one does, a flush releases
+    /// only segments emptied before the earliest of them: a crash before
+    /// that checkpoint brings the volume back, and its blocks must still be
+    /// there (`PoolInner::finish_flush`, `after_checkpoint`).
+    pub unlogged_changes: Vec<u64>,
     /// The newest flush generation known complete.
     pub flushed_gen: u64,
     /// Every row with a sequence number up to this one is durable.

@@ -195,6 +195,7 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
     let volumes: Vec<VolumeStatus> = core
         .volumes
         .values()
+        .filter(|v| v.exists())
         .map(|v| VolumeStatus {
             name: v.name.clone(),
             size_bytes: v.size_bytes,

@@ -110,6 +110,21 @@ impl SimPool {
         })
     }
 
+    /// What the members would hold after a power cut now (keeping what
+    /// `mode` says of unflushed writes), while this pool goes on running.
+    pub fn images_now(&self, mode: CrashMode, rng: &mut SimRng) -> Vec<Vec<u8>> {
+        self.sims.iter().map(|s| s.crash_image(mode, rng)).collect()
+    }
+
+    /// A pool opened from member images (see `images_now`).
+    pub fn open_images(images: Vec<Vec<u8>>, options: PoolOptions) -> lograid::Result<SimPool> {
+        Self::reopen_from(images, None, options)
+    }
+
+    pub fn options(&self) -> &PoolOptions {
+        &self.options
+    }
+
     /// Power cut: every member keeps what `mode` says of its unflushed writes.
     pub fn crash(mut self, mode: CrashMode, rng: &mut SimRng) -> lograid::Result<SimPool> {
         let images: Vec<Vec<u8>> = self.sims.iter().map(|s| s.crash_image(mode, rng)).collect();

@@ -1,0 +1,236 @@
+//! The synchronization the engine uses: locks, condition variables,
+//! channels and threads, from one place. Built normally they are
+//! parking_lot's locks, crossbeam's channels and std's threads, unchanged.
+//! Built with the `shuttle` feature they are wrappers over the shuttle
+//! crate's, with the same interface, so the engine's own code runs under
+//! shuttle's scheduler, which picks the interleaving of every thread at every
+//! lock, wait and channel operation and replays a failing one from its seed
+//! (`tests/schedules.rs`).
+//!
+//! Rule for the rest of the crate: every lock that is held across a wait,
+//! a channel operation or another lock of the engine, and every thread and
+//! channel, comes from here. Leaf locks inside one member (the simulated
+//! drive's image, the recording log), held only to copy bytes, may stay
+//! parking_lot's: they never yield to the scheduler while held.
+
+#[cfg(not(feature = "shuttle"))]
+mod real {
+    pub use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+
+    /// Threads: std's.
+    pub mod thread {
+        pub use std::thread::{scope, sleep, yield_now, Builder, JoinHandle};
+    }
+
+    /// Multi-producer, multi-consumer channels: crossbeam's.
+    pub mod channel {
+        pub use crossbeam_channel::{bounded, unbounded, Receiver, SendError, Sender};
+    }
+}
+
+#[cfg(not(feature = "shuttle"))]
+pub use real::*;
+
+#[cfg(feature = "shuttle")]
+pub use scheduled::*;
+
+#[cfg(feature = "shuttle")]
+mod scheduled {
+    use std::ops::{Deref, DerefMut};
+    use std::time::Duration;
+
+    /// A mutex with parking_lot's interface over shuttle's (a panic while
+    /// it is held does not poison it, as with parking_lot).
+    #[derive(Default)]
+    pub struct Mutex<T: ?Sized>(shuttle::sync::Mutex<T>);
+
+    /// Its guard: an `Option` so that a condition variable can hand the
+    /// inner guard to shuttle's wait and put back the one it returns.
+    pub struct MutexGuard<'a, T: ?Sized>(Option<shuttle::sync::MutexGuard<'a, T>>);
+
+    impl<T> Mutex<T> {
+        pub fn new(value: T) -> Mutex<T> {
+            Mutex(shuttle::sync::Mutex::new(value))
+        }
+        pub fn into_inner(self) -> T {
+            self.0.into_inner().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+
+    impl<T: ?Sized> Mutex<T> {
+        pub fn lock(&self) -> MutexGuard<'_, T> {
+            MutexGuard(Some(self.0.lock().unwrap_or_else(|e| e.into_inner())))
+        }
+        pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+            match self.0.try_lock() {
+                Ok(g) => Some(MutexGuard(Some(g))),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(MutexGuard(Some(e.into_inner()))),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
+        }
+        pub fn get_mut(&mut self) -> &mut T {
+            self.0.get_mut().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+
+    impl<T: ?Sized> Deref for MutexGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            self.0.as_ref().expect("guard held")
+        }
+    }
+
+    impl<T: ?Sized> DerefMut for MutexGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            self.0.as_mut().expect("guard held")
+        }
+    }
+
+    /// What a timed wait returned.
+    pub struct WaitTimeoutResult(bool);
+
+    impl WaitTimeoutResult {
+        pub fn timed_out(&self) -> bool {
+            self.0
+        }
+    }
+
+    /// A condition variable with parking_lot's interface. Timed waits
+    /// never time out under shuttle (they wait for a notification).
+    #[derive(Default)]
+    pub struct Condvar(shuttle::sync::Condvar);
+
+    impl Condvar {
+        pub fn new() -> Condvar {
+            Condvar(shuttle::sync::Condvar::new())
+        }
+        pub fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
+            let inner = guard.0.take().expect("guard held");
+            guard.0 = Some(self.0.wait(inner).unwrap_or_else(|e| e.into_inner()));
+        }
+        pub fn wait_for<T>(
+            &self,
+            guard: &mut MutexGuard<'_, T>,
+            timeout: Duration,
+        ) -> WaitTimeoutResult {
+            let inner = guard.0.take().expect("guard held");
+            let (inner, result) = self
+                .0
+                .wait_timeout(inner, timeout)
+                .unwrap_or_else(|e| e.into_inner());
+            guard.0 = Some(inner);
+            WaitTimeoutResult(result.timed_out())
+        }
+        pub fn notify_one(&self) {
+            self.0.notify_one()
+        }
+        pub fn notify_all(&self) {
+            self.0.notify_all()
+        }
+    }
+
+    /// A read-write lock with parking_lot's interface.
+    #[derive(Default)]
+    pub struct RwLock<T: ?Sized>(shuttle::sync::RwLock<T>);
+
+    impl<T> RwLock<T> {
+        pub fn new(value: T) -> RwLock<T> {
+            RwLock(shuttle::sync::RwLock::new(value))
+        }
+    }
+
+    impl<T: ?Sized> RwLock<T> {
+        pub fn read(&self) -> shuttle::sync::RwLockReadGuard<'_, T> {
+            self.0.read().unwrap_or_else(|e| e.into_inner())
+        }
+        pub fn write(&self) -> shuttle::sync::RwLockWriteGuard<'_, T> {
+            self.0.write().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+
+    /// Threads: shuttle's (a sleep is a yield to the scheduler).
+    pub mod thread {
+        pub use shuttle::thread::{scope, sleep, yield_now, Builder, JoinHandle};
+    }
+
+    /// Channels with crossbeam's interface over shuttle's: any number of
+    /// receivers share one queue (each message goes to one of them).
+    pub mod channel {
+        use std::sync::Arc;
+
+        pub struct SendError<T>(pub T);
+
+        impl<T> std::fmt::Debug for SendError<T> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("SendError(..)")
+            }
+        }
+
+        #[derive(Debug)]
+        pub struct RecvError;
+
+        enum Inner<T> {
+            Bounded(shuttle::sync::mpsc::SyncSender<T>),
+            Unbounded(shuttle::sync::mpsc::Sender<T>),
+        }
+
+        pub struct Sender<T>(Inner<T>);
+
+        impl<T> Clone for Sender<T> {
+            fn clone(&self) -> Self {
+                Sender(match &self.0 {
+                    Inner::Bounded(s) => Inner::Bounded(s.clone()),
+                    Inner::Unbounded(s) => Inner::Unbounded(s.clone()),
+                })
+            }
+        }
+
+        impl<T> Sender<T> {
+            pub fn send(&self, value: T) -> Result<(), SendError<T>> {
+                match &self.0 {
+                    Inner::Bounded(s) => s.send(value).map_err(|e| SendError(e.0)),
+                    Inner::Unbounded(s) => s.send(value).map_err(|e| SendError(e.0)),
+                }
+            }
+        }
+
+        pub struct Receiver<T>(Arc<super::Mutex<shuttle::sync::mpsc::Receiver<T>>>);
+
+        impl<T> Clone for Receiver<T> {
+            fn clone(&self) -> Self {
+                Receiver(self.0.clone())
+            }
+        }
+
+        impl<T> Receiver<T> {
+            pub fn recv(&self) -> Result<T, RecvError> {
+                self.0.lock().recv().map_err(|_| RecvError)
+            }
+            pub fn iter(&self) -> impl Iterator<Item = T> + '_ {
+                std::iter::from_fn(move || self.recv().ok())
+            }
+        }
+
+        impl<T: 'static> IntoIterator for Receiver<T> {
+            type Item = T;
+            type IntoIter = Box<dyn Iterator<Item = T>>;
+            fn into_iter(self) -> Self::IntoIter {
+                Box::new(std::iter::from_fn(move || self.recv().ok()))
+            }
+        }
+
+        fn receiver<T>(r: shuttle::sync::mpsc::Receiver<T>) -> Receiver<T> {
+            Receiver(Arc::new(super::Mutex::new(r)))
+        }
+
+        pub fn bounded<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
+            let (s, r) = shuttle::sync::mpsc::sync_channel(capacity);
+            (Sender(Inner::Bounded(s)), receiver(r))
+        }
+
+        pub fn unbounded<T>() -> (Sender<T>, Receiver<T>) {
+            let (s, r) = shuttle::sync::mpsc::channel();
+            (Sender(Inner::Unbounded(s)), receiver(r))
+        }
+    }
+}

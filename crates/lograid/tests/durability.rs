@@ -1,0 +1,352 @@
+//! Durability when operations overlap: one operation is held inside its
+//! member I/O (a flush's or a checkpoint's syncs, a checkpoint's superblock
+//! writes) while another runs beside it, and the power is cut at that
+//! instant. Whatever the second operation acknowledged as durable must be in
+//! what the members hold then; and an operation that depends on the held
+//! one must wait for it.
+
+mod common;
+
+use common::SimPool;
+use lograid::device::{CrashMode, Hold, SimRng};
+use lograid::{Error, Pool, PoolOptions, Volume};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BLOCK: usize = 4096;
+
+/// How long an operation that must wait is watched before it counts as
+/// waiting (a correct one waits until released; a wrong one returned within
+/// milliseconds when this test was written).
+const WATCH: Duration = Duration::from_millis(300);
+
+fn pattern(tag: u8, blocks: usize) -> Vec<u8> {
+    vec![tag; blocks * BLOCK]
+}
+
+/// Waits until `ready`, at most 10 s.
+fn wait_until(what: &str, ready: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !ready() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Waits until some member holds I/O at its gate.
+fn wait_for_held(pool: &SimPool, what: &str) {
+    wait_until(what, || pool.sims.iter().any(|s| s.held() > 0));
+}
+
+fn release_all(pool: &SimPool) {
+    for s in &pool.sims {
+        s.release();
+    }
+}
+
+fn read(vol: &Volume, offset: u64, blocks: usize) -> lograid::Result<Vec<u8>> {
+    let mut buf = vec![0u8; blocks * BLOCK];
+    vol.read(offset, &mut buf)?;
+    Ok(buf)
+}
+
+/// Options without background threads, so that only the operations of the
+/// test touch the members.
+fn quiet() -> PoolOptions {
+    common::test_options()
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Held {
+    Flush,
+    Checkpoint,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Beside {
+    Flush,
+    FuaWrite,
+}
+
+/// Write W; start `held` and hold it in its member syncs; start `beside`.
+/// `beside` must not return while the syncs are held; with the power cut at
+/// that instant, W must be there if it did; once released, both succeed
+/// and W survives a power cut.
+fn beside_a_held_sync(held: Held, beside: Beside) {
+    let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.5, quiet());
+    let vol = pool.volume().clone();
+    vol.write(0, &pattern(0x11, 1)).unwrap();
+    for s in &pool.sims {
+        s.hold(Hold::Flushes);
+    }
+    let (returned_early, images) = std::thread::scope(|scope| {
+        let first = scope.spawn(|| match held {
+            Held::Flush => vol.flush(),
+            Held::Checkpoint => pool.pool().checkpoint(),
+        });
+        wait_for_held(&pool, "the first operation to reach its syncs");
+        let (done_tx, done_rx) = mpsc::channel();
+        let vol = &vol;
+        let second = scope.spawn(move || {
+            let r = match beside {
+                Beside::Flush => vol.flush(),
+                Beside::FuaWrite => vol.write_fua(BLOCK as u64, &pattern(0x22, 1)),
+            };
+            let _ = done_tx.send(());
+            r
+        });
+        let returned_early = done_rx.recv_timeout(WATCH).is_ok();
+        // The power cut, at this instant: only what is durable survives.
+        let images = pool.images_now(CrashMode::DropAll, &mut SimRng(7));
+        release_all(&pool);
+        first.join().unwrap().expect("the held operation");
+        second.join().unwrap().expect("the operation beside it");
+        (returned_early, images)
+    });
+    if returned_early {
+        let crashed = SimPool::open_images(images, quiet()).expect("reopen after the cut");
+        let got = read(crashed.volume(), 0, 1).expect("read W after the cut");
+        assert_eq!(
+            got,
+            pattern(0x11, 1),
+            "{beside:?} returned while a {held:?} was held in its syncs, and W was lost by a power cut then"
+        );
+    }
+    assert!(
+        !returned_early,
+        "{beside:?} returned while a {held:?} was held in its syncs: it acknowledged what it had not made durable"
+    );
+    let pool = pool
+        .crash(CrashMode::DropAll, &mut SimRng(8))
+        .expect("reopen");
+    assert_eq!(read(pool.volume(), 0, 1).unwrap(), pattern(0x11, 1));
+    if let Beside::FuaWrite = beside {
+        assert_eq!(
+            read(pool.volume(), BLOCK as u64, 1).unwrap(),
+            pattern(0x22, 1)
+        );
+    }
+}
+
+#[test]
+fn a_flush_waits_for_the_syncs_of_a_flush_before_it() {
+    beside_a_held_sync(Held::Flush, Beside::Flush);
+}
+
+#[test]
+fn a_fua_write_waits_for_the_syncs_of_a_flush_before_it() {
+    beside_a_held_sync(Held::Flush, Beside::FuaWrite);
+}
+
+#[test]
+fn a_flush_waits_for_the_syncs_of_a_checkpoint() {
+    beside_a_held_sync(Held::Checkpoint, Beside::Flush);
+}
+
+#[test]
+fn a_fua_write_waits_for_the_syncs_of_a_checkpoint() {
+    beside_a_held_sync(Held::Checkpoint, Beside::FuaWrite);
+}
+
+/// Holds the writes of the head superblock slots (blocks 0 and 1) of every
+/// member, so a checkpoint stops after its rows are durable and before any
+/// superblock points at it (each member's tail slot is written after its
+/// head slot).
+fn hold_superblocks(pool: &SimPool) {
+    for s in &pool.sims {
+        s.hold(Hold::WritesIn {
+            from: 0,
+            to: 2 * BLOCK as u64,
+        });
+    }
+}
+
+/// Runs `change` (which checkpoints) in a thread, held before its
+/// superblocks are written; runs `beside` meanwhile; cuts the power; lets
+/// the change finish. Returns what `beside` returned, the images at the cut,
+/// and the change's own result.
+fn beside_a_held_checkpoint<T: Send>(
+    pool: &SimPool,
+    change: impl FnOnce() -> lograid::Result<()> + Send,
+    beside: impl FnOnce() -> T,
+) -> (T, Vec<Vec<u8>>, lograid::Result<()>) {
+    hold_superblocks(pool);
+    std::thread::scope(|scope| {
+        let changing = scope.spawn(change);
+        wait_for_held(pool, "the change's checkpoint to reach its superblocks");
+        let got = beside();
+        let images = pool.images_now(CrashMode::DropAll, &mut SimRng(3));
+        release_all(pool);
+        let changed = changing.join().unwrap();
+        (got, images, changed)
+    })
+}
+
+/// A volume being deleted frees its space only once the deletion is
+/// durable: flushes of another volume meanwhile, then a power cut, leave it
+/// whole (the deletion had not returned).
+#[test]
+fn a_volume_deleted_while_another_flushes_survives_a_cut_before_it_is_durable() {
+    let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.3, quiet());
+    let size = pool.volume_size();
+    let blocks = (size as usize / BLOCK).min(512);
+    let doomed = pool.volume().clone();
+    doomed.write(0, &pattern(0x33, blocks)).unwrap();
+    let other = pool.pool().create_volume("other", size).unwrap();
+    pool.pool().checkpoint().unwrap();
+    let (flushed, images, deleted) = beside_a_held_checkpoint(
+        &pool,
+        || pool.pool().delete_volume("vol"),
+        || {
+            other.write(0, &pattern(0x44, 64))?;
+            other.flush()?;
+            other.write(64 * BLOCK as u64, &pattern(0x45, 64))?;
+            other.flush()
+        },
+    );
+    flushed.expect("flushes of the other volume");
+    deleted.expect("delete");
+    let crashed = SimPool::open_images(images, quiet()).expect("reopen after the cut");
+    let vol = crashed
+        .pool()
+        .volume("vol")
+        .expect("the deletion was not durable");
+    assert_eq!(
+        read(&vol, 0, blocks).expect("the volume being deleted reads back"),
+        pattern(0x33, blocks)
+    );
+    let other = crashed.pool().volume("other").unwrap();
+    assert_eq!(read(&other, 0, 64).unwrap(), pattern(0x44, 64));
+    assert_eq!(
+        read(&other, 64 * BLOCK as u64, 64).unwrap(),
+        pattern(0x45, 64)
+    );
+    crashed.pool().check_invariants().unwrap();
+}
+
+/// A volume grows only once its new size is durable: a write into the new
+/// range before that is refused, or, if acknowledged and flushed, survives
+/// a power cut.
+#[test]
+fn a_write_into_a_volume_being_grown_is_refused_or_survives() {
+    let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.2, quiet());
+    let size = pool.volume_size();
+    let vol = pool.volume().clone();
+    let (acked, images, grown) = beside_a_held_checkpoint(
+        &pool,
+        || pool.pool().resize_volume("vol", 2 * size),
+        || {
+            vol.write(size, &pattern(0x55, 1))
+                .and_then(|()| vol.flush())
+        },
+    );
+    grown.expect("resize");
+    eprintln!("write into the new range during the resize: {acked:?}");
+    match acked {
+        Ok(()) => {
+            let crashed = SimPool::open_images(images, quiet()).expect("reopen after the cut");
+            assert_eq!(
+                read(crashed.volume(), size, 1).expect("the write into the new range"),
+                pattern(0x55, 1),
+                "a flushed write into the new range was lost"
+            );
+        }
+        Err(Error::OutOfRange { .. }) => {}
+        Err(e) => panic!("unexpected error writing into the new range: {e}"),
+    }
+    // Grown now: the write goes through.
+    vol.write(size, &pattern(0x56, 1)).unwrap();
+    vol.flush().unwrap();
+    let pool = pool.crash(CrashMode::DropAll, &mut SimRng(4)).unwrap();
+    assert_eq!(pool.volume_size(), 2 * size);
+    assert_eq!(read(pool.volume(), size, 1).unwrap(), pattern(0x56, 1));
+}
+
+/// A volume being created is not handed out before it is durable: writes
+/// to it cannot be acknowledged and then lost with it.
+#[test]
+fn a_volume_being_created_is_not_used_before_it_is_durable() {
+    let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.2, quiet());
+    let created = std::sync::Mutex::new(None);
+    let (acked, images, made) = beside_a_held_checkpoint(
+        &pool,
+        || {
+            let v = pool.pool().create_volume("new", 1 << 20)?;
+            *created.lock().unwrap() = Some(v);
+            Ok(())
+        },
+        || -> lograid::Result<()> {
+            let v = pool.pool().volume("new")?;
+            v.write(0, &pattern(0x66, 1))?;
+            v.flush()
+        },
+    );
+    made.expect("create");
+    eprintln!("use of the volume being created: {acked:?}");
+    assert!(created.lock().unwrap().is_some());
+    match acked {
+        Ok(()) => {
+            let crashed = SimPool::open_images(images, quiet()).expect("reopen after the cut");
+            let v = crashed
+                .pool()
+                .volume("new")
+                .expect("a volume written and flushed before the cut");
+            assert_eq!(read(&v, 0, 1).unwrap(), pattern(0x66, 1));
+        }
+        Err(Error::NotFound(_)) => {}
+        Err(e) => panic!("unexpected error using the volume being created: {e}"),
+    }
+}
+
+/// A member flush that fails is not retried into success (Linux may drop
+/// the pages it could not write and clear the error): with no parity the
+/// flush fails and the pool stops writing.
+#[test]
+fn a_failed_member_flush_fails_the_flush_without_parity() {
+    let pool = SimPool::create_with_options(3, 0, 16 << 20, 0.5, quiet());
+    let vol = pool.volume().clone();
+    // Enough blocks for a row over every member.
+    vol.write(0, &pattern(0x77, 16)).unwrap();
+    pool.sims[0].fail_next_flushes(1);
+    let flushed = vol.flush();
+    assert!(
+        flushed.is_err(),
+        "a flush that member 0 failed returned {flushed:?}"
+    );
+    assert!(
+        matches!(vol.write(0, &pattern(0x78, 1)), Err(Error::ReadOnly(_))),
+        "the pool goes on writing after a flush failed beyond its parity"
+    );
+}
+
+/// With parity, a member whose flush fails is faulted (its columns are
+/// rebuilt from parity from then on), never flushed again, and the flush
+/// succeeds; everything it covered survives a power cut.
+#[test]
+fn a_failed_member_flush_faults_the_member_with_parity() {
+    let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.5, quiet());
+    let vol = pool.volume().clone();
+    vol.write(0, &pattern(0x79, 16)).unwrap();
+    pool.sims[0].fail_next_flushes(1);
+    vol.flush().expect("flush with one member failing");
+    let status = pool.pool().status();
+    assert_eq!(
+        status.members[0].state, "faulted",
+        "member 0 after its flush failed: {:?}",
+        status.members[0]
+    );
+    vol.write(16 * BLOCK as u64, &pattern(0x7a, 16)).unwrap();
+    vol.flush().unwrap();
+    let pool = pool.crash(CrashMode::DropAll, &mut SimRng(5)).unwrap();
+    assert_eq!(read(pool.volume(), 0, 16).unwrap(), pattern(0x79, 16));
+    assert_eq!(
+        read(pool.volume(), 16 * BLOCK as u64, 16).unwrap(),
+        pattern(0x7a, 16)
+    );
+}
+
+#[allow(dead_code)]
+fn _uses(_: &Pool) {}
