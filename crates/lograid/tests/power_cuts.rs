@@ -364,7 +364,10 @@ fn run_seed(members: usize, parity: u8, seed: u64) -> Result<(u64, usize), Strin
         background_cleaner: true,
         background_resolver: true,
         max_overlays: 64,
-        discard: true,
+        // Half the seeds discard freed segments (zeroed on the simulated
+        // drives, so one freed too early shows); the other half do not (the
+        // default: old rows stay where a member's lost write leaves them).
+        discard: seed.is_multiple_of(2),
         ..Default::default()
     };
     let pool = SimPool::create_with_options(members, parity, 8 << 20, 0.6, options.clone());

@@ -625,15 +625,20 @@ impl PoolInner {
     }
 
     /// Finds and verifies the row header at (segment, offset) of a segment
-    /// laid over `mask` with `parity` parity columns. Falls back to
-    /// rebuilding the header from the other columns when its own column is
-    /// missing or corrupt, trying each possible count of data columns.
+    /// laid over `mask` with `parity` parity columns that `accept` takes.
+    /// Falls back to rebuilding the header from the other columns when its
+    /// own column is missing or corrupt, or holds a header `accept` does not
+    /// take, trying each possible count of data columns. (A member that lost
+    /// the write of a header, or whose failed flush dropped it, may still
+    /// hold the valid header of the row at the same place in the segment's
+    /// previous use: taken as it reads, it would end the log there.)
     fn load_row_header(
         &self,
         segment: u32,
         offset: u32,
         mask: u32,
         parity: u8,
+        accept: &dyn Fn(&FoundRow) -> bool,
     ) -> Option<FoundRow> {
         let geometry = &self.shape.geometry;
         if segment >= geometry.segment_count()
@@ -716,7 +721,10 @@ impl PoolInner {
             };
             Some(FoundRow { header, crc, geom })
         };
-        if let Some(found) = read_at(&probe(1), 0).and_then(|b| finish(b, None)) {
+        if let Some(found) = read_at(&probe(1), 0)
+            .and_then(|b| finish(b, None))
+            .filter(accept)
+        {
             return Some(found);
         }
         // Rebuild block 0 of column 0 assuming each possible data column count.
@@ -733,7 +741,7 @@ impl PoolInner {
                 if !plausible {
                     return false;
                 }
-                let f = finish(b.to_vec(), Some(d));
+                let f = finish(b.to_vec(), Some(d)).filter(accept);
                 let ok = f.is_some();
                 *found.borrow_mut() = f;
                 ok
@@ -752,8 +760,13 @@ impl PoolInner {
 
     /// A known row with its verified header.
     pub(crate) fn load_known_row(&self, geom: &RowGeom) -> Option<FoundRow> {
-        self.load_row_header(geom.segment, geom.offset, geom.members_mask, geom.parity)
-            .filter(|f| f.header.seq == geom.seq)
+        self.load_row_header(
+            geom.segment,
+            geom.offset,
+            geom.members_mask,
+            geom.parity,
+            &|f| f.header.seq == geom.seq,
+        )
     }
 
     /// Installs a decoded checkpoint into the (empty) core.
@@ -934,10 +947,8 @@ impl PoolInner {
     /// The row header at (segment, offset) that `accept` takes, trying each
     /// shape the segment may have been written with (`segment_shapes`).
     fn find_row(&self, s: u32, off: u32, accept: impl Fn(&FoundRow) -> bool) -> Option<FoundRow> {
-        let try_shape = |(mask, parity): (u32, u8)| {
-            self.load_row_header(s, off, mask, parity)
-                .filter(|row| accept(row))
-        };
+        let try_shape =
+            |(mask, parity): (u32, u8)| self.load_row_header(s, off, mask, parity, &accept);
         // The likely shape first (every row of a chain but the last is
         // found with it); the whole list only when that fails.
         let likely = self.likely_shape(s);

@@ -2,8 +2,12 @@
 //! measures, in the same run with the same I/O engine (positioned O_DIRECT
 //! writes from a pool of threads), a plain file on the same disk. Reports
 //! MB/s, IOPS, latency percentiles and write amplification measured at the
-//! members, and the parity codec's speed. `steady` (not run by default)
-//! measures the cleaner at steady state (see `steady`).
+//! members, and the parity codec's speed. `sync` (not run by default)
+//! measures small synchronous writes from many clients: each thread's
+//! 4 KiB write returns only once durable (FUA; on the plain file, a write
+//! and fdatasync), with the member flushes each one cost (group commit
+//! shares them). `steady` (not run by default) measures the cleaner at
+//! steady state (see `steady`).
 
 mod rebuild;
 mod steady;
@@ -42,7 +46,7 @@ pub struct BenchArgs {
     /// Requests in flight (threads issuing synchronous requests).
     #[arg(long, default_value_t = 32)]
     pub queue_depth: usize,
-    /// Workloads to run (comma-separated: seq, rand, recovery, steady, rebuild).
+    /// Workloads to run (comma-separated: seq, rand, sync, recovery, steady, rebuild).
     #[arg(long, default_value = "seq,rand,recovery")]
     pub workloads: String,
     /// Steady state: fills of the pool's usable capacity to overwrite at.
@@ -79,6 +83,9 @@ pub struct Measure {
     pub p999_us: f64,
     /// Member bytes written / bytes the workload wrote (lograid only).
     pub write_amplification: Option<f64>,
+    /// Member flushes per operation (the `sync` workload).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flushes_per_op: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -173,6 +180,7 @@ fn measure(
         p99_us: percentile(lat, 0.99),
         p999_us: percentile(lat, 0.999),
         write_amplification: wa,
+        flushes_per_op: None,
     }
 }
 
@@ -308,9 +316,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .workloads
         .split(',')
         .map(str::trim)
-        .find(|w| !["seq", "rand", "recovery", "steady", "rebuild"].contains(w))
+        .find(|w| !["seq", "rand", "sync", "recovery", "steady", "rebuild"].contains(w))
     {
-        bail!("--workloads: unknown workload '{w}' (seq, rand, recovery, steady, rebuild)");
+        bail!("--workloads: unknown workload '{w}' (seq, rand, sync, recovery, steady, rebuild)");
     }
     let dir = match &a.dir {
         Some(d) => d.clone(),
@@ -329,7 +337,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let wants = |w: &str| a.workloads.split(',').any(|x| x.trim() == w);
     let result = (|| {
-        if ["seq", "rand", "recovery"].iter().any(|w| wants(w)) {
+        if ["seq", "rand", "sync", "recovery"].iter().any(|w| wants(w)) {
             run_in(&a, &dir)?;
         }
         if wants("steady") {
@@ -508,6 +516,17 @@ fn run_in(a: &BenchArgs, dir: &Path) -> Result<()> {
         results.push(r);
     }
 
+    if want("sync") {
+        for r in sync_writes(a, dir, &raw, raw_written_blocks.max(1), &block)? {
+            show(&r);
+            eprintln!(
+                "           member flushes per write {:.2}",
+                r.flushes_per_op.unwrap_or(0.0)
+            );
+            results.push(r);
+        }
+    }
+
     if want("recovery") {
         recovery(a, dir, &block)?;
     }
@@ -540,6 +559,58 @@ fn run_in(a: &BenchArgs, dir: &Path) -> Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
     }
     Ok(())
+}
+
+/// Random 4 KiB writes that each return only once durable, from `qd`
+/// threads: on the raw file a write and an fdatasync per request; on
+/// lograid a FUA write (the flushes of concurrent writes share member
+/// flushes). Returns the raw and the lograid figures.
+fn sync_writes(
+    a: &BenchArgs,
+    dir: &Path,
+    raw: &RawFile,
+    raw_blocks: u64,
+    block: &Arc<AlignedBuf>,
+) -> Result<Vec<Measure>> {
+    let (qd, secs) = (a.queue_depth, a.seconds);
+    let m = raw.member.clone();
+    let b = block.clone();
+    let (ops, t, lat) = drive(
+        qd,
+        secs,
+        u64::MAX,
+        Arc::new(move |i| {
+            m.write_at(&b, (mix(i) % raw_blocks) * 4096)?;
+            m.flush()
+        }),
+    )?;
+    let mut raw_r = measure("raw", "sync-write-4K", ops, t, &lat, 4096, None);
+    raw_r.flushes_per_op = Some(1.0);
+    let bp = BenchPool::new(a, dir)?;
+    let flushes = |pool: &Pool| -> u64 {
+        pool.status()
+            .members
+            .iter()
+            .map(|m| m.counters.flushes)
+            .sum()
+    };
+    let v = bp.volume.clone();
+    let b = block.clone();
+    let blocks = v.size_bytes() / 4096;
+    let (bytes_before, flushes_before) = (bp.member_bytes_written(), flushes(&bp.pool));
+    let (ops, t, lat) = drive(
+        qd,
+        secs,
+        u64::MAX,
+        Arc::new(move |i| {
+            v.write_fua((mix(i) % blocks) * 4096, &b)
+                .map_err(Into::into)
+        }),
+    )?;
+    let wa = (bp.member_bytes_written() - bytes_before) as f64 / (ops.max(1) * 4096) as f64;
+    let mut r = measure("lograid", "sync-write-4K", ops, t, &lat, 4096, Some(wa));
+    r.flushes_per_op = Some((flushes(&bp.pool) - flushes_before) as f64 / ops.max(1) as f64);
+    Ok(vec![raw_r, r])
 }
 
 /// Recovery time: random writes with no checkpoint after them, a crash (the
@@ -655,6 +726,14 @@ fn print_table(a: &BenchArgs, results: &[Measure]) {
             "\nsequential write: lograid {:.0} MB/s = {:.2} x raw x (N-P)/N (target >= 0.85)",
             l.mb_per_s,
             l.mb_per_s / (r.mb_per_s * k)
+        );
+    }
+    if let (Some(r), Some(l)) = (get("raw", "sync-write-4K"), get("lograid", "sync-write-4K")) {
+        println!(
+            "synchronous 4K write: lograid {:.0} IOPS = {:.2} x raw (write + fdatasync each); {:.2} member flushes per write",
+            l.iops,
+            l.iops / r.iops,
+            l.flushes_per_op.unwrap_or(0.0)
         );
     }
     if let (Some(r), Some(l)) = (get("raw", "rand-write-4K"), get("lograid", "rand-write-4K")) {
