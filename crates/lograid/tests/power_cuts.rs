@@ -353,8 +353,9 @@ fn crash_mode(rng: &mut SimRng) -> CrashMode {
     }
 }
 
-/// Runs one seed; returns (member I/Os before the cut, ops recorded).
-fn run_seed(members: usize, parity: u8, seed: u64) -> Result<(u64, usize), String> {
+/// Runs one seed; returns (ops recorded, sectors checked against a write a
+/// completed flush covered).
+fn run_seed(members: usize, parity: u8, seed: u64) -> Result<(usize, usize), String> {
     let mut rng = SimRng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let options = PoolOptions {
         io_threads: 4,
@@ -421,23 +422,40 @@ fn run_seed(members: usize, parity: u8, seed: u64) -> Result<(u64, usize), Strin
         s.check_after_crash(sector, bytes)
             .map_err(|e| format!("{mode:?}: {e}"))?;
     }
-    Ok((budget, s.ops.len()))
+    let covered_sectors = s
+        .by_sector
+        .iter()
+        .filter(|ops| {
+            ops.iter()
+                .any(|&i| i != INITIAL && s.is_covered(&s.ops[i as usize]))
+        })
+        .count();
+    Ok((s.ops.len(), covered_sectors))
 }
 
 fn run_shape(members: usize, parity: u8) {
     let count = env_num("LOGRAID_CUT_SEEDS", 150);
     let first = env_num("LOGRAID_CUT_SEED", 1);
-    let mut ops = 0;
+    let (mut ops, mut covered) = (0, 0);
     for seed in first..first + count {
         match run_seed(members, parity, seed) {
-            Ok((_, n)) => ops += n,
+            Ok((n, c)) => {
+                ops += n;
+                covered += c;
+            }
             Err(e) => panic!(
                 "shape {members}x{parity}, seed {seed} (LOGRAID_CUT_SEED={seed} LOGRAID_CUT_SEEDS=1): {e}"
             ),
         }
     }
     eprintln!(
-        "shape {members}x{parity}: {count} power cuts from seed {first}, {ops} operations checked"
+        "shape {members}x{parity}: {count} power cuts from seed {first}, {ops} operations, \
+         {covered} sectors held to a write a completed flush covered"
+    );
+    // Most cuts land after some flush returned: the runs checked something.
+    assert!(
+        covered as u64 >= count * 16,
+        "only {covered} sectors were covered by a completed flush in {count} cuts"
     );
 }
 

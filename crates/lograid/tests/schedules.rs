@@ -1,4 +1,6 @@
-//! The engine's own code under a controlled thread scheduler (shuttle):
+//! The engine's own code (its foreground paths: the background cleaner and
+//! resolver are off, since their timed waits never time out under shuttle)
+//! under a controlled thread scheduler (shuttle):
 //! writes, flushes, a FUA write, a checkpoint and a volume deletion run on
 //! four threads, and shuttle picks which thread runs at every lock, wait,
 //! channel operation and spawn, in the engine and in these threads alike,
@@ -16,6 +18,16 @@
 //! (one that returned before the flush began, or a FUA write that
 //! returned) is there; the volume being deleted is either gone (and then
 //! its deletion had been durable) or whole.
+//!
+//! A second scenario explores the sub-block write protocol (overlays held in
+//! memory, merged into their blocks later, each merge a conditional write
+//! decided in one lock section and done in another): with a table of one
+//! overlay, a sub-block write beside the full table (merged by the writer
+//! itself while a flush merges the table), whole-block writes that take the
+//! same block A to B and back to A, a write that completes another block's
+//! overlay and one merged into that overlay meanwhile. Every sector must end
+//! with a value some order of those writes gives, before and after a power
+//! cut.
 //!
 //! Built only with the `shuttle` feature, which puts the engine's locks,
 //! condition variables, channels and threads on shuttle (`src/sync.rs`):
@@ -346,4 +358,141 @@ fn cut_ranges_cover_the_run() {
             "the cutting task got {steps} steps in a run: lower MAX_STEPS_TO_CUT"
         );
     });
+}
+
+const OVERLAY_VOLUME_BYTES: u64 = 256 * 1024;
+
+fn fill(byte: u8, sectors: usize) -> Vec<u8> {
+    vec![byte; sectors * 512]
+}
+
+/// The sub-block scenario (see the module comment). Block 1 goes A, B, A
+/// while one sector of it is written beside a full table; block 2's
+/// overlay (sectors 0..7, 0x01) is completed by a write of sectors 5..8
+/// (0x02) while sector 0 (0x03) is merged into it.
+fn run_overlays() {
+    let sims: Vec<Arc<SimMember>> = (0..3)
+        .map(|i| Arc::new(SimMember::new(&format!("sim{i}"), MEMBER_BYTES)))
+        .collect();
+    let members: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect();
+    let create = CreateOptions {
+        name: "sched".into(),
+        parity: 1,
+        chunk_bytes: 16 * 1024,
+        segment_bytes: Some(64 * 1024),
+        force: true,
+        initial_volume: Some(("a".into(), OVERLAY_VOLUME_BYTES)),
+    };
+    let options = PoolOptions {
+        max_overlays: 1,
+        ..options()
+    };
+    let pool = create_pool(members, &create, options.clone()).expect("create");
+    let a = pool.volume("a").unwrap();
+    const X: u64 = 4096;
+    const Z: u64 = 2 * 4096;
+    a.write(X, &fill(0x41, 8)).unwrap();
+    a.flush().unwrap();
+    a.write(Z, &fill(0x01, 7)).unwrap(); // the table's one overlay
+    let mut threads = Vec::new();
+    let spawn = |f: Box<dyn FnOnce() + Send>| shuttle::thread::spawn(f);
+    {
+        let a = a.clone();
+        threads.push(spawn(Box::new(move || {
+            a.write(X + 3 * 512, &fill(0x99, 1)).unwrap();
+        })));
+    }
+    {
+        let a = a.clone();
+        threads.push(spawn(Box::new(move || {
+            a.write(X, &fill(0x42, 8)).unwrap();
+            a.write(X, &fill(0x41, 8)).unwrap();
+        })));
+    }
+    {
+        let a = a.clone();
+        threads.push(spawn(Box::new(move || a.flush().unwrap())));
+    }
+    {
+        let a = a.clone();
+        threads.push(spawn(Box::new(move || {
+            a.write(Z + 5 * 512, &fill(0x02, 3)).unwrap();
+        })));
+    }
+    {
+        let a = a.clone();
+        threads.push(spawn(Box::new(move || {
+            a.write(Z, &fill(0x03, 1)).unwrap();
+        })));
+    }
+    for t in threads {
+        t.join().expect("thread");
+    }
+    check_overlays(&a, "before the power cut");
+    a.flush().unwrap();
+    let images: Vec<Vec<u8>> = sims
+        .iter()
+        .map(|s| s.crash_image(CrashMode::DropAll, &mut SimRng(1)))
+        .collect();
+    drop((a, pool));
+    let members: Vec<Arc<dyn Member>> = images
+        .into_iter()
+        .enumerate()
+        .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)) as Arc<dyn Member>)
+        .collect();
+    let pool = open_members(members, options, false).expect("reopen after the cut");
+    check_overlays(&pool.volume("a").unwrap(), "after the power cut");
+}
+
+/// Block 1: A (0x41) everywhere but sector 3, which is A or 0x99 (the
+/// sub-block write before or after the last A); never B (0x42). Block 2:
+/// sector 0 from the last write to it, 1-4 from the overlay, 5-7 from the
+/// completing write.
+fn check_overlays(a: &lograid::Volume, when: &str) {
+    let mut got = vec![0u8; 2 * 4096];
+    a.read(4096, &mut got)
+        .unwrap_or_else(|e| panic!("{when}: read: {e}"));
+    let byte = |block: usize, sector: usize| {
+        let s = &got[block * 4096 + sector * 512..block * 4096 + (sector + 1) * 512];
+        assert!(
+            s.iter().all(|&b| b == s[0]),
+            "{when}: block {} sector {sector} is torn",
+            block + 1
+        );
+        s[0]
+    };
+    let x: Vec<u8> = (0..8).map(|i| byte(0, i)).collect();
+    let ok_x = x
+        .iter()
+        .enumerate()
+        .all(|(i, &v)| v == 0x41 || (i == 3 && v == 0x99));
+    assert!(
+        ok_x,
+        "{when}: block 1 (A, B, A and sector 3 beside a full table) holds {x:x?}"
+    );
+    let z: Vec<u8> = (0..8).map(|i| byte(1, i)).collect();
+    assert_eq!(
+        z,
+        [3, 1, 1, 1, 1, 2, 2, 2],
+        "{when}: block 2 (an overlay completed while written)"
+    );
+}
+
+fn explore_overlays(kind: &str, n: usize, seed: u64, scheduler: impl Scheduler + 'static) {
+    shuttle::Runner::new(scheduler, config()).run(run_overlays);
+    eprintln!("{kind}: {n} schedules of sub-block merges from seed {seed:#x}");
+}
+
+#[test]
+fn random_schedules_of_sub_block_merges() {
+    let n = env_num("LOGRAID_SCHEDULES", 500) as usize;
+    let seed = env_num("LOGRAID_SCHEDULE_SEED", 0x5eed);
+    explore_overlays("random", n, seed, RandomScheduler::new_from_seed(seed, n));
+}
+
+#[test]
+fn pct_schedules_of_sub_block_merges() {
+    let n = env_num("LOGRAID_SCHEDULES", 500) as usize;
+    let seed = env_num("LOGRAID_SCHEDULE_SEED", 0x5eed);
+    explore_overlays("pct", n, seed, PctScheduler::new_from_seed(seed, 3, n));
 }

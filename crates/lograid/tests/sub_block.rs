@@ -24,7 +24,7 @@ mod common;
 mod corrupt;
 
 use common::{sector_pattern, sector_tag, test_options, Model, SimPool, SECTOR};
-use lograid::device::{CrashMode, SimRng};
+use lograid::device::{CrashMode, Hold, SimRng};
 use lograid::format::BLOCK_SIZE;
 use lograid::{Allocation, Error, PoolOptions};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -853,4 +853,71 @@ fn deleting_a_volume_drops_its_overlays() {
     let mut want = vec![0u8; BLOCK_SIZE];
     want[1024..1536].fill(3);
     assert_eq!(buf, want);
+}
+
+fn sectors(tag: u64, first_sector: u64, n: usize) -> Vec<u8> {
+    let mut data = vec![0u8; n * SECTOR];
+    for (i, c) in data.chunks_mut(SECTOR).enumerate() {
+        sector_pattern(tag, first_sector + i as u64, c);
+    }
+    data
+}
+
+/// A sub-block write W that completes its block's overlay is written as a
+/// whole block. If another write W' is merged into the overlay before W's
+/// block is appended, the overlay stays over the new block; it must hold
+/// W's bytes where W overlapped it, not the older ones (they would read,
+/// and flush, as if W had never happened). W is held after the table handed
+/// it the block (one row allowed in flight, that row's member writes held).
+#[test]
+fn a_write_completing_an_overlay_is_not_undone_by_a_write_merged_meanwhile() {
+    let options = PoolOptions {
+        max_inflight_rows: 1,
+        ..test_options()
+    };
+    let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.5, options);
+    let vol = pool.volume().clone();
+    let b = 40u64;
+    let s0 = b * SECTORS_PER_BLOCK;
+    // The overlay: sectors 0..7 of the block (write 1).
+    vol.write(b * BS, &sectors(1, s0, 7)).unwrap();
+    for s in &pool.sims {
+        s.hold(Hold::WritesIn {
+            from: 2 * BS,
+            to: u64::MAX,
+        });
+    }
+    std::thread::scope(|scope| {
+        // A row in flight whose member writes are held: later whole-block
+        // writes wait for room.
+        let filler = scope.spawn(|| vol.write(0, &vec![0x5a; 32 * BLOCK_SIZE]));
+        std::thread::sleep(Duration::from_millis(200));
+        // W: sectors 5..8 (write 2) completes the overlay, then waits.
+        let w = scope.spawn(|| vol.write(b * BS + 5 * SECTOR as u64, &sectors(2, s0 + 5, 3)));
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !w.is_finished(),
+            "the completing write did not wait (test setup)"
+        );
+        // W': sector 0 (write 3), merged into the overlay meanwhile.
+        vol.write(b * BS, &sectors(3, s0, 1)).unwrap();
+        for s in &pool.sims {
+            s.release();
+        }
+        filler.join().unwrap().unwrap();
+        w.join().unwrap().unwrap();
+    });
+    let tags = |vol: &lograid::Volume| -> Vec<u64> {
+        let mut got = vec![0u8; BLOCK_SIZE];
+        vol.read(b * BS, &mut got).unwrap();
+        got.chunks(SECTOR)
+            .enumerate()
+            .map(|(i, c)| sector_tag(c, s0 + i as u64).expect("a written pattern"))
+            .collect()
+    };
+    let want = vec![3, 1, 1, 1, 1, 2, 2, 2];
+    assert_eq!(tags(&vol), want, "the block's sectors, by write");
+    vol.flush().unwrap();
+    let pool = pool.crash(CrashMode::DropAll, &mut SimRng(3)).unwrap();
+    assert_eq!(tags(pool.volume()), want, "after a power cut");
 }

@@ -4,8 +4,10 @@
 //! in-memory drive with a volatile write cache that can be crashed, for
 //! tests; `RecordingMember`, a wrapper that logs every write, flush and
 //! discard, for crash-replay tests), 4 KiB-aligned buffers, per-member
-//! counters, the map of segments a member does not hold yet (`StaleSegments`)
-//! and the I/O worker pool that writes a row's columns in parallel (or, for
+//! counters, which completed writes may still sit in a member's volatile
+//! cache and the flushes that cover them (`write_cache`, behind
+//! `Device::sync`), the map of segments a member does not hold yet
+//! (`StaleSegments`) and the I/O worker pool that writes a row's columns in parallel (or, for
 //! files and block devices, one io_uring submission per row: `uring`).
 //! It never interprets the bytes.
 

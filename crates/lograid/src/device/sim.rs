@@ -28,6 +28,9 @@ struct SimState {
     /// The number of the first pending write (writes are numbered from 0
     /// as they complete).
     pending_from: u64,
+    /// Flushes that failed so far: a flush that sees one fail while it
+    /// runs fails too (what it covered may be what the failure dropped).
+    failed_flushes: u64,
     /// Fail every I/O (a drive that vanished).
     dead: bool,
 }
@@ -81,11 +84,12 @@ impl Hold {
 
 /// Holds chosen I/O of a member until released, and counts what waits, so
 /// that a test can stop an operation of the engine inside its member I/O
-/// and do something else meanwhile (another flush, a power cut).
+/// and do something else meanwhile (another flush, a power cut). Waits on
+/// the engine's own primitives (`crate::sync`), so it works under shuttle.
 #[derive(Default)]
 struct Gate {
-    state: Mutex<GateState>,
-    opened: parking_lot::Condvar,
+    state: crate::sync::Mutex<GateState>,
+    opened: crate::sync::Condvar,
 }
 
 #[derive(Default)]
@@ -123,7 +127,9 @@ impl PowerCut {
     fn take(&self) -> bool {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) > 0
     }
-    /// Whether an I/O found the budget spent (the power is out now).
+    /// Whether an I/O found the budget spent: the power is out now. (The
+    /// I/O that took the last of the budget completed; `tripped` is true
+    /// from then on, `is_out` only once another one was refused.)
     pub fn is_out(&self) -> bool {
         self.remaining() < 0
     }
@@ -170,6 +176,7 @@ impl SimMember {
                 durable: image,
                 pending: Vec::new(),
                 pending_from: 0,
+                failed_flushes: 0,
                 dead: false,
             }),
             budget: Mutex::new(None),
@@ -353,12 +360,16 @@ impl Member for SimMember {
         buf.copy_from_slice(&s.current[offset as usize..offset as usize + buf.len()]);
         Ok(())
     }
+    /// A write is issued, other I/O may run (a scheduling point, so that
+    /// schedules can put a flush between a write's start and its end), then
+    /// it lands and completes.
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         check_range(self.size_bytes, offset, buf.len())?;
         self.gate.pass(Hold::WritesIn {
             from: offset,
             to: offset,
         });
+        crate::sync::thread::yield_now();
         let mut s = self.state.lock();
         if s.dead || !self.powered(&mut s) || self.transient_failure() {
             return Err(dead_error());
@@ -386,7 +397,7 @@ impl Member for SimMember {
     /// readable, a later flush succeeds, and a power cut loses them.
     fn flush(&self) -> io::Result<()> {
         self.gate.pass(Hold::Flushes);
-        let covers = {
+        let (covers, failed_before) = {
             let mut s = self.state.lock();
             if s.dead || !self.powered(&mut s) {
                 return Err(dead_error());
@@ -394,13 +405,17 @@ impl Member for SimMember {
             if self.transient_failure() || Self::take(&self.flush_failures) {
                 s.pending_from += s.pending.len() as u64;
                 s.pending.clear();
+                s.failed_flushes += 1;
                 return Err(dead_error());
             }
-            s.pending_from + s.pending.len() as u64
+            (s.pending_from + s.pending.len() as u64, s.failed_flushes)
         };
         crate::sync::thread::yield_now();
         let mut s = self.state.lock();
-        if s.dead || self.budget.lock().as_ref().is_some_and(PowerCut::is_out) {
+        if s.dead
+            || s.failed_flushes != failed_before
+            || self.budget.lock().as_ref().is_some_and(PowerCut::is_out)
+        {
             return Err(dead_error());
         }
         let n = covers

@@ -88,7 +88,11 @@ impl WriteCache {
             assert!(covers >= target, "completed writes went backwards");
             s.running = Some(covers);
             drop(s);
+            // A flush that panics counts as failed (never as done), and
+            // whoever waits for it is let go.
+            let unwinding = PanicGuard(self);
             let result = flush.take().expect("one flush per call")();
+            std::mem::forget(unwinding);
             s = self.state.lock();
             assert_eq!(s.running, Some(covers), "another flush ran beside this one");
             s.running = None;
@@ -104,6 +108,18 @@ impl WriteCache {
                 }
             }
         }
+    }
+}
+
+struct PanicGuard<'a>(&'a WriteCache);
+
+impl Drop for PanicGuard<'_> {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock();
+        s.running = None;
+        s.failed
+            .get_or_insert((io::ErrorKind::Other, "the member's flush panicked".into()));
+        self.0.flushed.notify_all();
     }
 }
 

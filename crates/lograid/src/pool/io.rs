@@ -607,17 +607,31 @@ impl PoolInner {
             .into_iter()
             .filter(|(_, d)| d.dirty())
             .collect();
-        let results: Vec<(usize, std::io::Result<()>)> = if dirty.len() <= 1 {
-            dirty.into_iter().map(|(m, d)| (m, d.sync())).collect()
+        let results: Vec<(usize, Arc<Device>, std::io::Result<()>)> = if dirty.len() <= 1 {
+            dirty
+                .into_iter()
+                .map(|(m, d)| {
+                    let r = d.sync();
+                    (m, d, r)
+                })
+                .collect()
         } else {
             let jobs = dirty
                 .into_iter()
-                .map(|(m, d)| Box::new(move || (m, d.sync())) as IoJob<_>)
+                .map(|(m, d)| {
+                    Box::new(move || {
+                        let r = d.sync();
+                        (m, d, r)
+                    }) as IoJob<_>
+                })
                 .collect();
             self.io.run_all(jobs)
         };
-        for (m, r) in results {
-            if let Err(e) = r {
+        for (m, dev, r) in results {
+            // Faulted only if the slot still holds that drive (a member
+            // replaced meanwhile is not blamed for the old one's error).
+            let current = self.device_any(m).is_some_and(|d| Arc::ptr_eq(&d, &dev));
+            if let (Err(e), true) = (r, current) {
                 self.fault_member(m, "a flush", e)?;
             }
         }
@@ -714,21 +728,28 @@ impl PoolInner {
     pub(crate) fn finish_flush(&self, gen: u64) {
         self.release_pending(|core, seg, flush_gen| {
             flush_gen < gen
-                && core.unlogged_changes.iter().all(|&u| flush_gen < u)
+                && core.unlogged_since_gen.is_none_or(|u| flush_gen < u)
                 && seg
                     .rows
                     .last()
                     .is_none_or(|r| r.seq < core.checkpoint_next_seq)
         });
-        let mut core = self.core.lock();
-        core.flushed_gen = core.flushed_gen.max(gen);
     }
 
     /// After a checkpoint is durable (it started with flush `gen`): it
     /// records every change made before it started, and every segment
     /// emptied before it started becomes free.
     pub(crate) fn after_checkpoint(&self, gen: u64) {
-        self.core.lock().unlogged_changes.retain(|&u| u >= gen);
+        {
+            let mut core = self.core.lock();
+            if let Some(since) = core.unlogged_since_gen {
+                assert!(
+                    since < gen,
+                    "a change only a checkpoint records, made during one"
+                );
+                core.unlogged_since_gen = None;
+            }
+        }
         self.release_pending(|_, _, flush_gen| flush_gen < gen);
     }
 

@@ -443,8 +443,9 @@ impl Pool {
                 state::VolumeState {
                     id,
                     name: name.to_string(),
-                    size_bytes: 0,
-                    recording_size_bytes: Some(size_bytes),
+                    size_bytes,
+                    recording_size_bytes: None,
+                    being_created: true,
                     created_unix: now_unix(),
                     map: Default::default(),
                 },
@@ -456,8 +457,7 @@ impl Pool {
         match recorded {
             Ok(()) => {
                 let v = core.volumes.get_mut(&id).expect("volume being created");
-                v.size_bytes = size_bytes;
-                v.recording_size_bytes = None;
+                v.being_created = false;
             }
             Err(e) => {
                 core.volumes.remove(&id);
@@ -529,7 +529,7 @@ impl Pool {
             }
             // Segments it emptied wait for the checkpoint below.
             let gen = core.flush_gen;
-            core.unlogged_changes.push(gen);
+            core.unlogged_since_gen.get_or_insert(gen);
             sealed
         };
         self.inner.write_rows(sealed)?;

@@ -174,14 +174,18 @@ impl Head {
 pub struct VolumeState {
     pub id: u32,
     pub name: String,
-    /// The size reads and writes may use: only sizes a durable checkpoint
-    /// records (0 for a volume being created, which is not handed out).
+    /// The size reads and writes may use: a size a durable checkpoint
+    /// records.
     pub size_bytes: u64,
-    /// A size a checkpoint under way records (the volume is being created
-    /// or grown); it becomes `size_bytes` once that checkpoint is durable.
-    /// A write into the new range is refused until then: acknowledged and
+    /// A larger size a checkpoint under way records (the volume is being
+    /// grown); it becomes `size_bytes` once that checkpoint is durable. A
+    /// write into the new range is refused until then: acknowledged and
     /// flushed, it would be lost with the size if the power failed first.
     pub recording_size_bytes: Option<u64>,
+    /// A checkpoint under way records the volume's creation: until it is
+    /// durable the volume is not handed out (nothing written to it could
+    /// be lost with it).
+    pub being_created: bool,
     pub created_unix: u64,
     pub map: VolumeMap,
 }
@@ -189,7 +193,7 @@ pub struct VolumeState {
 impl VolumeState {
     /// Created, as far as users can tell (its creation is durable).
     pub fn exists(&self) -> bool {
-        self.size_bytes > 0
+        !self.being_created
     }
 }
 
@@ -209,15 +213,15 @@ pub struct Core {
     pub log_blocks_since_checkpoint: u64,
     /// Incremented by every flush when it seals the open rows.
     pub flush_gen: u64,
-    /// Flush generations of changes that only a checkpoint records, not
-    /// the log (a volume deleted: its blocks released at once), which no
-    /// durable checkpoint records yet. Until one does, a flush releases
-    /// only segments emptied before the earliest of them: a crash before
-    /// that checkpoint brings the volume back, and its blocks must still be
-    /// there (`PoolInner::finish_flush`, `after_checkpoint`).
-    pub unlogged_changes: Vec<u64>,
-    /// The newest flush generation known complete.
-    pub flushed_gen: u64,
+    /// The flush generation of the earliest change that only a checkpoint
+    /// records, not the log (a volume deleted: its blocks released at
+    /// once), if no durable checkpoint records it yet. Until one does, a
+    /// flush releases only segments emptied before it: a crash before that
+    /// checkpoint brings the volume back, and its blocks must still be
+    /// there (`PoolInner::finish_flush`). Such changes and checkpoints both
+    /// hold `maintenance`, so any checkpoint that completes records every
+    /// one made before it (`after_checkpoint` clears this).
+    pub unlogged_since_gen: Option<u64>,
     /// Every row with a sequence number up to this one is durable.
     pub flushed_seq: u64,
     /// Rows with a smaller sequence number are covered by the durable
