@@ -78,6 +78,34 @@ fn options() -> PoolOptions {
     }
 }
 
+/// A pool on three simulated members with one volume "a" of 256 KiB.
+fn new_pool(parity: u8, options: PoolOptions) -> (Vec<Arc<SimMember>>, lograid::Pool) {
+    let sims: Vec<Arc<SimMember>> = (0..3)
+        .map(|i| Arc::new(SimMember::new(&format!("sim{i}"), MEMBER_BYTES)))
+        .collect();
+    let members: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect();
+    let create = CreateOptions {
+        name: "sched".into(),
+        parity,
+        chunk_bytes: 16 * 1024,
+        segment_bytes: Some(64 * 1024),
+        force: true,
+        initial_volume: Some(("a".into(), 256 * 1024)),
+    };
+    let pool = create_pool(members, &create, options).expect("create");
+    (sims, pool)
+}
+
+/// The pool the members' images hold (after a power cut).
+fn reopen(images: Vec<Vec<u8>>, options: PoolOptions) -> lograid::Pool {
+    let members: Vec<Arc<dyn Member>> = images
+        .into_iter()
+        .enumerate()
+        .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)) as Arc<dyn Member>)
+        .collect();
+    open_members(members, options, false).expect("reopen after the cut")
+}
+
 /// One acknowledged-or-not write of a single block of volume "a".
 #[derive(Clone, Copy)]
 struct Write {
@@ -123,19 +151,7 @@ fn snapshot(sims: &[Arc<SimMember>], log: &Log) -> Snapshot {
 /// waits before it takes its snapshot. Returns the member I/Os done and
 /// the steps the cutting task waited.
 fn run(parity: u8, budget: Option<u64>, cut_after: usize) -> (u64, usize) {
-    let sims: Vec<Arc<SimMember>> = (0..3)
-        .map(|i| Arc::new(SimMember::new(&format!("sim{i}"), MEMBER_BYTES)))
-        .collect();
-    let members: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect();
-    let create = CreateOptions {
-        name: "sched".into(),
-        parity,
-        chunk_bytes: 16 * 1024,
-        segment_bytes: Some(64 * 1024),
-        force: true,
-        initial_volume: Some(("a".into(), 256 * 1024)),
-    };
-    let pool = create_pool(members, &create, options()).expect("create");
+    let (sims, pool) = new_pool(parity, options());
     let a = pool.volume("a").unwrap();
     let doomed = pool.create_volume("b", 256 * 1024).unwrap();
     doomed.write(0, &vec![0xbb; DOOMED_BLOCKS * BLOCK]).unwrap();
@@ -250,12 +266,7 @@ static CHECKED: AtomicU64 = AtomicU64::new(0);
 fn check(snapshot: Snapshot) {
     CHECKED.fetch_add(1, Ordering::Relaxed);
     let Snapshot { images, log } = snapshot;
-    let members: Vec<Arc<dyn Member>> = images
-        .into_iter()
-        .enumerate()
-        .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)) as Arc<dyn Member>)
-        .collect();
-    let pool = open_members(members, options(), false).expect("reopen after the cut");
+    let pool = reopen(images, options());
     pool.check_invariants().expect("invariants after the cut");
     let a = pool.volume("a").expect("volume a");
     for w in &log.writes {
@@ -324,11 +335,18 @@ fn explore(kind: &str, n: usize, seed: u64, scheduler: impl Scheduler + 'static)
     eprintln!("{kind}: {n} schedules from seed {seed:#x}, {checked} cut images checked");
 }
 
+/// Schedules of each kind to explore, and the first seed.
+fn schedules() -> (usize, u64) {
+    (
+        env_num("LOGRAID_SCHEDULES", 500) as usize,
+        env_num("LOGRAID_SCHEDULE_SEED", 0x5eed),
+    )
+}
+
 /// Random schedules: every step picks a runnable thread at random.
 #[test]
 fn random_schedules_with_a_power_cut_lose_no_flushed_write() {
-    let n = env_num("LOGRAID_SCHEDULES", 500) as usize;
-    let seed = env_num("LOGRAID_SCHEDULE_SEED", 0x5eed);
+    let (n, seed) = schedules();
     explore("random", n, seed, RandomScheduler::new_from_seed(seed, n));
 }
 
@@ -337,8 +355,7 @@ fn random_schedules_with_a_power_cut_lose_no_flushed_write() {
 /// bugs that need a few preemptions at the right places.
 #[test]
 fn pct_schedules_with_a_power_cut_lose_no_flushed_write() {
-    let n = env_num("LOGRAID_SCHEDULES", 500) as usize;
-    let seed = env_num("LOGRAID_SCHEDULE_SEED", 0x5eed);
+    let (n, seed) = schedules();
     explore("pct", n, seed, PctScheduler::new_from_seed(seed, 3, n));
 }
 
@@ -360,8 +377,6 @@ fn cut_ranges_cover_the_run() {
     });
 }
 
-const OVERLAY_VOLUME_BYTES: u64 = 256 * 1024;
-
 fn fill(byte: u8, sectors: usize) -> Vec<u8> {
     vec![byte; sectors * 512]
 }
@@ -371,23 +386,11 @@ fn fill(byte: u8, sectors: usize) -> Vec<u8> {
 /// overlay (sectors 0..7, 0x01) is completed by a write of sectors 5..8
 /// (0x02) while sector 0 (0x03) is merged into it.
 fn run_overlays() {
-    let sims: Vec<Arc<SimMember>> = (0..3)
-        .map(|i| Arc::new(SimMember::new(&format!("sim{i}"), MEMBER_BYTES)))
-        .collect();
-    let members: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect();
-    let create = CreateOptions {
-        name: "sched".into(),
-        parity: 1,
-        chunk_bytes: 16 * 1024,
-        segment_bytes: Some(64 * 1024),
-        force: true,
-        initial_volume: Some(("a".into(), OVERLAY_VOLUME_BYTES)),
-    };
     let options = PoolOptions {
         max_overlays: 1,
         ..options()
     };
-    let pool = create_pool(members, &create, options.clone()).expect("create");
+    let (sims, pool) = new_pool(1, options.clone());
     let a = pool.volume("a").unwrap();
     const X: u64 = 4096;
     const Z: u64 = 2 * 4096;
@@ -435,12 +438,7 @@ fn run_overlays() {
         .map(|s| s.crash_image(CrashMode::DropAll, &mut SimRng(1)))
         .collect();
     drop((a, pool));
-    let members: Vec<Arc<dyn Member>> = images
-        .into_iter()
-        .enumerate()
-        .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)) as Arc<dyn Member>)
-        .collect();
-    let pool = open_members(members, options, false).expect("reopen after the cut");
+    let pool = reopen(images, options);
     check_overlays(&pool.volume("a").unwrap(), "after the power cut");
 }
 
@@ -485,14 +483,12 @@ fn explore_overlays(kind: &str, n: usize, seed: u64, scheduler: impl Scheduler +
 
 #[test]
 fn random_schedules_of_sub_block_merges() {
-    let n = env_num("LOGRAID_SCHEDULES", 500) as usize;
-    let seed = env_num("LOGRAID_SCHEDULE_SEED", 0x5eed);
+    let (n, seed) = schedules();
     explore_overlays("random", n, seed, RandomScheduler::new_from_seed(seed, n));
 }
 
 #[test]
 fn pct_schedules_of_sub_block_merges() {
-    let n = env_num("LOGRAID_SCHEDULES", 500) as usize;
-    let seed = env_num("LOGRAID_SCHEDULE_SEED", 0x5eed);
+    let (n, seed) = schedules();
     explore_overlays("pct", n, seed, PctScheduler::new_from_seed(seed, 3, n));
 }
