@@ -6,13 +6,13 @@
 //! then join, on `stop` (the pool's close) or drop. A pool closes without
 //! waiting out a background thread's pause.
 
-use super::PoolInner;
+use super::Engine;
 use crate::sync::{thread, Condvar, Mutex};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 /// The loop a background thread runs until stopped or the pool is gone.
-pub(crate) type BackgroundLoop = fn(Weak<PoolInner>, Arc<Stop>);
+pub(crate) type BackgroundLoop = fn(Weak<Engine>, Arc<Stop>);
 
 /// A background thread's stop signal.
 #[derive(Default)]
@@ -50,7 +50,7 @@ pub(crate) struct BackgroundThread {
 impl BackgroundThread {
     /// Starts `body` on a thread named `name`, if `enabled`.
     pub fn start(
-        inner: &Arc<PoolInner>,
+        inner: &Arc<Engine>,
         enabled: bool,
         name: &str,
         body: BackgroundLoop,

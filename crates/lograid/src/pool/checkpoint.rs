@@ -4,8 +4,8 @@
 //! previous checkpoint stays intact and is what recovery would use.
 
 use super::log::AppendError;
-use super::state::{Core, SegState, NO_SEGMENT};
-use super::{check_writable, PoolInner};
+use super::ledger::{Ledger, SegState, NO_SEGMENT};
+use super::{check_writable, Engine};
 use crate::device::AlignedBuf;
 use crate::device::IoJob;
 use crate::error::{Error, Result};
@@ -16,7 +16,7 @@ use crate::format::row::{Entry, EntryKind, HeadId, RowKind};
 use crate::format::superblock::{CheckpointPointer, MemberRecord, MemberState, Superblock};
 use crate::format::{crc32c, BLOCK_SIZE};
 
-impl PoolInner {
+impl Engine {
     /// Writes a checkpoint of the bookkeeping (the log up to now made
     /// durable). Sub-block writes held in memory are not merged: see
     /// `checkpoint_all`.
@@ -37,22 +37,22 @@ impl PoolInner {
     /// Writes a checkpoint; the caller holds `maintenance`.
     pub(crate) fn checkpoint_locked(&self) -> Result<()> {
         let (sealed, target_seq, gen, blob, checkpoint_id) = {
-            let mut core = self.core.lock();
-            check_writable(&core)?;
-            core.checkpoint_wanted = false;
-            core.flush_gen += 1;
-            let gen = core.flush_gen;
-            let sealed = self.seal_open_rows(&mut core);
-            let checkpoint_id = core.checkpoint.checkpoint_id + 1;
-            core.counters.checkpoints += 1;
+            let mut ledger = self.ledger.lock();
+            check_writable(&ledger)?;
+            ledger.checkpoint_wanted = false;
+            ledger.flush_gen += 1;
+            let gen = ledger.flush_gen;
+            let sealed = self.seal_open_rows(&mut ledger);
+            let checkpoint_id = ledger.checkpoint.checkpoint_id + 1;
+            ledger.counters.checkpoints += 1;
             // Pages rewritten in order since the last checkpoint go back to
             // runs (the map's memory for sequential data).
-            for v in core.volumes.values_mut() {
+            for v in ledger.volumes.values_mut() {
                 v.map.compact();
             }
-            let blob = self.snapshot(&core, checkpoint_id);
-            core.log_blocks_since_checkpoint = 0;
-            (sealed, core.next_seq, gen, blob, checkpoint_id)
+            let blob = self.snapshot(&ledger, checkpoint_id);
+            ledger.log_blocks_since_checkpoint = 0;
+            (sealed, ledger.next_seq, gen, blob, checkpoint_id)
         };
         self.write_rows(sealed)?;
         let (pointer, visited) = self.write_checkpoint_rows(checkpoint_id, &blob)?;
@@ -62,13 +62,13 @@ impl PoolInner {
         let recorded = self.write_superblocks(pointer)?;
         self.members_recorded(&recorded);
         {
-            let mut core = self.core.lock();
+            let mut ledger = self.ledger.lock();
             // The previous checkpoint's segments are no longer referenced.
-            for s in std::mem::replace(&mut core.checkpoint_segments, visited) {
-                core.release_segment(s, &self.shape);
+            for s in std::mem::replace(&mut ledger.checkpoint_segments, visited) {
+                ledger.release_segment(s, &self.shape);
             }
-            core.checkpoint = pointer;
-            core.checkpoint_next_seq = target_seq;
+            ledger.checkpoint = pointer;
+            ledger.checkpoint_next_seq = target_seq;
         }
         self.after_checkpoint(gen);
         self.debug_check("checkpoint");
@@ -76,7 +76,7 @@ impl PoolInner {
     }
 
     /// Serializes the bookkeeping as of now (open rows already sealed).
-    fn snapshot(&self, core: &Core, checkpoint_id: u64) -> Vec<u8> {
+    fn snapshot(&self, ledger: &Ledger, checkpoint_id: u64) -> Vec<u8> {
         let member_counters: Vec<_> = self
             .devices
             .read()
@@ -85,13 +85,13 @@ impl PoolInner {
             .collect();
         let mut w = CheckpointWriter::new(
             checkpoint_id,
-            core.next_seq,
-            core.next_volume_id,
-            &core.counters,
+            ledger.next_seq,
+            ledger.next_volume_id,
+            &ledger.counters,
             &member_counters,
-            core.volumes.len(),
+            ledger.volumes.len(),
         );
-        for v in core.volumes.values() {
+        for v in ledger.volumes.values() {
             w.volume(
                 v.id,
                 &v.name,
@@ -106,7 +106,7 @@ impl PoolInner {
                 }),
             );
         }
-        let records: Vec<SegmentRecord> = core
+        let records: Vec<SegmentRecord> = ledger
             .segments
             .iter()
             .map(|s| {
@@ -133,7 +133,7 @@ impl PoolInner {
             })
             .collect();
         w.segments(&records);
-        let heads: Vec<HeadRecord> = core
+        let heads: Vec<HeadRecord> = ledger
             .heads
             .iter()
             .map(|h| HeadRecord {
@@ -144,8 +144,8 @@ impl PoolInner {
                 last_seq: h.last_seq,
             })
             .collect();
-        let rebuilds: Vec<RebuildRecord> = (0..core.members.len())
-            .filter(|&m| core.members[m].state.may_hold_rows() && self.shape.stale[m].count() > 0)
+        let rebuilds: Vec<RebuildRecord> = (0..ledger.members.len())
+            .filter(|&m| ledger.members[m].state.may_hold_rows() && self.shape.stale[m].count() > 0)
             .map(|m| RebuildRecord {
                 member: m as u8,
                 since_seq: self.shape.stale[m].since_seq(),
@@ -165,8 +165,8 @@ impl PoolInner {
     ) -> Result<(CheckpointPointer, Vec<u32>)> {
         let mut visited: Vec<u32> = Vec::new();
         let result = self.write_checkpoint_chain(checkpoint_id, blob, &mut visited);
-        let mut core = self.core.lock();
-        let h = &mut core.heads[HeadId::Checkpoint.index()];
+        let mut ledger = self.ledger.lock();
+        let h = &mut ledger.heads[HeadId::Checkpoint.index()];
         let (current, next) = (h.segment, h.next_segment);
         h.segment = NO_SEGMENT;
         h.next_segment = NO_SEGMENT;
@@ -180,15 +180,15 @@ impl PoolInner {
             vec![]
         }) {
             if s != NO_SEGMENT {
-                let seg = &mut core.segments[s as usize];
+                let seg = &mut ledger.segments[s as usize];
                 seg.state = SegState::Free;
                 seg.rows.clear();
-                core.free.push_front(s);
+                ledger.free.push_front(s);
             }
         }
         if result.is_ok() {
             for &s in &visited {
-                core.segments[s as usize].state = SegState::Checkpoint;
+                ledger.segments[s as usize].state = SegState::Checkpoint;
             }
         }
         result.map(|p| (p, visited))
@@ -204,8 +204,8 @@ impl PoolInner {
         let mut offset = 0usize;
         let mut block = AlignedBuf::zeroed(BLOCK_SIZE);
         {
-            let mut core = self.core.lock();
-            let h = &mut core.heads[HeadId::Checkpoint.index()];
+            let mut ledger = self.ledger.lock();
+            let h = &mut ledger.heads[HeadId::Checkpoint.index()];
             h.segment = NO_SEGMENT;
             h.next_segment = NO_SEGMENT;
             h.last_crc = 0;
@@ -213,9 +213,9 @@ impl PoolInner {
         while offset < blob.len() || first.is_none() {
             let mut sealed = Vec::new();
             {
-                let mut core = self.core.lock();
+                let mut ledger = self.ledger.lock();
                 while offset < blob.len() || first.is_none() {
-                    let row = core
+                    let row = ledger
                         .open_row_mut(HeadId::Checkpoint, RowKind::Checkpoint, &self.shape)
                         .map_err(|AppendError::NeedSegment| Error::NoSpace)?;
                     if row.is_empty() {
@@ -239,10 +239,10 @@ impl PoolInner {
                     row.payload_bytes += n as u32;
                     offset += n;
                     if row.is_full() || offset >= blob.len() {
-                        let r = core
+                        let r = ledger
                             .seal(HeadId::Checkpoint, &self.shape)
                             .expect("non-empty row");
-                        let crc = core.heads[HeadId::Checkpoint.index()].last_crc;
+                        let crc = ledger.heads[HeadId::Checkpoint.index()].last_crc;
                         first.get_or_insert((r.geom.segment, r.geom.offset, crc));
                         if !visited.contains(&r.geom.segment) {
                             visited.push(r.geom.segment);
@@ -274,9 +274,9 @@ impl PoolInner {
         pointer: CheckpointPointer,
     ) -> Result<Vec<MemberRecord>> {
         let (generation, members) = {
-            let mut core = self.core.lock();
-            core.superblock_generation += 1;
-            (core.superblock_generation, core.members.clone())
+            let mut ledger = self.ledger.lock();
+            ledger.superblock_generation += 1;
+            (ledger.superblock_generation, ledger.members.clone())
         };
         let mut jobs: Vec<IoJob<(usize, std::io::Result<()>)>> = Vec::new();
         for (m, dev) in self.open_devices() {
@@ -313,7 +313,7 @@ impl PoolInner {
         for (m, r) in self.io.run_all(jobs) {
             if let Err(e) = r {
                 let msg = format!("superblock write to member {m} failed: {e}");
-                self.core.lock().read_only_reason.get_or_insert(msg.clone());
+                self.ledger.lock().read_only_reason.get_or_insert(msg.clone());
                 return Err(Error::io(msg, e));
             }
         }

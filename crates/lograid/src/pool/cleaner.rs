@@ -5,14 +5,14 @@
 //! writers that find no free segment clean in the foreground.
 
 use super::log::AppendError;
-use super::state::SealedRow;
+use super::ledger::SealedRow;
 
 /// A live block to relocate: volume, LBA, where it is, its CRC, its bytes.
 type LiveBlock<'a> = (u32, u64, crate::layout::Pba, u32, Cow<'a, [u8]>);
 use super::background::Stop;
-use super::state::SegState;
-use super::status::CleanerState;
-use super::{CleanerPolicy, PoolInner};
+use super::ledger::SegState;
+use super::stats::CleanerState;
+use super::{CleanerPolicy, Engine};
 use crate::error::{Error, Result};
 use crate::format::row::{Entry, EntryKind, HeadId};
 use crate::format::{crc32c, BLOCK_SIZE};
@@ -23,44 +23,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-/// Times in a row a writer may call `make_space` while no user block is
-/// appended anywhere in the pool before it gives up with ENOSPC. Cleaning
-/// can reach a fixed point in a nearly full pool (each pass frees about
-/// what its relocations and the checkpoint that releases the segment take):
-/// without this bound the writer would clean forever. Writers that lose the
-/// freed room to others do not count it against themselves: the pool moved.
-const MAX_SPACE_STALLS: u32 = 16;
-
-/// Counts a writer's calls to `make_space` with no progress in the pool.
-#[derive(Default)]
-pub(crate) struct SpaceStalls {
-    stalls: u32,
-    /// The pool's `Core::user_appends` at the last call.
-    seen: Option<u64>,
-}
-
-impl SpaceStalls {
-    /// Called before each `make_space`; `progress`: the pool's
-    /// `Core::user_appends` now. ENOSPC after `MAX_SPACE_STALLS` calls in a row without
-    /// any change.
-    pub fn check(&mut self, progress: u64) -> Result<()> {
-        if self.seen != Some(progress) {
-            self.seen = Some(progress);
-            self.stalls = 0;
-        }
-        self.stalls += 1;
-        if self.stalls > MAX_SPACE_STALLS {
-            tracing::debug!(
-                "a writer found no free segment after cleaning {MAX_SPACE_STALLS} times \
-                 with nothing written meanwhile: pool full"
-            );
-            return Err(Error::NoSpace);
-        }
-        Ok(())
-    }
-}
-
-impl PoolInner {
+impl Engine {
     /// Cleans up to `want` segments by the pool's policy (`urgent`: for a
     /// writer out of space, see `pick_victim`), then, if space is short
     /// and an emptied segment waits for a checkpoint before it may be
@@ -83,9 +46,9 @@ impl PoolInner {
         // Segments emptied since the last checkpoint are reusable only
         // after the next one; write it early only if space is short.
         let short_and_waiting = {
-            let core = self.core.lock();
-            core.free.len() <= self.shape.user_floor_segments(&core) + 1
-                && core
+            let ledger = self.ledger.lock();
+            ledger.free.len() <= self.shape.user_floor_segments(&ledger) + 1
+                && ledger
                     .segments
                     .iter()
                     .any(|s| matches!(s.state, SegState::PendingFree { .. }))
@@ -103,8 +66,8 @@ impl PoolInner {
     /// simulation, greedy at 75% fill: 2.2 with a 3-segment reserve, 2.5
     /// with 5% of the segments, 3.1 with 10%).
     fn clean_watermark(&self) -> usize {
-        let core = self.core.lock();
-        self.shape.user_floor_segments(&core) + 3
+        let ledger = self.ledger.lock();
+        self.shape.user_floor_segments(&ledger) + 3
     }
 
     /// Called by a writer that found no free segment: flush (which releases
@@ -113,12 +76,12 @@ impl PoolInner {
     pub(crate) fn make_space(&self) -> Result<()> {
         // A user head with no next segment reserved (after recovery) needs
         // two free segments above the floor to move, not one.
-        let shortfall = |core: &super::state::Core| {
-            let fresh = core.heads[HeadId::User.index()].next_segment == super::state::NO_SEGMENT;
-            (self.shape.user_floor_segments(core) + 1 + usize::from(fresh))
-                .saturating_sub(core.free.len())
+        let shortfall = |ledger: &super::ledger::Ledger| {
+            let fresh = ledger.heads[HeadId::User.index()].next_segment == super::ledger::NO_SEGMENT;
+            (self.shape.user_floor_segments(ledger) + 1 + usize::from(fresh))
+                .saturating_sub(ledger.free.len())
         };
-        if shortfall(&self.core.lock()) == 0 {
+        if shortfall(&self.ledger.lock()) == 0 {
             return Ok(());
         }
         let started = std::time::Instant::now();
@@ -126,13 +89,13 @@ impl PoolInner {
             // Emptied segments wait for a flush (and, if the log since the
             // last checkpoint runs through them, for a checkpoint).
             self.flush()?;
-            if shortfall(&self.core.lock()) == 0 {
+            if shortfall(&self.ledger.lock()) == 0 {
                 return Ok(());
             }
             self.stats.lock().cleaner_state = CleanerState::Urgent;
-            let want = shortfall(&self.core.lock()) + 2;
+            let want = shortfall(&self.ledger.lock()) + 2;
             let cleaned = self.clean_segments(want, true)?;
-            if shortfall(&self.core.lock()) == 0 {
+            if shortfall(&self.ledger.lock()) == 0 {
                 return Ok(());
             }
             if cleaned == 0 {
@@ -157,13 +120,13 @@ impl PoolInner {
     /// live, can spin in a nearly full pool: each pass gains less room than
     /// the checkpoint that releases it takes.)
     fn pick_victim(&self, urgent: bool) -> Option<u32> {
-        let core = self.core.lock();
-        let now = core.next_seq;
+        let ledger = self.ledger.lock();
+        let now = ledger.next_seq;
         // What a segment written now holds (in a degraded pool new rows
         // are narrower: moving a full segment of wide rows would take more
         // room than it frees).
-        let active = core.segments.first().map_or(0, |_| {
-            self.shape.geometry.segment_members(0, core.active_mask)
+        let active = ledger.segments.first().map_or(0, |_| {
+            self.shape.geometry.segment_members(0, ledger.active_mask)
         });
         let destination = self
             .shape
@@ -180,14 +143,14 @@ impl PoolInner {
         // left, writers needing room get NoSpace instead of a crawl.
         let rows = (self.shape.geometry.segment_blocks / self.shape.geometry.chunk_blocks) as u64;
         let row_slots = destination / rows.max(1);
-        let min_gain = if core.stored_blocks > core.usable_blocks {
+        let min_gain = if ledger.stored_blocks > ledger.usable_blocks {
             (rows / 4).max(1)
         } else {
             1
         };
         let gains = |live: u64| row_slots > 0 && live.div_ceil(row_slots) + min_gain <= rows;
         // Sealed segments with something to gain: (index, live, capacity).
-        let candidates = core
+        let candidates = ledger
             .segments
             .iter()
             .enumerate()
@@ -229,7 +192,7 @@ impl PoolInner {
     /// then empty and becomes free after the next checkpoint. Returns the
     /// blocks moved. The caller holds `maintenance`.
     pub(crate) fn relocate_segment(&self, victim: u32) -> Result<u64> {
-        let rows = self.core.lock().segments[victim as usize].rows.clone();
+        let rows = self.ledger.lock().segments[victim as usize].rows.clone();
         // Rows sealed here are written by a second thread, so that reading
         // the next row overlaps writing the last (a few rows in flight).
         let (tx, rx) = channel::bounded::<Vec<Arc<SealedRow>>>(2);
@@ -306,7 +269,7 @@ impl PoolInner {
             // Live slots: the map still points at them.
             let mut live = Vec::new();
             {
-                let core = self.core.lock();
+                let ledger = self.ledger.lock();
                 let mut slot = 0u32;
                 for e in &found.entries {
                     if !e.kind.owns_slot() {
@@ -314,7 +277,7 @@ impl PoolInner {
                     }
                     let pba = geom.slot_pba(&self.shape.geometry, slot);
                     slot += 1;
-                    if let Some(v) = core.volume(e.volume) {
+                    if let Some(v) = ledger.volume(e.volume) {
                         let (loc, crc) = v.map.get(e.lba);
                         if loc == Loc::Disk(pba) {
                             live.push((e.volume, e.lba, pba, crc));
@@ -356,9 +319,9 @@ impl PoolInner {
             // still points at it (a write may have replaced it meanwhile).
             let mut sealed = Vec::new();
             {
-                let mut core = self.core.lock();
+                let mut ledger = self.ledger.lock();
                 for (volume, lba, pba, crc, bytes) in &blocks {
-                    let still = core
+                    let still = ledger
                         .volume(*volume)
                         .is_some_and(|v| v.map.get(*lba).0 == Loc::Disk(*pba));
                     if !still {
@@ -372,14 +335,14 @@ impl PoolInner {
                         count: 1,
                         source: pba.encode(),
                     };
-                    match core.append_block(HeadId::Cleaner, entry, bytes, &self.shape) {
+                    match ledger.append_block(HeadId::Cleaner, entry, bytes, &self.shape) {
                         Ok(row) => {
-                            core.counters.relocated_blocks += 1;
+                            ledger.counters.relocated_blocks += 1;
                             sealed.extend(row);
                             moved += 1;
                         }
                         Err(AppendError::NeedSegment) => {
-                            drop(core);
+                            drop(ledger);
                             for row in sealed {
                                 let _ = write.send(vec![row]);
                             }
@@ -400,16 +363,16 @@ impl PoolInner {
 
 /// The background thread (`lograid-cleaner`) that keeps free segments ahead of writers and
 /// writes checkpoints when enough log has accumulated.
-pub(crate) fn background_loop(weak: Weak<PoolInner>, stop: Arc<Stop>) {
+pub(crate) fn background_loop(weak: Weak<Engine>, stop: Arc<Stop>) {
     while !stop.is_set() {
         let Some(inner) = weak.upgrade() else { return };
-        if inner.closed.load(Ordering::SeqCst) || inner.core.lock().read_only_reason.is_some() {
+        if inner.closed.load(Ordering::SeqCst) || inner.ledger.lock().read_only_reason.is_some() {
             drop(inner);
             stop.pause(Duration::from_millis(50));
             continue;
         }
         inner.check_read_health();
-        let free = inner.core.lock().free.len();
+        let free = inner.ledger.lock().free.len();
         let watermark = inner.clean_watermark();
         if free < watermark {
             set_state(&inner, CleanerState::Background);
@@ -428,9 +391,9 @@ pub(crate) fn background_loop(weak: Weak<PoolInner>, stop: Arc<Stop>) {
             }
         }
         let due = {
-            let core = inner.core.lock();
-            core.checkpoint_wanted
-                || core.log_blocks_since_checkpoint >= inner.options.checkpoint_interval_blocks
+            let ledger = inner.ledger.lock();
+            ledger.checkpoint_wanted
+                || ledger.log_blocks_since_checkpoint >= inner.options.checkpoint_interval_blocks
         };
         if due {
             if let Err(e) = inner.guarded("checkpoint", || inner.checkpoint()) {
@@ -446,10 +409,10 @@ pub(crate) fn background_loop(weak: Weak<PoolInner>, stop: Arc<Stop>) {
 /// One reshape step (rebuild or rebalance) if there is one to do; while
 /// users are doing I/O, then sleeps so that it takes at most
 /// `reshape_share` of the time. True if it moved something.
-fn reshape_and_throttle(inner: &PoolInner, stop: &Stop) -> bool {
-    let user_io = |inner: &PoolInner| {
-        let core = inner.core.lock();
-        core.counters.user_bytes_written + core.counters.user_bytes_read
+fn reshape_and_throttle(inner: &Engine, stop: &Stop) -> bool {
+    let user_io = |inner: &Engine| {
+        let ledger = inner.ledger.lock();
+        ledger.counters.user_bytes_written + ledger.counters.user_bytes_read
     };
     let before = user_io(inner);
     let started = std::time::Instant::now();
@@ -473,7 +436,7 @@ fn reshape_and_throttle(inner: &PoolInner, stop: &Stop) -> bool {
 }
 
 /// The background state; a foreground (urgent) pass sets and clears its own.
-fn set_state(inner: &PoolInner, state: CleanerState) {
+fn set_state(inner: &Engine, state: CleanerState) {
     let mut stats = inner.stats.lock();
     if stats.cleaner_state != CleanerState::Urgent {
         stats.cleaner_state = state;
@@ -481,12 +444,12 @@ fn set_state(inner: &PoolInner, state: CleanerState) {
 }
 
 /// Samples the write counters for the last-minute write amplification.
-fn sample(inner: &PoolInner) {
+fn sample(inner: &Engine) {
     let (user, relocated) = {
-        let core = inner.core.lock();
+        let ledger = inner.ledger.lock();
         (
-            core.counters.user_bytes_written,
-            core.counters.relocated_blocks,
+            ledger.counters.user_bytes_written,
+            ledger.counters.relocated_blocks,
         )
     };
     let member: u64 = inner
@@ -495,23 +458,4 @@ fn sample(inner: &PoolInner) {
         .map(|(_, d)| d.counters.bytes_written.load(Ordering::Relaxed))
         .sum();
     inner.stats.lock().sample(user, member, relocated);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn space_stalls_give_up_only_when_nothing_moves() {
-        let mut s = SpaceStalls::default();
-        for _ in 0..MAX_SPACE_STALLS {
-            s.check(7).expect("within the bound");
-        }
-        assert!(matches!(s.check(7), Err(Error::NoSpace)));
-        // Another writer appended meanwhile: the count starts again.
-        let mut s = SpaceStalls::default();
-        for round in 0..(3 * MAX_SPACE_STALLS as u64) {
-            s.check(round / 4).expect("the pool moves every 4 calls");
-        }
-    }
 }

@@ -2,8 +2,8 @@
 //! choose the geometry, wipe old superblock slots, and write the first
 //! checkpoint and superblocks.
 
-use super::recovery::new_inner;
-use super::state::SegState;
+use super::engine::new_inner;
+use super::ledger::SegState;
 use super::{now_unix, random_u128, random_u64, Pool, PoolOptions, Shape};
 use crate::device::{is_mounted, probe_signature, AlignedBuf, FileMember, Member, OpenMode};
 use crate::error::{Error, Result};
@@ -257,26 +257,26 @@ pub fn create_pool(
         .collect();
     let records = shape.recorded_members.clone();
     let inner = Arc::new(new_inner(shape, records, devices, options, all, 0));
-    if inner.core.lock().usable_blocks == 0 {
+    if inner.ledger.lock().usable_blocks == 0 {
         return Err(Error::Refused(
             "the drives are too small to hold any data after the reserve".into(),
         ));
     }
     {
-        let mut core = inner.core.lock();
-        for s in 0..core.segments.len() {
+        let mut ledger = inner.ledger.lock();
+        for s in 0..ledger.segments.len() {
             if inner
                 .shape
-                .segment_usable(core.segments[s].members_mask, all)
+                .segment_usable(ledger.segments[s].members_mask, all)
             {
-                core.free.push_back(s as u32);
+                ledger.free.push_back(s as u32);
             }
         }
         for head in [HeadId::User, HeadId::Cleaner] {
-            core.prime_head(head, &inner.shape)
+            ledger.prime_head(head, &inner.shape)
                 .map_err(|_| Error::Refused("not enough segments".into()))?;
         }
-        debug_assert!(core
+        debug_assert!(ledger
             .segments
             .iter()
             .all(|s| s.state != SegState::Checkpoint));

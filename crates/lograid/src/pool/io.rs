@@ -3,11 +3,11 @@
 //! reads that verify every block's checksum and rebuild a bad or unreadable
 //! block from the rest of its row.
 
-use super::cleaner::SpaceStalls;
+use super::space::SpaceStalls;
 use super::log::AppendError;
 use super::overlay::{Cond, Written};
-use super::state::{Core, SealedRow, SegState};
-use super::{check_writable, Allocation, PoolInner};
+use super::ledger::{Ledger, SealedRow, SegState};
+use super::{check_writable, Allocation, Engine};
 use crate::device::IoJob;
 use crate::device::{uring, AlignedBuf, Device};
 use crate::error::{Error, Result};
@@ -19,7 +19,7 @@ use crate::map::Loc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-/// Blocks one trim or zero record covers at most (bounds the time the core
+/// Blocks one trim or zero record covers at most (bounds the time the ledger
 /// lock is held for one record).
 const MAX_RANGE_RECORD_BLOCKS: u64 = 1 << 16;
 
@@ -42,7 +42,7 @@ thread_local! {
     static PARITY_BUFFER: std::cell::RefCell<Option<AlignedBuf>> = const { std::cell::RefCell::new(None) };
 }
 
-impl PoolInner {
+impl Engine {
     /// Writes `data` at byte `offset` of volume `id` (512-byte aligned,
     /// range already checked). Sub-block pieces merge into their block.
     pub(crate) fn write(&self, id: u32, name: &str, offset: u64, data: &[u8]) -> Result<()> {
@@ -78,12 +78,12 @@ impl PoolInner {
     ) -> Result<()> {
         for _ in 0..PARTIAL_WRITE_ATTEMPTS {
             let written = {
-                let mut core = self.core.lock();
-                check_writable(&core)?;
-                let vol = core.volume(id).ok_or_else(|| gone(name))?;
+                let mut ledger = self.ledger.lock();
+                check_writable(&ledger)?;
+                let vol = ledger.volume(id).ok_or_else(|| gone(name))?;
                 let base_stored = vol.map.get(lba).0.is_stored();
-                let (stored, usable) = (core.stored_blocks, core.usable_blocks);
-                core.overlays
+                let (stored, usable) = (ledger.stored_blocks, ledger.usable_blocks);
+                ledger.overlays
                     .write(id, lba, within, bytes, base_stored, stored, usable)?
             };
             match written {
@@ -136,9 +136,9 @@ impl PoolInner {
         bytes: &[u8],
     ) -> Result<bool> {
         let mut block = vec![0u8; BLOCK_SIZE];
-        let (entry, overlays) = self.read_base(id, name, lba, &mut block, |core| {
-            let entry = core.volume(id).map(|v| v.map.get(lba));
-            (entry, core.overlays.copies(id, lba, 1))
+        let (entry, overlays) = self.read_base(id, name, lba, &mut block, |ledger| {
+            let entry = ledger.volume(id).map(|v| v.map.get(lba));
+            (entry, ledger.overlays.copies(id, lba, 1))
         })?;
         let entry = entry.ok_or_else(|| gone(name))?;
         for (_, o) in overlays {
@@ -173,15 +173,15 @@ impl PoolInner {
             let mut outcome: Result<()> = Ok(());
             let mut need_segment = false;
             {
-                let mut core = self.core.lock();
-                self.wait_for_inflight_room(&mut core);
-                check_writable(&core)?;
-                let vol = core
+                let mut ledger = self.ledger.lock();
+                self.wait_for_inflight_room(&mut ledger);
+                check_writable(&ledger)?;
+                let vol = ledger
                     .volume(id)
                     .ok_or_else(|| Error::NotFound(format!("volume {id} was deleted")))?;
                 if let Some(c) = &cond {
                     debug_assert_eq!(n, 1);
-                    if !core.overlays.admits(id, lba, c) {
+                    if !ledger.overlays.admits(id, lba, c) {
                         return Ok(false);
                     }
                 }
@@ -198,19 +198,19 @@ impl PoolInner {
                 }
                 while i < n {
                     let b = lba + i as u64;
-                    let (old, _) = core.volume(id).expect("volume").map.get(b);
+                    let (old, _) = ledger.volume(id).expect("volume").map.get(b);
                     // A new block: room for it beyond the blocks reserved
                     // for overlays (its own overlay's reservation is its).
                     // An overlay merged into its block had its room
                     // reserved when it was acknowledged: it is written even
                     // if the pool holds less since (a member failed).
                     let reserved = || {
-                        cond.is_some_and(|c| c.overlay.is_some()) && core.overlays.reserves(id, b)
+                        cond.is_some_and(|c| c.overlay.is_some()) && ledger.overlays.reserves(id, b)
                     };
                     if !old.is_stored()
                         && !reserved()
-                        && core.stored_blocks + core.overlays.unstored_except(id, b)
-                            >= core.usable_blocks
+                        && ledger.stored_blocks + ledger.overlays.unstored_except(id, b)
+                            >= ledger.usable_blocks
                     {
                         outcome = Err(Error::NoSpace);
                         break;
@@ -223,7 +223,7 @@ impl PoolInner {
                         count: 1,
                         source: 0,
                     };
-                    match core.append_block(
+                    match ledger.append_block(
                         HeadId::User,
                         entry,
                         &data[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE],
@@ -236,15 +236,15 @@ impl PoolInner {
                             break;
                         }
                     }
-                    core.overlays.appended(id, b, cond.and_then(|c| c.overlay));
-                    core.counters.user_bytes_written += BLOCK_BYTES;
+                    ledger.overlays.appended(id, b, cond.and_then(|c| c.overlay));
+                    ledger.counters.user_bytes_written += BLOCK_BYTES;
                     i += 1;
                 }
             }
             self.submit_rows(sealed)?;
             outcome?;
             if need_segment {
-                stalls.check(self.core.lock().user_appends)?;
+                stalls.check(self.ledger.lock().user_appends)?;
                 self.make_space()?;
             }
         }
@@ -254,13 +254,13 @@ impl PoolInner {
     /// Blocks while too many rows are in flight (bounds memory). Returns at
     /// once in a pool that stopped writing: its rows may never complete,
     /// and the caller's `check_writable` refuses.
-    fn wait_for_inflight_room(&self, core: &mut crate::sync::MutexGuard<'_, Core>) {
-        while core.read_only_reason.is_none()
-            && (core.inflight.len() >= self.options.max_inflight_rows
-                || core.inflight.iter().map(|r| r.buf.len()).sum::<usize>()
+    fn wait_for_inflight_room(&self, ledger: &mut crate::sync::MutexGuard<'_, Ledger>) {
+        while ledger.read_only_reason.is_none()
+            && (ledger.inflight.len() >= self.options.max_inflight_rows
+                || ledger.inflight.iter().map(|r| r.buf.len()).sum::<usize>()
                     >= self.options.max_inflight_bytes)
         {
-            self.progress.wait(core);
+            self.progress.wait(ledger);
         }
     }
 
@@ -309,10 +309,10 @@ impl PoolInner {
             let mut sealed = Vec::new();
             let mut need_segment = false;
             {
-                let mut core = self.core.lock();
-                self.wait_for_inflight_room(&mut core);
-                check_writable(&core)?;
-                let vol = core.volume(id).ok_or_else(|| gone(name))?;
+                let mut ledger = self.ledger.lock();
+                self.wait_for_inflight_room(&mut ledger);
+                check_writable(&ledger)?;
+                let vol = ledger.volume(id).ok_or_else(|| gone(name))?;
                 let (start, run_end, kind) = if op == RangeOp::ZeroAllocated {
                     // Every block becomes a zero record, in bounded steps.
                     (
@@ -325,7 +325,7 @@ impl PoolInner {
                     let Some((next, _, _)) = vol.map.iter_from(lba).next().filter(|e| e.0 < last)
                     else {
                         // The rest is unmapped: only overlays to drop.
-                        core.overlays.remove_range(id, lba, last);
+                        ledger.overlays.remove_range(id, lba, last);
                         break;
                     };
                     let mut run_end = next;
@@ -337,7 +337,7 @@ impl PoolInner {
                     }
                     (next, run_end, EntryKind::Trim)
                 };
-                match core.append_range_record(
+                match ledger.append_range_record(
                     id,
                     start,
                     (run_end - start) as u32,
@@ -348,7 +348,7 @@ impl PoolInner {
                     Ok(row) => {
                         sealed.extend(row);
                         // Blocks skipped before the run were unmapped.
-                        core.overlays.remove_range(id, lba, run_end);
+                        ledger.overlays.remove_range(id, lba, run_end);
                         lba = run_end;
                     }
                     Err(AppendError::NeedSegment) => need_segment = true,
@@ -360,7 +360,7 @@ impl PoolInner {
                     return Err(Error::NoSpace);
                 }
                 // The cleaner at a fixed point: the records may use its reserve.
-                if stalls.check(self.core.lock().user_appends).is_err() {
+                if stalls.check(self.ledger.lock().user_appends).is_err() {
                     relief = true;
                     continue;
                 }
@@ -376,8 +376,8 @@ impl PoolInner {
 
     /// Runs of (length in bytes, allocation) covering the range.
     pub(crate) fn block_status(&self, id: u32, offset: u64, length: u64) -> Vec<(u64, Allocation)> {
-        let core = self.core.lock();
-        let Some(vol) = core.volume(id) else {
+        let ledger = self.ledger.lock();
+        let Some(vol) = ledger.volume(id) else {
             return vec![(length, Allocation::Hole)];
         };
         let mut out: Vec<(u64, Allocation)> = Vec::new();
@@ -387,7 +387,7 @@ impl PoolInner {
             let lba = pos / BLOCK_BYTES;
             let next = ((lba + 1) * BLOCK_BYTES).min(end);
             let state = match vol.map.get(lba).0 {
-                _ if core.overlays.contains(id, lba) => Allocation::Data,
+                _ if ledger.overlays.contains(id, lba) => Allocation::Data,
                 Loc::Unmapped => Allocation::Hole,
                 Loc::Zero => Allocation::Zero,
                 _ => Allocation::Data,
@@ -402,10 +402,10 @@ impl PoolInner {
     }
 
     /// Seals the user and cleaner heads' open rows (for a flush or checkpoint).
-    pub(crate) fn seal_open_rows(&self, core: &mut Core) -> Vec<Arc<SealedRow>> {
+    pub(crate) fn seal_open_rows(&self, ledger: &mut Ledger) -> Vec<Arc<SealedRow>> {
         [HeadId::User, HeadId::Cleaner]
             .iter()
-            .filter_map(|&h| core.seal(h, &self.shape))
+            .filter_map(|&h| ledger.seal(h, &self.shape))
             .collect()
     }
 
@@ -418,7 +418,7 @@ impl PoolInner {
             }
             // The buffer serves the next row unless a reader still holds it.
             if let Ok(row) = Arc::try_unwrap(row) {
-                self.core.lock().recycle(row.buf);
+                self.ledger.lock().recycle(row.buf);
             }
         }
         first_error.map_or(Ok(()), Err)
@@ -532,13 +532,13 @@ impl PoolInner {
                 }
             }
         }
-        let mut core = self.core.lock();
-        let i = core
+        let mut ledger = self.ledger.lock();
+        let i = ledger
             .inflight
             .iter()
             .position(|r| Arc::ptr_eq(r, row))
             .expect("row in flight");
-        core.inflight.swap_remove(i);
+        ledger.inflight.swap_remove(i);
         self.progress.notify_all();
         error.map_or(Ok(()), Err)
     }
@@ -551,20 +551,20 @@ impl PoolInner {
     /// may need): `flush_all` makes every acknowledged write durable.
     pub(crate) fn flush(&self) -> Result<()> {
         let (sealed, target_seq, gen) = {
-            let mut core = self.core.lock();
-            core.flush_gen += 1;
-            let gen = core.flush_gen;
-            let sealed = self.seal_open_rows(&mut core);
-            (sealed, core.next_seq, gen)
+            let mut ledger = self.ledger.lock();
+            ledger.flush_gen += 1;
+            let gen = ledger.flush_gen;
+            let sealed = self.seal_open_rows(&mut ledger);
+            (sealed, ledger.next_seq, gen)
         };
         self.write_rows(sealed)?;
         self.make_durable(target_seq)?;
         self.finish_flush(gen);
         self.debug_check("flush");
         let due = {
-            let core = self.core.lock();
-            core.checkpoint_wanted
-                || core.log_blocks_since_checkpoint >= self.options.checkpoint_interval_blocks
+            let ledger = self.ledger.lock();
+            ledger.checkpoint_wanted
+                || ledger.log_blocks_since_checkpoint >= self.options.checkpoint_interval_blocks
         };
         if due {
             if let Some(_m) = self.maintenance.try_lock() {
@@ -580,19 +580,19 @@ impl PoolInner {
     /// which later rows carry and recovery trusts).
     pub(crate) fn make_durable(&self, target_seq: u64) -> Result<()> {
         {
-            let mut core = self.core.lock();
+            let mut ledger = self.ledger.lock();
             // A pool that stopped writing (a row write failed beyond the
             // parity, or panicked) may never complete its rows.
-            while core.read_only_reason.is_none()
-                && core.inflight.iter().any(|r| r.geom.seq < target_seq)
+            while ledger.read_only_reason.is_none()
+                && ledger.inflight.iter().any(|r| r.geom.seq < target_seq)
             {
-                self.progress.wait(&mut core);
+                self.progress.wait(&mut ledger);
             }
-            check_writable(&core)?;
+            check_writable(&ledger)?;
         }
         self.sync_members()?;
-        let mut core = self.core.lock();
-        core.flushed_seq = core.flushed_seq.max(target_seq - 1);
+        let mut ledger = self.ledger.lock();
+        ledger.flushed_seq = ledger.flushed_seq.max(target_seq - 1);
         Ok(())
     }
 
@@ -646,8 +646,8 @@ impl PoolInner {
             .device(m)
             .map(|d| d.member.describe())
             .unwrap_or_else(|| "-".into());
-        let mut core = self.core.lock();
-        let state = core.members.get(m).map(|r| r.state);
+        let mut ledger = self.ledger.lock();
+        let state = ledger.members.get(m).map(|r| r.state);
         if !matches!(
             state,
             Some(MemberState::Active | MemberState::Joining | MemberState::Removing)
@@ -656,7 +656,7 @@ impl PoolInner {
             return Ok(()); // already faulted: its columns are not counted on
         }
         // (A member rebuilt in place may count as lost already.)
-        let lost = self.lost_members(&core) + u32::from(!self.is_lost(&core, m));
+        let lost = self.lost_members(&ledger) + u32::from(!self.is_lost(&ledger, m));
         if lost > self.shape.parity() as u32 {
             let msg = format!(
                 "member {m} ({name}) failed {what} ({e}) with {} member(s) already lost and parity {}: \
@@ -665,7 +665,7 @@ impl PoolInner {
                 self.shape.parity()
             );
             tracing::error!("{msg}");
-            core.read_only_reason.get_or_insert(msg.clone());
+            ledger.read_only_reason.get_or_insert(msg.clone());
             return Err(Error::io(msg, e));
         }
         tracing::error!(
@@ -673,19 +673,19 @@ impl PoolInner {
              the pool goes on degraded, new rows use the other members with full parity"
         );
         if state != Some(MemberState::Removing) {
-            core.members[m].state = MemberState::Faulted;
+            ledger.members[m].state = MemberState::Faulted;
         }
         // Not read or written any more: its columns are rebuilt from parity.
         if let Some(dev) = self.device(m) {
             dev.retired.store(true, Ordering::Relaxed);
         }
         self.event(format!("member {m} ({name}) faulted: {what} failed: {e}"));
-        core.active_mask &= !(1 << m);
-        core.member_set_changed(&self.shape);
+        ledger.active_mask &= !(1 << m);
+        ledger.member_set_changed(&self.shape);
         // New rows are narrower: the pool holds less (writes of new blocks
         // get NoSpace once it is full at the new width).
-        core.update_capacity(&self.shape);
-        core.checkpoint_wanted = true;
+        ledger.update_capacity(&self.shape);
+        ledger.checkpoint_wanted = true;
         Ok(())
     }
 
@@ -704,8 +704,8 @@ impl PoolInner {
         }
     }
 
-    fn is_lost(&self, core: &Core, m: usize) -> bool {
-        let r = &core.members[m];
+    fn is_lost(&self, ledger: &Ledger, m: usize) -> bool {
+        let r = &ledger.members[m];
         r.state == MemberState::Faulted
             || (r.state.may_hold_rows()
                 && (self.device(m).is_none() || self.shape.stale[m].count() > 0))
@@ -714,25 +714,25 @@ impl PoolInner {
     /// Members that may hold rows but cannot be read (all of them): faulted,
     /// gone, or taking a failed member's place with rows not yet rebuilt
     /// onto it.
-    pub(crate) fn lost_members(&self, core: &Core) -> u32 {
-        (0..core.members.len())
-            .filter(|&m| self.is_lost(core, m))
+    pub(crate) fn lost_members(&self, ledger: &Ledger) -> u32 {
+        (0..ledger.members.len())
+            .filter(|&m| self.is_lost(ledger, m))
             .count() as u32
     }
 
     /// After flush `gen` completed: segments emptied before it started become
     /// free, except those holding rows written since the durable checkpoint
     /// (recovery follows the log through them) and those emptied since a
-    /// change only a checkpoint records (`Core::unlogged_changes`): they
+    /// change only a checkpoint records (`Ledger::unlogged_changes`): they
     /// wait for the next checkpoint (`after_checkpoint`).
     pub(crate) fn finish_flush(&self, gen: u64) {
-        self.release_pending(|core, seg, flush_gen| {
+        self.release_pending(|ledger, seg, flush_gen| {
             flush_gen < gen
-                && core.unlogged_since_gen.is_none_or(|u| flush_gen < u)
+                && ledger.unlogged_since_gen.is_none_or(|u| flush_gen < u)
                 && seg
                     .rows
                     .last()
-                    .is_none_or(|r| r.seq < core.checkpoint_next_seq)
+                    .is_none_or(|r| r.seq < ledger.checkpoint_next_seq)
         });
     }
 
@@ -741,26 +741,26 @@ impl PoolInner {
     /// emptied before it started becomes free.
     pub(crate) fn after_checkpoint(&self, gen: u64) {
         {
-            let mut core = self.core.lock();
-            if let Some(since) = core.unlogged_since_gen {
+            let mut ledger = self.ledger.lock();
+            if let Some(since) = ledger.unlogged_since_gen {
                 assert!(
                     since < gen,
                     "a change only a checkpoint records, made during one"
                 );
-                core.unlogged_since_gen = None;
+                ledger.unlogged_since_gen = None;
             }
         }
         self.release_pending(|_, _, flush_gen| flush_gen < gen);
     }
 
-    fn release_pending(&self, ready: impl Fn(&Core, &super::state::Segment, u64) -> bool) {
-        let is_ready = |core: &Core, s: usize| match core.segments[s].state {
-            SegState::PendingFree { flush_gen } => ready(core, &core.segments[s], flush_gen),
+    fn release_pending(&self, ready: impl Fn(&Ledger, &super::ledger::Segment, u64) -> bool) {
+        let is_ready = |ledger: &Ledger, s: usize| match ledger.segments[s].state {
+            SegState::PendingFree { flush_gen } => ready(ledger, &ledger.segments[s], flush_gen),
             _ => false,
         };
         {
-            let core = self.core.lock();
-            if !(0..core.segments.len()).any(|s| is_ready(&core, s)) {
+            let ledger = self.ledger.lock();
+            if !(0..ledger.segments.len()).any(|s| is_ready(&ledger, s)) {
                 return;
             }
         }
@@ -768,10 +768,10 @@ impl PoolInner {
         let _w = self.reuse.write();
         if self.options.discard {
             let ready: Vec<(u32, u32)> = {
-                let core = self.core.lock();
-                (0..core.segments.len())
-                    .filter(|&s| is_ready(&core, s))
-                    .map(|s| (s as u32, core.segments[s].members_mask))
+                let ledger = self.ledger.lock();
+                (0..ledger.segments.len())
+                    .filter(|&s| is_ready(&ledger, s))
+                    .map(|s| (s as u32, ledger.segments[s].members_mask))
                     .collect()
             };
             // Still pending (so never handed out) while their blocks are
@@ -780,18 +780,18 @@ impl PoolInner {
                 self.discard_segment(s, mask);
             }
         }
-        let mut core = self.core.lock();
-        for s in 0..core.segments.len() {
-            if is_ready(&core, s) {
+        let mut ledger = self.ledger.lock();
+        for s in 0..ledger.segments.len() {
+            if is_ready(&ledger, s) {
                 assert_eq!(
-                    core.segments[s].live_blocks, 0,
+                    ledger.segments[s].live_blocks, 0,
                     "freeing segment {s} with live blocks"
                 );
-                core.release_segment(s as u32, &self.shape);
+                ledger.release_segment(s as u32, &self.shape);
             }
         }
         self.progress.notify_all();
-        drop(core);
+        drop(ledger);
         self.debug_check("releasing segments");
     }
 
@@ -821,9 +821,9 @@ impl PoolInner {
     /// with their overlays applied.
     pub(crate) fn read_blocks(&self, id: u32, name: &str, lba: u64, out: &mut [u8]) -> Result<()> {
         let (n, bytes) = ((out.len() / BLOCK_SIZE) as u64, out.len() as u64);
-        let overlays = self.read_base(id, name, lba, out, |core| {
-            core.counters.user_bytes_read += bytes;
-            core.overlays.copies(id, lba, n)
+        let overlays = self.read_base(id, name, lba, out, |ledger| {
+            ledger.counters.user_bytes_read += bytes;
+            ledger.overlays.copies(id, lba, n)
         })?;
         for (i, o) in overlays {
             o.apply(&mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
@@ -840,31 +840,31 @@ impl PoolInner {
         name: &str,
         lba: u64,
         out: &mut [u8],
-        snapshot: impl FnOnce(&mut Core) -> T,
+        snapshot: impl FnOnce(&mut Ledger) -> T,
     ) -> Result<T> {
         let _guard = self.reuse.read();
         let mut plan: Vec<(usize, Pba, u32)> = Vec::new();
         let snap = {
-            let mut core = self.core.lock();
-            let vol = core.volume(id).ok_or_else(|| gone(name))?;
+            let mut ledger = self.ledger.lock();
+            let vol = ledger.volume(id).ok_or_else(|| gone(name))?;
             for (i, block) in out.chunks_exact_mut(BLOCK_SIZE).enumerate() {
                 let (loc, crc) = vol.map.get(lba + i as u64);
                 match loc {
                     Loc::Unmapped | Loc::Zero => block.fill(0),
                     Loc::Open { head, slot } => {
-                        let row = core.heads[head.index()]
+                        let row = ledger.heads[head.index()]
                             .open
                             .as_ref()
                             .expect("map points into an open row");
                         block.copy_from_slice(row.slot_bytes(slot));
                     }
-                    Loc::Disk(pba) => match core.inflight_block(&self.shape.geometry, pba) {
+                    Loc::Disk(pba) => match ledger.inflight_block(&self.shape.geometry, pba) {
                         Some(src) => block.copy_from_slice(src),
                         None => plan.push((i, pba, crc)),
                     },
                 }
             }
-            snapshot(&mut core)
+            snapshot(&mut ledger)
         };
         // Coalesce runs of consecutive blocks on one member into one read.
         let mut runs: Vec<(usize, usize)> = Vec::new();
@@ -1069,7 +1069,7 @@ impl PoolInner {
         let Some(dev) = self.device(pba.member as usize) else {
             return;
         };
-        if self.core.lock().read_only_reason.is_some() {
+        if self.ledger.lock().read_only_reason.is_some() {
             return;
         }
         let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
@@ -1088,7 +1088,7 @@ impl PoolInner {
         pba: Pba,
         crc: u32,
     ) -> Result<Vec<u8>, String> {
-        if let Some(src) = self.core.lock().inflight_block(&self.shape.geometry, pba) {
+        if let Some(src) = self.ledger.lock().inflight_block(&self.shape.geometry, pba) {
             return Ok(src.to_vec());
         }
         if let Some(dev) = self.device(pba.member as usize) {
@@ -1107,8 +1107,8 @@ impl PoolInner {
     /// The row that holds `pba`.
     pub(crate) fn row_of(&self, pba: Pba) -> Option<RowGeom> {
         let (s, off) = self.shape.geometry.segment_of(pba.block)?;
-        let core = self.core.lock();
-        core.segments.get(s as usize)?.row_at(off).copied()
+        let ledger = self.ledger.lock();
+        ledger.segments.get(s as usize)?.row_at(off).copied()
     }
 
     /// Rebuilds the block at `pba` (expected checksum `crc`) from the other

@@ -3,9 +3,9 @@
 //! final geometry (a short row when sealed before it is full). Rows of one
 //! head form a chain: each header names the previous header's CRC and the
 //! segment the head moves to next, so recovery can follow the chain from a
-//! checkpoint without scanning the pool. Runs under the core lock; no I/O.
+//! checkpoint without scanning the pool. Runs under the ledger lock; no I/O.
 
-use super::state::{full_row_shape, Core, OpenRow, SealedRow, SegState, EXTRA_ENTRIES, NO_SEGMENT};
+use super::ledger::{full_row_shape, Ledger, OpenRow, SealedRow, SegState, EXTRA_ENTRIES, NO_SEGMENT};
 use super::Shape;
 use crate::format::row::{header_blocks_for, Entry, EntryKind, HeadId, RowHeader, RowKind};
 use crate::format::BLOCK_SIZE;
@@ -20,7 +20,7 @@ pub enum AppendError {
     NeedSegment,
 }
 
-impl Core {
+impl Ledger {
     /// Takes a free segment for `head`, keeping the floor that lets the
     /// cleaner and the checkpoint always proceed.
     pub fn take_free_segment(&mut self, head: HeadId, shape: &Shape) -> Option<u32> {

@@ -15,8 +15,8 @@
 //! only then left out of new segments. Recovery can thus tell the members a
 //! segment taken after its checkpoint may have been laid over.
 
-use super::state::{Core, SegState, Segment};
-use super::{check_writable, Pool, PoolInner};
+use super::ledger::{Ledger, SegState, Segment};
+use super::{check_writable, Pool, Engine};
 use crate::device::{AlignedBuf, Member};
 use crate::error::{Error, Result};
 use crate::format::row::HeadId;
@@ -48,23 +48,6 @@ pub struct ReshapeStatus {
     pub eta_seconds: Option<f64>,
     /// Share of the time left to user I/O while it runs and users are busy.
     pub user_share: f64,
-}
-
-/// Reshape counters kept while the pool is open.
-#[derive(Debug, Default)]
-pub(crate) struct ReshapeStats {
-    pub started: Option<Instant>,
-    pub segments_done: u64,
-    pub bytes_moved: u64,
-    /// Time spent moving (not throttled).
-    pub busy_seconds: f64,
-    /// When removals were last tried while segments still used the member.
-    pub last_finish_attempt: Option<Instant>,
-    /// Segments whose live blocks could not all be read: not tried again.
-    pub stuck: std::collections::BTreeSet<u32>,
-    /// Users did I/O during the last background step: the next one keeps
-    /// to one thread (a rebuild in place otherwise uses a few).
-    pub users_busy: bool,
 }
 
 impl Pool {
@@ -99,7 +82,7 @@ impl Pool {
     pub fn replace_member(&self, old: usize, new: Arc<dyn Member>) -> Result<usize> {
         self.inner.guarded("replacing a member", || {
             let _m = self.inner.maintenance.lock();
-            let state = self.inner.core.lock().members.get(old).map(|r| r.state);
+            let state = self.inner.ledger.lock().members.get(old).map(|r| r.state);
             match state {
                 Some(MemberState::Active | MemberState::Faulted | MemberState::Joining) => {}
                 Some(MemberState::Removing) => {
@@ -113,10 +96,10 @@ impl Pool {
             // A member that failed or is gone gets its columns back in
             // place, if the new drive can hold all it held.
             let in_place = {
-                let core = self.inner.core.lock();
-                (core.members[old].state == MemberState::Faulted
+                let ledger = self.inner.ledger.lock();
+                (ledger.members[old].state == MemberState::Faulted
                     || self.inner.device(old).is_none())
-                    && new.size_bytes() / BLOCK_BYTES >= core.members[old].size_blocks
+                    && new.size_bytes() / BLOCK_BYTES >= ledger.members[old].size_blocks
             };
             if in_place {
                 let index = self.inner.join_member(new, Some(old), true)?;
@@ -129,14 +112,14 @@ impl Pool {
             }
             let index = self.inner.join_member(new, Some(old), false)?;
             {
-                let mut core = self.inner.core.lock();
-                let was = core.members[old].state;
-                core.members[old].state = MemberState::Removing;
+                let mut ledger = self.inner.ledger.lock();
+                let was = ledger.members[old].state;
+                ledger.members[old].state = MemberState::Removing;
                 // A healthy member leaving no longer counts; its
                 // replacement (joining) does.
-                core.update_capacity(&self.inner.shape);
+                ledger.update_capacity(&self.inner.shape);
                 if was == MemberState::Faulted {
-                    drop(core);
+                    drop(ledger);
                     // Its columns are rebuilt from parity; it is not read.
                     self.inner.devices.write()[old] = None;
                 }
@@ -165,9 +148,9 @@ impl Pool {
             let _m = self.inner.maintenance.lock();
             let name = self.inner.member_name(m);
             let was = {
-                let mut core = self.inner.core.lock();
-                check_writable(&core)?;
-                let was = match core.members.get(m).map(|r| r.state) {
+                let mut ledger = self.inner.ledger.lock();
+                check_writable(&ledger)?;
+                let was = match ledger.members.get(m).map(|r| r.state) {
                     Some(
                         s @ (MemberState::Active | MemberState::Faulted | MemberState::Joining),
                     ) => s,
@@ -180,13 +163,13 @@ impl Pool {
                 };
                 let parity = self.inner.shape.parity() as usize;
                 // (A member still being rebuilt in place does not count.)
-                let rebuilding = self.inner.rebuilding_members(&core);
-                let left = (0..core.members.len())
+                let rebuilding = self.inner.rebuilding_members(&ledger);
+                let left = (0..ledger.members.len())
                     .filter(|&i| {
                         i != m
                             && rebuilding & (1 << i) == 0
                             && matches!(
-                                core.members[i].state,
+                                ledger.members[i].state,
                                 MemberState::Active | MemberState::Joining
                             )
                             && self.inner.device(i).is_some()
@@ -199,14 +182,14 @@ impl Pool {
                         (parity + 1).max(2)
                     )));
                 }
-                core.members[m].state = MemberState::Removing;
-                core.update_capacity(&self.inner.shape);
+                ledger.members[m].state = MemberState::Removing;
+                ledger.update_capacity(&self.inner.shape);
                 // Acknowledged sub-block writes have their room reserved.
-                let held = core.stored_blocks + core.overlays.unstored();
-                if held > core.usable_blocks {
-                    let (stored, usable) = (held, core.usable_blocks);
-                    core.members[m].state = was;
-                    core.update_capacity(&self.inner.shape);
+                let held = ledger.stored_blocks + ledger.overlays.unstored();
+                if held > ledger.usable_blocks {
+                    let (stored, usable) = (held, ledger.usable_blocks);
+                    ledger.members[m].state = was;
+                    ledger.update_capacity(&self.inner.shape);
                     return Err(Error::Refused(format!(
                         "the pool holds {} bytes; without member {m} it could hold only {} \
                          (free space or add a drive first)",
@@ -236,9 +219,9 @@ impl Pool {
             let _m = self.inner.maintenance.lock();
             let old = self.inner.shape.parity();
             {
-                let mut core = self.inner.core.lock();
-                check_writable(&core)?;
-                let members = core.active_mask.count_ones();
+                let mut ledger = self.inner.ledger.lock();
+                check_writable(&ledger)?;
+                let members = ledger.active_mask.count_ones();
                 if parity as usize > crate::format::MAX_PARITY || parity as u32 >= members {
                     return Err(Error::InvalidArgument(format!(
                         "parity {parity}: must be at most {} and less than the {members} active members",
@@ -248,25 +231,25 @@ impl Pool {
                 if parity == old {
                     return Ok(());
                 }
-                if core.members_in(MemberState::Faulted) != 0 {
+                if ledger.members_in(MemberState::Faulted) != 0 {
                     return Err(Error::Refused(
                         "a member is faulted: replace it before changing the parity".into(),
                     ));
                 }
                 self.inner.shape.parity.store(parity, Ordering::SeqCst);
-                core.update_capacity(&self.inner.shape);
-                let held = core.stored_blocks + core.overlays.unstored();
-                if held > core.usable_blocks {
-                    let (stored, usable) = (held, core.usable_blocks);
+                ledger.update_capacity(&self.inner.shape);
+                let held = ledger.stored_blocks + ledger.overlays.unstored();
+                if held > ledger.usable_blocks {
+                    let (stored, usable) = (held, ledger.usable_blocks);
                     self.inner.shape.parity.store(old, Ordering::SeqCst);
-                    core.update_capacity(&self.inner.shape);
+                    ledger.update_capacity(&self.inner.shape);
                     return Err(Error::Refused(format!(
                         "the pool holds {} bytes; with parity {parity} it could hold only {} (free space or add members first)",
                         stored * BLOCK_BYTES,
                         usable * BLOCK_BYTES
                     )));
                 }
-                core.member_set_changed(&self.inner.shape);
+                ledger.member_set_changed(&self.inner.shape);
             }
             self.inner.checkpoint_locked()?;
             self.inner.event(format!(
@@ -282,7 +265,7 @@ impl Pool {
     pub fn release_faulted_member(&self, m: usize) -> bool {
         let faulted = self
             .inner
-            .core
+            .ledger
             .lock()
             .members
             .get(m)
@@ -317,7 +300,7 @@ impl Pool {
                     return Ok(());
                 }
                 if !moved {
-                    let leaving = self.inner.core.lock().members_in(MemberState::Removing);
+                    let leaving = self.inner.ledger.lock().members_in(MemberState::Removing);
                     idle_tries += 1;
                     if (leaving == 0 && left == 0) || idle_tries > 4 {
                         return Ok(());
@@ -330,7 +313,7 @@ impl Pool {
     }
 }
 
-impl PoolInner {
+impl Engine {
     /// Takes `member` into the member table as `Joining` (not yet used for
     /// new segments). `replacing`: the member it replaces (its own drive may
     /// come back as its replacement); `in_place`: it takes that member's
@@ -343,7 +326,7 @@ impl PoolInner {
         replacing: Option<usize>,
         in_place: bool,
     ) -> Result<usize> {
-        check_writable(&self.core.lock())?;
+        check_writable(&self.ledger.lock())?;
         let name = member.describe();
         let blocks = member.size_bytes() / BLOCK_BYTES;
         let g = &self.shape.geometry;
@@ -374,8 +357,8 @@ impl PoolInner {
             )));
         }
         if let Ok(sb) = super::recovery::read_superblock(member.as_ref()) {
-            let core = self.core.lock();
-            let current = core
+            let ledger = self.ledger.lock();
+            let current = ledger
                 .members
                 .iter()
                 .enumerate()
@@ -402,8 +385,8 @@ impl PoolInner {
                 .and_then(|_| member.flush())
                 .map_err(|e| Error::io(format!("wiping the superblocks of {name}"), e))?;
         }
-        let mut core = self.core.lock();
-        let free_slot = core
+        let mut ledger = self.ledger.lock();
+        let free_slot = ledger
             .members
             .iter()
             .position(|r| r.state == MemberState::Removed);
@@ -411,13 +394,13 @@ impl PoolInner {
             (true, Some(old), _) => old,
             (true, None, _) => unreachable!("an in-place join replaces a member"),
             (false, _, Some(i)) => i,
-            (false, _, None) if core.members.len() < MAX_MEMBERS => {
-                core.members.push(MemberRecord {
+            (false, _, None) if ledger.members.len() < MAX_MEMBERS => {
+                ledger.members.push(MemberRecord {
                     uuid: 0,
                     size_blocks: 0,
                     state: MemberState::Removed,
                 });
-                core.members.len() - 1
+                ledger.members.len() - 1
             }
             (false, _, None) => {
                 return Err(Error::Refused(format!(
@@ -426,24 +409,24 @@ impl PoolInner {
             }
         };
         g.member_blocks.set(index, blocks);
-        core.members[index] = MemberRecord {
+        ledger.members[index] = MemberRecord {
             uuid: super::random_u128(),
             size_blocks: blocks,
             state: MemberState::Joining,
         };
-        while core.segments.len() < g.segment_count() as usize {
-            core.segments.push(Segment::free());
+        while ledger.segments.len() < g.segment_count() as usize {
+            ledger.segments.push(Segment::free());
         }
-        core.update_capacity(&self.shape);
+        ledger.update_capacity(&self.shape);
         // Segments that could not be moved or rebuilt are tried again with
         // the new member set.
         self.reshape.lock().stuck.clear();
         if in_place {
             // Every row laid over this index so far is stale on the new
             // drive, before anyone can read it there.
-            let stale: Vec<u32> = (0..core.segments.len() as u32)
+            let stale: Vec<u32> = (0..ledger.segments.len() as u32)
                 .filter(|&s| {
-                    let seg = &core.segments[s as usize];
+                    let seg = &ledger.segments[s as usize];
                     seg.state != SegState::Free && seg.members_mask & (1 << index) != 0
                 })
                 .collect();
@@ -452,7 +435,7 @@ impl PoolInner {
             // (A slot that a member rebuilt in place had may be reused.)
             self.shape.stale[index].reset(0, []);
         }
-        drop(core);
+        drop(ledger);
         {
             let mut devices = self.devices.write();
             if devices.len() <= index {
@@ -463,7 +446,7 @@ impl PoolInner {
         if in_place {
             // Rows sealed from now on are written to it (their writes look
             // the device up after this); rows before may not have been.
-            let since = self.core.lock().next_seq;
+            let since = self.ledger.lock().next_seq;
             self.shape.stale[index].set_since_seq(since);
         }
         Ok(index)
@@ -473,22 +456,22 @@ impl PoolInner {
     /// members recorded joining get new segments from now on, members
     /// recorded leaving no longer do.
     pub(crate) fn members_recorded(&self, recorded: &[MemberRecord]) {
-        let mut core = self.core.lock();
-        let before = core.active_mask;
+        let mut ledger = self.ledger.lock();
+        let before = ledger.active_mask;
         for (m, r) in recorded.iter().enumerate() {
-            match (r.state, core.members[m].state) {
+            match (r.state, ledger.members[m].state) {
                 (MemberState::Joining, MemberState::Joining) => {
-                    core.members[m].state = MemberState::Active;
-                    core.active_mask |= 1 << m;
-                    core.checkpoint_wanted = true; // to record it active
+                    ledger.members[m].state = MemberState::Active;
+                    ledger.active_mask |= 1 << m;
+                    ledger.checkpoint_wanted = true; // to record it active
                 }
-                (MemberState::Removing, MemberState::Removing) => core.active_mask &= !(1 << m),
+                (MemberState::Removing, MemberState::Removing) => ledger.active_mask &= !(1 << m),
                 _ => {}
             }
         }
-        if core.active_mask != before {
-            core.member_set_changed(&self.shape);
-            core.update_capacity(&self.shape);
+        if ledger.active_mask != before {
+            ledger.member_set_changed(&self.shape);
+            ledger.update_capacity(&self.shape);
         }
     }
 
@@ -501,15 +484,15 @@ impl PoolInner {
 
     /// Sealed segments the reshape still has to move (all but those whose
     /// blocks it could not read), in order.
-    fn reshape_todo(&self, core: &Core) -> Vec<usize> {
-        let leaving = core.members_in(MemberState::Removing);
-        let faulted = core.members_in(MemberState::Faulted);
+    fn reshape_todo(&self, ledger: &Ledger) -> Vec<usize> {
+        let leaving = ledger.members_in(MemberState::Removing);
+        let faulted = ledger.members_in(MemberState::Faulted);
         let reshape = self.reshape.lock();
-        (0..core.segments.len())
+        (0..ledger.segments.len())
             .filter(|&s| {
-                core.segments[s].state == SegState::Sealed
+                ledger.segments[s].state == SegState::Sealed
                     && !reshape.stuck.contains(&(s as u32))
-                    && self.misshapen(core, s, leaving, faulted)
+                    && self.misshapen(ledger, s, leaving, faulted)
             })
             .collect()
     }
@@ -518,29 +501,29 @@ impl PoolInner {
     /// parity would lay it? Yes if it uses a member that is leaving, or
     /// (when no member is faulted) if the current members would lay it
     /// wider or with another parity.
-    fn misshapen(&self, core: &Core, s: usize, leaving: u32, faulted: u32) -> bool {
-        let seg = &core.segments[s];
+    fn misshapen(&self, ledger: &Ledger, s: usize, leaving: u32, faulted: u32) -> bool {
+        let seg = &ledger.segments[s];
         if seg.members_mask & leaving != 0 {
             return true;
         }
         let target = self
             .shape
             .geometry
-            .segment_members(s as u32, core.active_mask);
+            .segment_members(s as u32, ledger.active_mask);
         faulted == 0
-            && seg.members_mask & !core.active_mask == 0
+            && seg.members_mask & !ledger.active_mask == 0
             && (seg.members_mask != target || seg.parity != self.shape.segment_parity(target))
     }
 
     /// (segments, live bytes) the reshape has left to move or rebuild.
     pub(crate) fn reshape_left(&self) -> (u64, u64) {
-        let core = self.core.lock();
-        let todo = self.reshape_todo(&core);
+        let ledger = self.ledger.lock();
+        let todo = self.reshape_todo(&ledger);
         let bytes: u64 = todo
             .iter()
-            .map(|&s| core.segments[s].live_blocks as u64 * BLOCK_BYTES)
+            .map(|&s| ledger.segments[s].live_blocks as u64 * BLOCK_BYTES)
             .sum();
-        let (stale, stale_bytes) = self.stale_left(&core);
+        let (stale, stale_bytes) = self.stale_left(&ledger);
         (todo.len() as u64 + stale, bytes + stale_bytes)
     }
 
@@ -556,17 +539,17 @@ impl PoolInner {
             return Ok(true);
         }
         let victim = {
-            let core = self.core.lock();
-            check_writable(&core)?;
+            let ledger = self.ledger.lock();
+            check_writable(&ledger)?;
             // Segments over a leaving member that cannot be read first
             // (they are the ones at risk), then the rest in order.
-            let leaving = core.members_in(MemberState::Removing);
-            let gone = (0..core.members.len())
+            let leaving = ledger.members_in(MemberState::Removing);
+            let gone = (0..ledger.members.len())
                 .filter(|&m| leaving & (1 << m) != 0 && self.device(m).is_none())
                 .fold(0u32, |mask, m| mask | 1 << m);
-            self.reshape_todo(&core)
+            self.reshape_todo(&ledger)
                 .into_iter()
-                .min_by_key(|&s| (core.segments[s].members_mask & gone == 0, s))
+                .min_by_key(|&s| (ledger.segments[s].members_mask & gone == 0, s))
         };
         let Some(victim) = victim else {
             if self.move_misshapen_heads()? {
@@ -577,7 +560,7 @@ impl PoolInner {
         let started = Instant::now();
         self.reshape.lock().started.get_or_insert(started);
         let moved = self.relocate_segment(victim as u32)?;
-        let left = self.core.lock().segments[victim].live_blocks;
+        let left = self.ledger.lock().segments[victim].live_blocks;
         if left > 0 {
             // Blocks beyond what parity can rebuild stay where they are
             // (reads of them fail loudly); the segment is not tried again
@@ -600,9 +583,9 @@ impl PoolInner {
     /// segments, records member changes and rebuild progress).
     fn checkpoint_if_due(&self) -> Result<()> {
         let due = {
-            let core = self.core.lock();
-            core.checkpoint_wanted
-                || core.log_blocks_since_checkpoint >= self.options.checkpoint_interval_blocks
+            let ledger = self.ledger.lock();
+            ledger.checkpoint_wanted
+                || ledger.log_blocks_since_checkpoint >= self.options.checkpoint_interval_blocks
         };
         if due {
             self.checkpoint_locked()?;
@@ -614,29 +597,29 @@ impl PoolInner {
     /// a new one (their open rows sealed first), so that what they wrote
     /// there can be moved too. True if one moved.
     fn move_misshapen_heads(&self) -> Result<bool> {
-        let heads = |core: &Core| -> Vec<HeadId> {
-            let leaving = core.members_in(MemberState::Removing);
-            let faulted = core.members_in(MemberState::Faulted);
+        let heads = |ledger: &Ledger| -> Vec<HeadId> {
+            let leaving = ledger.members_in(MemberState::Removing);
+            let faulted = ledger.members_in(MemberState::Faulted);
             [HeadId::User, HeadId::Cleaner]
                 .into_iter()
                 .filter(|h| {
-                    let s = core.heads[h.index()].segment;
-                    (s as usize) < core.segments.len()
-                        && self.misshapen(core, s as usize, leaving, faulted)
+                    let s = ledger.heads[h.index()].segment;
+                    (s as usize) < ledger.segments.len()
+                        && self.misshapen(ledger, s as usize, leaving, faulted)
                 })
                 .collect()
         };
-        if heads(&self.core.lock()).is_empty() {
+        if heads(&self.ledger.lock()).is_empty() {
             return Ok(false);
         }
         self.flush()?;
-        let mut core = self.core.lock();
+        let mut ledger = self.ledger.lock();
         let mut moved = false;
-        for head in heads(&core) {
-            let before = core.heads[head.index()].segment;
+        for head in heads(&ledger) {
+            let before = ledger.heads[head.index()].segment;
             // No free segment now: tried again later.
-            let _ = core.move_head_off(head, &self.shape);
-            moved |= core.heads[head.index()].segment != before;
+            let _ = ledger.move_head_off(head, &self.shape);
+            moved |= ledger.heads[head.index()].segment != before;
         }
         Ok(moved)
     }
@@ -646,17 +629,17 @@ impl PoolInner {
     /// written), dropped. Writes a checkpoint first so that segments
     /// emptied by the reshape are released. True if it did anything.
     fn finish_removals(&self) -> Result<bool> {
-        let leaving = self.core.lock().members_in(MemberState::Removing);
+        let leaving = self.ledger.lock().members_in(MemberState::Removing);
         if leaving == 0 {
             return Ok(false);
         }
-        let in_use = |core: &Core| {
-            core.segments
+        let in_use = |ledger: &Ledger| {
+            ledger.segments
                 .iter()
                 .filter(|s| !matches!(s.state, SegState::Free))
                 .fold(0u32, |m, s| m | s.members_mask)
         };
-        if in_use(&self.core.lock()) & leaving != 0 {
+        if in_use(&self.ledger.lock()) & leaving != 0 {
             {
                 let mut r = self.reshape.lock();
                 if r.last_finish_attempt
@@ -672,15 +655,15 @@ impl PoolInner {
             // the previous checkpoint's segments for the next one.
             self.checkpoint_locked()?;
             {
-                let mut core = self.core.lock();
+                let mut ledger = self.ledger.lock();
                 for head in [HeadId::User, HeadId::Cleaner] {
-                    if core
+                    if ledger
                         .segments
-                        .get(core.heads[head.index()].segment as usize)
+                        .get(ledger.heads[head.index()].segment as usize)
                         .is_some_and(|seg| seg.members_mask & leaving != 0)
                     {
                         // No free segment now: tried again later.
-                        let _ = core.move_head_off(head, &self.shape);
+                        let _ = ledger.move_head_off(head, &self.shape);
                     }
                 }
             }
@@ -688,16 +671,16 @@ impl PoolInner {
             self.checkpoint_locked()?;
         }
         let done = {
-            let mut core = self.core.lock();
-            let done = leaving & !in_use(&core);
+            let mut ledger = self.ledger.lock();
+            let done = leaving & !in_use(&ledger);
             for m in 0..MAX_MEMBERS {
                 if done & (1 << m) != 0 {
-                    core.members[m].state = MemberState::Removed;
-                    core.members[m].size_blocks = 0;
+                    ledger.members[m].state = MemberState::Removed;
+                    ledger.members[m].size_blocks = 0;
                     self.shape.geometry.member_blocks.set(m, 0);
                 }
             }
-            core.update_capacity(&self.shape);
+            ledger.update_capacity(&self.shape);
             done
         };
         if done == 0 {
@@ -731,8 +714,8 @@ impl PoolInner {
     pub(crate) fn reshape_status(&self) -> Option<ReshapeStatus> {
         let (segments_left, bytes_left) = self.reshape_left();
         let leaving = {
-            let core = self.core.lock();
-            core.members_in(MemberState::Removing) != 0 || self.stale_left(&core).0 > 0
+            let ledger = self.ledger.lock();
+            ledger.members_in(MemberState::Removing) != 0 || self.stale_left(&ledger).0 > 0
         };
         if segments_left == 0 && !leaving {
             return None;
@@ -754,15 +737,4 @@ impl PoolInner {
         })
     }
 
-    /// Logs a state change (fault, replace, add, repair) and keeps it for
-    /// `lograid status` (the last few).
-    pub(crate) fn event(&self, message: String) {
-        tracing::warn!("{message}");
-        let mut stats = self.stats.lock();
-        let when = super::now_unix();
-        stats.events.push_back((when, message));
-        while stats.events.len() > 32 {
-            stats.events.pop_front();
-        }
-    }
 }

@@ -6,12 +6,16 @@
 //! (sub-block writes held in memory until merged into their blocks), `recovery`
 //! (checkpoint load and roll-forward), `checkpoint`, `cleaner`, `create`.
 //!
-//! Locking: one mutex (`Core`) guards all bookkeeping and is never held
+//! Locking: one mutex (`Ledger`) guards all bookkeeping and is never held
 //! across member I/O. `reuse` is a read-write lock that readers hold while
 //! reading member blocks, so that a segment freed by the cleaner is never
 //! rewritten under a reader.
 
 mod background;
+mod engine;
+mod options;
+mod shape;
+mod space;
 mod checkpoint;
 mod cleaner;
 pub mod create;
@@ -23,328 +27,38 @@ mod rebuild;
 mod recovery;
 mod row_writer;
 mod scrub;
-mod state;
+mod ledger;
+mod stats;
 mod status;
 
 /// Opening pools and what recovery reports.
 pub mod recovery_api {
-    pub use super::recovery::{open_members, read_superblock, RecoveryReport};
+    pub use super::recovery::{open_members, read_superblock};
+    pub use super::stats::RecoveryReport;
 }
 
 pub use create::{CreateOptions, DEFAULT_CHUNK_BYTES};
 pub use members::ReshapeStatus;
 pub use scrub::{LostBlock, ScrubReport};
-pub use status::{CleanerState, CleanerStatus, MemberStatus, PoolStatus, VolumeStatus};
+pub use stats::CleanerState;
+pub(crate) use engine::{now_unix, random_u128, random_u64, Engine};
+pub use options::{CleanerPolicy, PoolOptions};
+pub use shape::Shape;
+pub use status::{CleanerStatus, MemberStatus, PoolStatus, VolumeStatus};
 
-use crate::device::{Device, IoPool};
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE;
-use crate::layout::Geometry;
-use crate::sync::{Condvar, Mutex, RwLock};
-use state::{full_row_shape, Core};
-use std::sync::atomic::{AtomicBool, Ordering};
+use ledger::Ledger;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
-/// Runtime options for an opened pool.
-#[derive(Debug, Clone)]
-pub struct PoolOptions {
-    /// Threads writing and reading members.
-    pub io_threads: usize,
-    /// Log blocks written between automatic checkpoints (bounds recovery time).
-    pub checkpoint_interval_blocks: u64,
-    /// Rows sealed but not yet written, at most (bounds memory).
-    pub max_inflight_rows: usize,
-    /// Bytes of rows sealed but not yet written, at most (bounds memory).
-    pub max_inflight_bytes: usize,
-    /// Start a background thread that cleans before space runs low.
-    pub background_cleaner: bool,
-    /// How the cleaner picks the segment to empty.
-    pub cleaner_policy: CleanerPolicy,
-    /// Discard segments on the members when they become free (punch holes
-    /// in file members, BLKDISCARD on block devices), so thin or flash
-    /// backing storage gets the space back.
-    pub discard: bool,
-    /// Share of the time a rebuild or rebalance may take while users are
-    /// doing I/O (0.05 to 1; it runs flat out when they are idle).
-    pub reshape_share: f64,
-    /// Blocks with sub-block writes held in memory (4 KiB each), at most;
-    /// they are merged into their blocks in the background, by a writer
-    /// that finds the table full, and by every flush (at least 1).
-    pub max_overlays: usize,
-    /// Start a background thread that merges sub-block writes into their
-    /// blocks (keeping the table at most a quarter full).
-    pub background_resolver: bool,
-}
-
-/// How the cleaner chooses its victim segment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CleanerPolicy {
-    /// The segment with the fewest live blocks.
-    Greedy,
-    /// The segment with the highest (1-u)/u * age: free space gained per
-    /// block moved, weighted by how long the segment has gone unchanged
-    /// since it was sealed (after Rosenblum and Ousterhout's LFS; the
-    /// (1-u)/u form did better than (1-u)/(1+u) in simulation). Cold
-    /// segments are cleaned at a higher utilization than hot ones, which
-    /// are left to empty by themselves.
-    #[default]
-    CostBenefit,
-}
-
-impl CleanerPolicy {
-    pub fn name(self) -> &'static str {
-        match self {
-            CleanerPolicy::Greedy => "greedy",
-            CleanerPolicy::CostBenefit => "cost-benefit",
-        }
-    }
-}
-
-impl std::str::FromStr for CleanerPolicy {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "greedy" => Ok(CleanerPolicy::Greedy),
-            "cost-benefit" => Ok(CleanerPolicy::CostBenefit),
-            _ => Err(format!(
-                "unknown cleaner policy '{s}' (greedy, cost-benefit)"
-            )),
-        }
-    }
-}
-
-impl Default for PoolOptions {
-    fn default() -> Self {
-        PoolOptions {
-            io_threads: 32,
-            checkpoint_interval_blocks: 1 << 18,
-            max_inflight_rows: 64,
-            max_inflight_bytes: 256 << 20,
-            background_cleaner: true,
-            cleaner_policy: CleanerPolicy::default(),
-            discard: false,
-            reshape_share: 0.5,
-            max_overlays: 4096,
-            background_resolver: true,
-        }
-    }
-}
-
-/// Facts fixed while a pool is open.
-pub struct Shape {
-    pub geometry: Geometry,
-    /// Parity columns of new rows (changed by `Pool::set_parity`).
-    pub parity: std::sync::atomic::AtomicU8,
-    pub pool_uuid: u128,
-    pub pool_name: String,
-    pub created_unix: u64,
-    /// Random per opening; stamped in every row header.
-    pub nonce: u64,
-    /// The member table of the superblock this pool was opened from:
-    /// recovery lays segments taken after its checkpoint over these members
-    /// (see `recovery::segment_mask_candidates`).
-    pub recorded_members: Vec<crate::format::superblock::MemberRecord>,
-    /// Per member index, the segments it does not hold yet (a member that
-    /// took a failed one's place, while its rows are rebuilt onto it).
-    pub stale: Vec<Arc<crate::device::StaleSegments>>,
-}
-
-impl Shape {
-    /// An empty stale map per member index.
-    pub fn no_stale(geometry: &Geometry) -> Vec<Arc<crate::device::StaleSegments>> {
-        (0..crate::format::MAX_MEMBERS)
-            .map(|_| {
-                Arc::new(crate::device::StaleSegments::new(
-                    geometry.data_start_block * crate::format::BLOCK_BYTES,
-                    geometry.segment_blocks as u64 * crate::format::BLOCK_BYTES,
-                ))
-            })
-            .collect()
-    }
-
-    /// A device for member `m` (sharing its stale map).
-    pub fn device(&self, m: usize, member: Arc<dyn crate::device::Member>) -> Arc<Device> {
-        Arc::new(Device::new(member, self.stale[m].clone()))
-    }
-
-    /// Parity columns of new rows.
-    pub fn parity(&self) -> u8 {
-        self.parity.load(Ordering::Relaxed)
-    }
-
-    /// Can new rows go to a segment laid over `members_mask`? Only with full
-    /// parity, unless fewer members are active than that needs (a pool
-    /// degraded past what new rows can fully protect writes with what it has).
-    pub fn segment_usable(&self, members_mask: u32, active_mask: u32) -> bool {
-        let n = members_mask.count_ones();
-        n > self.parity() as u32 || (n >= 2 && n == active_mask.count_ones())
-    }
-
-    /// Parity of rows in a segment laid over `members_mask`: the pool's
-    /// parity, reduced only when too few members are left to hold it and
-    /// one data column (degraded beyond what new rows can fully protect).
-    pub fn segment_parity(&self, members_mask: u32) -> u8 {
-        self.parity()
-            .min(members_mask.count_ones().saturating_sub(1) as u8)
-    }
-
-    /// Data blocks a full segment of `width` members holds.
-    pub fn segment_capacity(&self, members_mask: u32, parity: u8) -> u64 {
-        let width = members_mask.count_ones() as usize;
-        if width <= parity as usize {
-            return 0;
-        }
-        let k = width - parity as usize;
-        let chunk = self.geometry.chunk_blocks as usize;
-        let (_, slots) = full_row_shape(k, chunk);
-        (self.geometry.segment_blocks as u64 / chunk as u64) * slots as u64
-    }
-
-    /// Segments to keep free for the checkpoint (the newest one stays until
-    /// the next one is durable).
-    pub fn checkpoint_segments_needed(&self, core: &Core) -> usize {
-        let entries = core.stored_blocks + core.volumes.len() as u64 * 8;
-        let rows: u64 = core.segments.iter().map(|s| s.rows.len() as u64).sum();
-        let bytes = 4096 + entries * 12 + rows * 21 + core.segments.len() as u64 * 40;
-        // Sized for the narrowest rows the pool may have to write: with
-        // `parity` members lost, so that a checkpoint still fits after
-        // members fail (the rows then hold less, and a full pool that could
-        // not checkpoint could neither clean nor take a replacement).
-        let mut worst = core.active_mask_full(&self.geometry);
-        for _ in 0..self.parity() {
-            if worst.count_ones() > 2 {
-                worst &= worst - 1;
-            }
-        }
-        let per_segment = self
-            .segment_capacity(worst, self.segment_parity(worst))
-            .max(1)
-            * BLOCK_SIZE as u64;
-        (bytes.div_ceil(per_segment) + 1) as usize
-    }
-
-    /// Free segments the cleaner may not use (left for checkpoints).
-    pub fn cleaner_floor_segments(&self, core: &Core) -> usize {
-        self.checkpoint_segments_needed(core)
-    }
-
-    /// Free segments user writes may not use (left for the cleaner).
-    pub fn user_floor_segments(&self, core: &Core) -> usize {
-        self.cleaner_floor_segments(core) + 2
-    }
-}
-
-impl Core {
-    fn active_mask_full(&self, geometry: &Geometry) -> u32 {
-        geometry.segment_members(0, self.active_mask)
-    }
-}
-
-/// Set LOGRAID_CHECK_INVARIANTS=1 to verify the bookkeeping after every
-/// flush, checkpoint, cleaning pass and recovery (slow; for tests).
-pub(crate) fn paranoid() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("LOGRAID_CHECK_INVARIANTS").is_some())
-}
-
-impl PoolInner {
-    /// Runs `f`; if it panics (a broken invariant: a bug), the pool stops
-    /// writing at once — no flush, no checkpoint — so that what is on disk
-    /// stays what recovery can trust, and the call fails with an error.
-    pub(crate) fn guarded<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-            Ok(r) => r,
-            Err(panic) => {
-                let msg = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "unknown panic".into());
-                let reason = format!(
-                    "internal error during {what}: {msg}; the pool stopped writing to protect its data \
-                     (reopening it replays the log up to the last flush)"
-                );
-                tracing::error!("{reason}");
-                self.core
-                    .lock()
-                    .read_only_reason
-                    .get_or_insert(reason.clone());
-                self.progress.notify_all();
-                Err(Error::ReadOnly(reason))
-            }
-        }
-    }
-
-    /// The open member at index `m`, if any.
-    pub(crate) fn device(&self, m: usize) -> Option<Arc<Device>> {
-        self.devices
-            .read()
-            .get(m)
-            .cloned()
-            .flatten()
-            .filter(|d| !d.retired.load(Ordering::Relaxed))
-    }
-
-    /// The member at index `m` even if faulted (for its counters).
-    pub(crate) fn device_any(&self, m: usize) -> Option<Arc<Device>> {
-        self.devices.read().get(m).cloned().flatten()
-    }
-
-    /// Every open member, with its index.
-    pub(crate) fn open_devices(&self) -> Vec<(usize, Arc<Device>)> {
-        self.devices
-            .read()
-            .iter()
-            .enumerate()
-            .filter_map(|(m, d)| Some((m, d.clone()?)))
-            .filter(|(_, d)| !d.retired.load(Ordering::Relaxed))
-            .collect()
-    }
-
-    /// Panics with `context` if an invariant is broken (only when paranoid).
-    pub(crate) fn debug_check(&self, context: &str) {
-        if paranoid() {
-            if let Err(m) = self.core.lock().check_invariants(&self.shape) {
-                panic!("invariant broken after {context}: {m}");
-            }
-        }
-    }
-}
-
-pub(crate) struct PoolInner {
-    pub shape: Shape,
-    /// Open members by index (None: missing, or removed). Written only
-    /// when a member joins or leaves; `device` hands out a clone.
-    pub devices: RwLock<Vec<Option<Arc<Device>>>>,
-    pub core: Mutex<Core>,
-    /// Signalled when rows complete or segments are freed.
-    pub progress: Condvar,
-    /// Signalled when the overlay table passes its low watermark.
-    pub overlay_wake: Condvar,
-    /// Held while resolving a batch of overlays (one batch at a time, so
-    /// that no two threads merge the same overlay).
-    pub resolving: Mutex<()>,
-    pub reuse: RwLock<()>,
-    /// Serializes flushes, checkpoints and cleaning passes.
-    pub maintenance: Mutex<()>,
-    pub io: IoPool,
-    pub options: PoolOptions,
-    pub closed: AtomicBool,
-    pub recovery_report: Mutex<Option<recovery::RecoveryReport>>,
-    /// Counters and samples kept while the pool is open (not persisted).
-    pub stats: Mutex<status::RuntimeStats>,
-    pub reshape: Mutex<members::ReshapeStats>,
-    pub reshape_paused: AtomicBool,
-    /// Writes the rows user writes seal, in the background.
-    pub row_writer: row_writer::RowWriter,
+impl Ledger {
 }
 
 /// An open pool. Cheap to clone; closing writes a final checkpoint.
 #[derive(Clone)]
 pub struct Pool {
-    inner: Arc<PoolInner>,
+    inner: Arc<Engine>,
     _cleaner: Arc<background::BackgroundThread>,
     _resolver: Arc<background::BackgroundThread>,
 }
@@ -360,7 +74,7 @@ pub enum Allocation {
 /// A handle on one volume.
 #[derive(Clone)]
 pub struct Volume {
-    inner: Arc<PoolInner>,
+    inner: Arc<Engine>,
     id: u32,
     name: String,
 }
@@ -368,7 +82,7 @@ pub struct Volume {
 pub const SECTOR: u64 = 512;
 
 impl Pool {
-    fn from_inner(inner: Arc<PoolInner>) -> Pool {
+    fn from_inner(inner: Arc<Engine>) -> Pool {
         row_writer::RowWriter::start(&inner);
         let cleaner = background::BackgroundThread::start(
             &inner,
@@ -397,15 +111,15 @@ impl Pool {
     }
 
     /// What recovery did when this pool was opened.
-    pub fn recovery_report(&self) -> Option<recovery::RecoveryReport> {
+    pub fn recovery_report(&self) -> Option<stats::RecoveryReport> {
         self.inner.recovery_report.lock().clone()
     }
 
     /// The volumes that exist (a volume being created is not listed until
     /// its creation is durable).
     pub fn volumes(&self) -> Vec<Volume> {
-        let core = self.inner.core.lock();
-        core.volumes
+        let ledger = self.inner.ledger.lock();
+        ledger.volumes
             .values()
             .filter(|v| v.exists())
             .map(|v| Volume {
@@ -431,16 +145,16 @@ impl Pool {
         validate_volume_size(size_bytes)?;
         let _m = self.inner.maintenance.lock();
         let id = {
-            let mut core = self.inner.core.lock();
-            check_writable(&core)?;
-            if core.volumes.values().any(|v| v.name == name) {
+            let mut ledger = self.inner.ledger.lock();
+            check_writable(&ledger)?;
+            if ledger.volumes.values().any(|v| v.name == name) {
                 return Err(Error::Exists(format!("volume '{name}'")));
             }
-            let id = core.next_volume_id;
-            core.next_volume_id += 1;
-            core.volumes.insert(
+            let id = ledger.next_volume_id;
+            ledger.next_volume_id += 1;
+            ledger.volumes.insert(
                 id,
-                state::VolumeState {
+                ledger::VolumeState {
                     id,
                     name: name.to_string(),
                     size_bytes,
@@ -453,14 +167,14 @@ impl Pool {
             id
         };
         let recorded = self.inner.checkpoint_locked();
-        let mut core = self.inner.core.lock();
+        let mut ledger = self.inner.ledger.lock();
         match recorded {
             Ok(()) => {
-                let v = core.volumes.get_mut(&id).expect("volume being created");
+                let v = ledger.volumes.get_mut(&id).expect("volume being created");
                 v.being_created = false;
             }
             Err(e) => {
-                core.volumes.remove(&id);
+                ledger.volumes.remove(&id);
                 return Err(e);
             }
         }
@@ -477,9 +191,9 @@ impl Pool {
         validate_volume_size(size_bytes)?;
         let _m = self.inner.maintenance.lock();
         let id = {
-            let mut core = self.inner.core.lock();
-            check_writable(&core)?;
-            let v = core
+            let mut ledger = self.inner.ledger.lock();
+            check_writable(&ledger)?;
+            let v = ledger
                 .volumes
                 .values_mut()
                 .find(|v| v.name == name && v.exists())
@@ -494,8 +208,8 @@ impl Pool {
             v.id
         };
         let recorded = self.inner.checkpoint_locked();
-        let mut core = self.inner.core.lock();
-        let v = core.volumes.get_mut(&id).expect("volume being grown");
+        let mut ledger = self.inner.ledger.lock();
+        let v = ledger.volumes.get_mut(&id).expect("volume being grown");
         v.recording_size_bytes = None;
         if recorded.is_ok() {
             v.size_bytes = size_bytes;
@@ -509,27 +223,27 @@ impl Pool {
     pub fn delete_volume(&self, name: &str) -> Result<()> {
         let _m = self.inner.maintenance.lock();
         let sealed = {
-            let mut core = self.inner.core.lock();
-            check_writable(&core)?;
-            let id = core
+            let mut ledger = self.inner.ledger.lock();
+            check_writable(&ledger)?;
+            let id = ledger
                 .volumes
                 .values()
                 .find(|v| v.name == name && v.exists())
                 .map(|v| v.id)
                 .ok_or_else(|| Error::NotFound(format!("volume '{name}'")))?;
             // Seal first so no open slot refers to the volume.
-            let sealed = self.inner.seal_open_rows(&mut core);
-            core.overlays.remove_volume(id);
-            let vol = core.volumes.remove(&id).expect("volume");
+            let sealed = self.inner.seal_open_rows(&mut ledger);
+            ledger.overlays.remove_volume(id);
+            let vol = ledger.volumes.remove(&id).expect("volume");
             for (_, loc, _) in vol.map.iter_from(0) {
-                core.release_loc(loc, &self.inner.shape);
+                ledger.release_loc(loc, &self.inner.shape);
                 if loc.is_stored() {
-                    core.stored_blocks -= 1;
+                    ledger.stored_blocks -= 1;
                 }
             }
             // Segments it emptied wait for the checkpoint below.
-            let gen = core.flush_gen;
-            core.unlogged_since_gen.get_or_insert(gen);
+            let gen = ledger.flush_gen;
+            ledger.unlogged_since_gen.get_or_insert(gen);
             sealed
         };
         self.inner.write_rows(sealed)?;
@@ -566,7 +280,7 @@ impl Pool {
         mut progress: impl FnMut(u64, u64) -> bool,
     ) -> Result<ScrubReport> {
         if repair {
-            check_writable(&self.inner.core.lock())?;
+            check_writable(&self.inner.ledger.lock())?;
         }
         self.inner
             .guarded("scrub", || self.inner.scrub(repair, &mut progress))
@@ -575,7 +289,7 @@ impl Pool {
     /// Verifies the in-memory bookkeeping (free list, live counts, maps);
     /// for tests and `lograid check`.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        self.inner.core.lock().check_invariants(&self.inner.shape)
+        self.inner.ledger.lock().check_invariants(&self.inner.shape)
     }
 
     pub fn status(&self) -> PoolStatus {
@@ -589,7 +303,7 @@ impl Pool {
         }
         self._cleaner.stop();
         self._resolver.stop();
-        let read_only = self.inner.core.lock().read_only_reason.is_some();
+        let read_only = self.inner.ledger.lock().read_only_reason.is_some();
         if !read_only {
             self.inner
                 .guarded("close", || self.inner.checkpoint_all())?;
@@ -609,7 +323,7 @@ impl Volume {
     }
     pub fn size_bytes(&self) -> u64 {
         self.inner
-            .core
+            .ledger
             .lock()
             .volume(self.id)
             .map(|v| v.size_bytes)
@@ -626,7 +340,7 @@ impl Volume {
         }
         let size = self
             .inner
-            .core
+            .ledger
             .lock()
             .volume(self.id)
             .map(|v| v.size_bytes)
@@ -724,8 +438,8 @@ impl Volume {
     }
 }
 
-fn check_writable(core: &Core) -> Result<()> {
-    match &core.read_only_reason {
+fn check_writable(ledger: &Ledger) -> Result<()> {
+    match &ledger.read_only_reason {
         Some(r) => Err(Error::ReadOnly(r.clone())),
         None => Ok(()),
     }
@@ -753,32 +467,6 @@ fn validate_volume_size(size_bytes: u64) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-pub(crate) fn now_unix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
-
-/// A random u64 from the kernel.
-pub(crate) fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: getrandom writes at most 8 bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
-    if n == 8 {
-        u64::from_le_bytes(b)
-    } else {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO);
-        t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
-    }
-}
-
-pub(crate) fn random_u128() -> u128 {
-    ((random_u64() as u128) << 64) | random_u64() as u128
 }
 
 // Pools and volumes are shared across threads by every front end.

@@ -2,7 +2,7 @@
 //! blocks later ("resolving"), so that a write covering a 4 KiB block only
 //! partly does not wait for a read of the old block.
 //!
-//! Owns: the overlay table (in `Core`, under the same lock as the volume
+//! Owns: the overlay table (in `Ledger`, under the same lock as the volume
 //! maps, so a reader's map lookup and overlay copies are one snapshot), its
 //! bound (`PoolOptions::max_overlays`) and space accounting, resolving
 //! overlays (read the base outside the lock, merge, append with a
@@ -18,8 +18,8 @@
 //! append that carries it), so a flush that resolved every overlay older
 //! than itself and then flushed the log has made them all durable.
 
-use super::state::Core;
-use super::PoolInner;
+use super::ledger::Ledger;
+use super::Engine;
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE;
 use crate::map::Loc;
@@ -400,8 +400,8 @@ impl OverlayTable {
         }
     }
 
-    /// Checks the table against the maps (for `Core::check_invariants`).
-    pub fn check(&self, core: &Core) -> std::result::Result<(), String> {
+    /// Checks the table against the maps (for `Ledger::check_invariants`).
+    pub fn check(&self, ledger: &Ledger) -> std::result::Result<(), String> {
         if self.map.len() > self.limit {
             return Err(format!("{} overlays, limit {}", self.map.len(), self.limit));
         }
@@ -413,7 +413,7 @@ impl OverlayTable {
                     o.mask
                 ));
             }
-            let Some(v) = core.volume(vol) else {
+            let Some(v) = ledger.volume(vol) else {
                 return Err(format!("overlay of deleted volume {vol} block {lba}"));
             };
             if o.unstored == v.map.get(lba).0.is_stored() {
@@ -435,7 +435,7 @@ impl OverlayTable {
     }
 }
 
-impl PoolInner {
+impl Engine {
     /// Makes every write acknowledged before the call durable: merges every
     /// overlay holding such a write into its block, then flushes the log.
     /// An overlay that cannot be merged (no space, the pool stopped writing,
@@ -451,18 +451,18 @@ impl PoolInner {
     /// the first error is returned.
     pub(crate) fn resolve_acknowledged(&self) -> Result<()> {
         let t = {
-            let core = self.core.lock();
-            if core.overlays.len() == 0 {
+            let ledger = self.ledger.lock();
+            if ledger.overlays.len() == 0 {
                 return Ok(());
             }
-            core.overlays.tick
+            ledger.overlays.tick
         };
         let mut failed = HashSet::new();
         let mut first_error = None;
         loop {
             let _r = self.resolving.lock();
             let keys = self
-                .core
+                .ledger
                 .lock()
                 .overlays
                 .pick(Pick::BornBy(t), RESOLVE_BATCH, &failed);
@@ -487,11 +487,11 @@ impl PoolInner {
 
     fn make_overlay_room_locked(&self, _r: MutexGuard<'_, ()>) -> Result<()> {
         let keys = {
-            let core = self.core.lock();
-            if core.overlays.len() < core.overlays.limit {
+            let ledger = self.ledger.lock();
+            if ledger.overlays.len() < ledger.overlays.limit {
                 return Ok(());
             }
-            core.overlays
+            ledger.overlays
                 .pick(Pick::Oldest, RESOLVE_BATCH, &HashSet::new())
         };
         match self.resolve_keys(&keys) {
@@ -505,11 +505,11 @@ impl PoolInner {
     fn resolve_background(&self) -> Result<bool> {
         let _r = self.resolving.lock();
         let keys = {
-            let core = self.core.lock();
-            if core.overlays.len() <= core.overlays.low_watermark() {
+            let ledger = self.ledger.lock();
+            if ledger.overlays.len() <= ledger.overlays.low_watermark() {
                 return Ok(false);
             }
-            core.overlays
+            ledger.overlays
                 .pick(Pick::Oldest, RESOLVE_BATCH, &HashSet::new())
         };
         match self.resolve_keys(&keys) {
@@ -555,11 +555,11 @@ impl PoolInner {
     fn resolve_one(&self, vol: u32, lba: u64) -> Result<()> {
         for _ in 0..RESOLVE_ATTEMPTS {
             let name = {
-                let core = self.core.lock();
-                let Some(v) = core.volume(vol) else {
+                let ledger = self.ledger.lock();
+                let Some(v) = ledger.volume(vol) else {
                     // Deleting a volume drops its overlays in the same lock section.
                     assert!(
-                        !core.overlays.contains(vol, lba),
+                        !ledger.overlays.contains(vol, lba),
                         "overlay of deleted volume {vol} block {lba}"
                     );
                     return Ok(());
@@ -567,14 +567,14 @@ impl PoolInner {
                 v.name.clone()
             };
             let mut block = vec![0u8; BLOCK_SIZE];
-            let snapshot = self.read_base(vol, &name, lba, &mut block, |core| {
-                let entry = core.volume(vol).map(|v| v.map.get(lba));
-                entry.zip(core.overlays.copy(vol, lba))
+            let snapshot = self.read_base(vol, &name, lba, &mut block, |ledger| {
+                let entry = ledger.volume(vol).map(|v| v.map.get(lba));
+                entry.zip(ledger.overlays.copy(vol, lba))
             });
             let (entry, overlay) = match snapshot {
                 Ok(Some(s)) => s,
                 Ok(None) => return Ok(()), // replaced, or merged by another writer
-                Err(Error::NotFound(_)) if self.core.lock().volume(vol).is_none() => return Ok(()),
+                Err(Error::NotFound(_)) if self.ledger.lock().volume(vol).is_none() => return Ok(()),
                 Err(e) => return Err(e),
             };
             overlay.apply(&mut block);
@@ -594,18 +594,18 @@ impl PoolInner {
 
 /// The background thread (`lograid-resolver`) that keeps the overlay table below its low watermark, so
 /// that writers rarely find it full and flushes have little to merge.
-pub(crate) fn background_loop(weak: Weak<PoolInner>, stop: Arc<super::background::Stop>) {
+pub(crate) fn background_loop(weak: Weak<Engine>, stop: Arc<super::background::Stop>) {
     while !stop.is_set() {
         let Some(inner) = weak.upgrade() else { return };
         {
-            let mut core = inner.core.lock();
-            if core.overlays.len() <= core.overlays.low_watermark() {
+            let mut ledger = inner.ledger.lock();
+            if ledger.overlays.len() <= ledger.overlays.low_watermark() {
                 inner
                     .overlay_wake
-                    .wait_for(&mut core, Duration::from_millis(20));
+                    .wait_for(&mut ledger, Duration::from_millis(20));
             }
-            if inner.closed.load(Ordering::SeqCst) || core.read_only_reason.is_some() {
-                drop(core);
+            if inner.closed.load(Ordering::SeqCst) || ledger.read_only_reason.is_some() {
+                drop(ledger);
                 drop(inner);
                 stop.pause(Duration::from_millis(50));
                 continue;
@@ -669,7 +669,7 @@ mod tests {
     }
 
     fn held(pool: &Pool) -> usize {
-        pool.inner.core.lock().overlays.len()
+        pool.inner.ledger.lock().overlays.len()
     }
 
     /// A write that completes its block is appended with the overlay it
@@ -681,8 +681,8 @@ mod tests {
         vol.write(0, &[0x22; 7 * SECTOR_BYTES]).unwrap();
         // Sector 7 completes the block: what the writer would append.
         let written = {
-            let mut core = pool.inner.core.lock();
-            core.overlays
+            let mut ledger = pool.inner.ledger.lock();
+            ledger.overlays
                 .write(
                     vol.id(),
                     0,
@@ -722,9 +722,9 @@ mod tests {
         vol.write(SECTOR_BYTES as u64, &[0x55; 2 * SECTOR_BYTES])
             .unwrap();
         let (entry, copy) = {
-            let core = pool.inner.core.lock();
-            let entry = core.volume(vol.id()).unwrap().map.get(0);
-            (entry, core.overlays.copy(vol.id(), 0).unwrap())
+            let ledger = pool.inner.ledger.lock();
+            let entry = ledger.volume(vol.id()).unwrap().map.get(0);
+            (entry, ledger.overlays.copy(vol.id(), 0).unwrap())
         };
         let mut merged = vec![0u8; BLOCK_SIZE];
         copy.apply(&mut merged);
@@ -755,9 +755,9 @@ mod tests {
         vol.write(0, &[0x11; BLOCK_SIZE]).unwrap();
         vol.write(0, &[0x22; SECTOR_BYTES]).unwrap();
         let (entry, copy) = {
-            let core = pool.inner.core.lock();
-            let entry = core.volume(vol.id()).unwrap().map.get(0);
-            (entry, core.overlays.copy(vol.id(), 0).unwrap())
+            let ledger = pool.inner.ledger.lock();
+            let entry = ledger.volume(vol.id()).unwrap().map.get(0);
+            (entry, ledger.overlays.copy(vol.id(), 0).unwrap())
         };
         let mut merged = vec![0x11u8; BLOCK_SIZE];
         copy.apply(&mut merged);

@@ -15,8 +15,8 @@
 //! counts as lost (the pool has that much less redundancy), which is what
 //! `lograid status` shows as degraded and rebuilding.
 
-use super::state::SegState;
-use super::PoolInner;
+use super::ledger::SegState;
+use super::Engine;
 use crate::device::{AlignedBuf, Device};
 use crate::error::Result;
 use crate::format::row::RowHeader;
@@ -41,15 +41,15 @@ struct SegmentRebuild {
     lost_rows: u64,
 }
 
-impl PoolInner {
+impl Engine {
     /// Members taking a failed member's place (not ones leaving or failed
     /// again) with segments not rebuilt onto them yet, as a mask.
-    pub(crate) fn rebuilding_members(&self, core: &super::state::Core) -> u32 {
-        (0..core.members.len())
+    pub(crate) fn rebuilding_members(&self, ledger: &super::ledger::Ledger) -> u32 {
+        (0..ledger.members.len())
             .filter(|&m| {
                 self.shape.stale[m].count() > 0
                     && matches!(
-                        core.members[m].state,
+                        ledger.members[m].state,
                         MemberState::Active | MemberState::Joining
                     )
                     && self.device(m).is_some()
@@ -58,13 +58,13 @@ impl PoolInner {
     }
 
     /// (segments, live bytes) still stale on members rebuilt in place.
-    pub(crate) fn stale_left(&self, core: &super::state::Core) -> (u64, u64) {
-        let rebuilding = self.rebuilding_members(core);
+    pub(crate) fn stale_left(&self, ledger: &super::ledger::Ledger) -> (u64, u64) {
+        let rebuilding = self.rebuilding_members(ledger);
         let mut left = (0, 0);
-        for m in (0..core.members.len()).filter(|m| rebuilding & (1 << m) != 0) {
+        for m in (0..ledger.members.len()).filter(|m| rebuilding & (1 << m) != 0) {
             for s in self.shape.stale[m].list() {
                 left.0 += 1;
-                left.1 += core.segments[s as usize].live_blocks as u64 * BLOCK_BYTES;
+                left.1 += ledger.segments[s as usize].live_blocks as u64 * BLOCK_BYTES;
             }
         }
         left
@@ -76,10 +76,10 @@ impl PoolInner {
     /// change). The caller holds `maintenance`.
     pub(crate) fn rebuild_in_place_step(&self) -> Result<bool> {
         let (m, s) = {
-            let core = self.core.lock();
-            let rebuilding = self.rebuilding_members(&core);
+            let ledger = self.ledger.lock();
+            let rebuilding = self.rebuilding_members(&ledger);
             let stuck = &self.reshape.lock().stuck;
-            let next = (0..core.members.len())
+            let next = (0..ledger.members.len())
                 .filter(|m| rebuilding & (1 << m) != 0)
                 .find_map(|m| {
                     let list = self.shape.stale[m].list();
@@ -90,7 +90,7 @@ impl PoolInner {
             let Some(next) = next else {
                 return Ok(false);
             };
-            super::check_writable(&core)?;
+            super::check_writable(&ledger)?;
             next
         };
         let started = Instant::now();
@@ -108,7 +108,7 @@ impl PoolInner {
                 done.lost_rows
             ));
         } else if self.shape.stale[m].count() == 0 {
-            self.core.lock().checkpoint_wanted = true;
+            self.ledger.lock().checkpoint_wanted = true;
             self.event(format!(
                 "member {m} ({}) rebuilt: every row is whole again",
                 self.member_name(m)
@@ -128,15 +128,15 @@ impl PoolInner {
         // The segment cannot be freed and reused while its column is written.
         let _r = self.reuse.read();
         let (rows, live_blocks) = {
-            let core = self.core.lock();
-            let seg = &core.segments[s as usize];
+            let ledger = self.ledger.lock();
+            let seg = &ledger.segments[s as usize];
             // Taken anew since it was picked (its bit is clear then), or
             // holding no row over `m`: nothing old to rebuild in it.
             if !self.shape.stale[m].contains(s)
                 || matches!(seg.state, SegState::Free | SegState::Reserved(_))
                 || seg.members_mask & (1 << m) == 0
             {
-                drop(core);
+                drop(ledger);
                 self.shape.stale[m].clear(s);
                 return Ok(Some(SegmentRebuild {
                     live_bytes: 0,
@@ -151,7 +151,7 @@ impl PoolInner {
                 .rows
                 .iter()
                 .filter(|r| r.member_column(m as u8).is_some_and(|c| r.column_used(c)))
-                .filter(|r| !core.inflight.iter().any(|f| f.geom == **r))
+                .filter(|r| !ledger.inflight.iter().any(|f| f.geom == **r))
                 .copied()
                 .collect();
             (rows, seg.live_blocks as u64)

@@ -5,36 +5,26 @@
 //! even with members missing: a header on a missing or corrupt member is
 //! rebuilt from the other columns of its row.
 
-use super::state::{Core, Head, SegState, Segment, VolumeState, NO_SEGMENT};
-use super::{random_u64, Pool, PoolInner, PoolOptions, Shape};
-use crate::device::{AlignedBuf, Device, IoPool, Member};
+use super::engine::new_inner;
+use super::stats::RecoveryReport;
+use super::ledger::{Ledger, SegState, VolumeState, NO_SEGMENT};
+use super::{random_u64, Pool, Engine, PoolOptions, Shape};
+use crate::device::{AlignedBuf, Device, Member};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{CheckpointImage, SegmentStateCode};
 use crate::format::row::{EntryKind, HeadId, RowHeader, RowKind};
-use crate::format::superblock::{MemberRecord, MemberState, Superblock};
+use crate::format::superblock::{MemberState, Superblock};
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
 use crate::layout::{Geometry, MemberSizes, Pba, RowGeom};
 use crate::map::{Loc, VolumeMap};
-use crate::sync::{Condvar, Mutex, RwLock};
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::AtomicBool;
+use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 static ZERO_BLOCK: [u8; BLOCK_SIZE] = [0u8; BLOCK_SIZE];
 
 /// Why a pool opened for inspection refuses writes (not a fault).
 pub const OPENED_READ_ONLY: &str = "opened read-only";
-
-/// What recovery did, printed on open.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct RecoveryReport {
-    pub checkpoint_id: u64,
-    pub rows_replayed: u64,
-    pub blocks_replayed: u64,
-    pub duration: Duration,
-    pub missing_members: Vec<usize>,
-}
 
 /// The newest valid superblock on a member (of its four slots).
 pub fn read_superblock(member: &dyn Member) -> Result<Superblock> {
@@ -265,111 +255,13 @@ pub fn open_members(
     );
     *inner.recovery_report.lock() = Some(report);
     if read_only {
-        inner.core.lock().read_only_reason = Some(OPENED_READ_ONLY.into());
+        inner.ledger.lock().read_only_reason = Some(OPENED_READ_ONLY.into());
     }
     Ok(Pool::from_inner(inner))
 }
 
-pub(crate) fn new_inner(
-    shape: Shape,
-    members: Vec<MemberRecord>,
-    devices: Vec<Option<Arc<Device>>>,
-    options: PoolOptions,
-    active_mask: u32,
-    superblock_generation: u64,
-) -> PoolInner {
-    let segment_count = shape.geometry.segment_count();
-    let segments: Vec<Segment> = (0..segment_count).map(|_| Segment::free()).collect();
-    let mut core = Core {
-        volumes: BTreeMap::new(),
-        segments,
-        free: VecDeque::new(),
-        heads: [
-            Head::new(HeadId::User),
-            Head::new(HeadId::Cleaner),
-            Head::new(HeadId::Checkpoint),
-        ],
-        next_seq: 1,
-        next_volume_id: 1,
-        inflight: Vec::new(),
-        user_appends: 0,
-        counters: Default::default(),
-        log_blocks_since_checkpoint: 0,
-        flush_gen: 0,
-        unlogged_since_gen: None,
-        flushed_seq: 0,
-        checkpoint_next_seq: 0,
-        checkpoint: Default::default(),
-        checkpoint_segments: Vec::new(),
-        superblock_generation,
-        members,
-        active_mask,
-        capacity_blocks: 0,
-        usable_blocks: 0,
-        read_only_reason: None,
-        stored_blocks: 0,
-        spare_buffers: Vec::new(),
-        checkpoint_wanted: false,
-        overlays: super::overlay::OverlayTable::new(options.max_overlays),
-    };
-    for (s, seg) in core.segments.iter_mut().enumerate() {
-        seg.members_mask = shape.geometry.segment_members(s as u32, active_mask);
-        seg.parity = shape.parity();
-    }
-    core.update_capacity(&shape);
-    PoolInner {
-        io: IoPool::new(options.io_threads.max(devices.len()).max(2)),
-        shape,
-        devices: RwLock::new(devices),
-        core: Mutex::new(core),
-        progress: Condvar::new(),
-        overlay_wake: Condvar::new(),
-        resolving: Mutex::new(()),
-        reuse: RwLock::new(()),
-        maintenance: Mutex::new(()),
-        options,
-        closed: AtomicBool::new(false),
-        recovery_report: Mutex::new(None),
-        stats: Mutex::new(Default::default()),
-        reshape: Mutex::new(Default::default()),
-        reshape_paused: AtomicBool::new(false),
-        row_writer: super::row_writer::RowWriter::inline(),
-    }
-}
+impl Ledger {
 
-impl Core {
-    /// Members new rows may be laid over, now or once the superblocks
-    /// record them: active ones (present and working) and joining ones.
-    /// Faulted, missing, leaving and removed members are not.
-    pub(crate) fn writable_members(&self) -> u32 {
-        (self.active_mask & self.members_in(MemberState::Active))
-            | self.members_in(MemberState::Joining)
-    }
-
-    /// Recomputes the pool's capacity from its member table: what every
-    /// segment holds at the width new rows are written with now (over the
-    /// writable members, see `writable_members`). A degraded pool's rows
-    /// are narrower, so its capacity shrinks to what they hold, even for
-    /// segments still holding wider rows: the cleaner rewrites those at the
-    /// new width, and accounting them wider would let the pool take more
-    /// than the cleaner can make room for. Called whenever the member set
-    /// or the parity changes.
-    pub(crate) fn update_capacity(&mut self, shape: &Shape) {
-        let writable = self.writable_members();
-        let segment_count = shape.geometry.segment_count();
-        let at_width = |m: u32| shape.segment_capacity(m, shape.segment_parity(m));
-        let capacity_blocks: u64 = (0..segment_count)
-            .map(|s| shape.geometry.segment_members(s, writable))
-            .filter(|&m| shape.segment_usable(m, writable))
-            .map(at_width)
-            .sum();
-        let per_segment = at_width(shape.geometry.segment_members(0, writable));
-        // Reserve: two segments per head, two for the cleaner, 5% slack, and a checkpoint.
-        let reserve_segments = 8 + (segment_count as u64).div_ceil(20);
-        self.capacity_blocks = capacity_blocks;
-        self.usable_blocks =
-            capacity_blocks.saturating_sub(reserve_segments * per_segment) * 97 / 100;
-    }
 }
 
 /// The members (masks) a segment taken after the checkpoint may have been
@@ -457,7 +349,7 @@ pub(crate) struct RowCheck {
     pub unrepairable: Vec<(usize, usize)>,
 }
 
-impl PoolInner {
+impl Engine {
     fn recover(
         &self,
         sb: &Superblock,
@@ -483,36 +375,36 @@ impl PoolInner {
         let (rows, blocks) = self.roll_forward(read_only)?;
         let mut read_only = read_only;
         {
-            let mut core = self.core.lock();
+            let mut ledger = self.ledger.lock();
             for r in &rebuilds {
                 if r.segments
                     .iter()
-                    .any(|&seg| seg as usize >= core.segments.len())
+                    .any(|&seg| seg as usize >= ledger.segments.len())
                 {
                     return Err(Error::Corrupt(format!(
                         "checkpoint: rebuild of member {} lists a segment past the pool's {}",
                         r.member,
-                        core.segments.len()
+                        ledger.segments.len()
                     )));
                 }
                 self.shape.stale[r.member as usize].reset(r.since_seq, r.segments.iter().copied());
             }
-            self.prune_stale(&core);
+            self.prune_stale(&ledger);
             // A member still being rebuilt counts as lost: with more lost
             // than the parity, rows may have lost more columns than it covers.
-            let lost = self.lost_members(&core);
-            if lost > self.shape.parity() as u32 && core.read_only_reason.is_none() {
+            let lost = self.lost_members(&ledger);
+            if lost > self.shape.parity() as u32 && ledger.read_only_reason.is_none() {
                 let msg = format!(
                     "{lost} members are missing or not yet rebuilt, more than parity {}: \
                      the pool stopped writing until a missing member is back",
                     self.shape.parity()
                 );
                 tracing::error!("{msg}");
-                core.read_only_reason = Some(msg);
+                ledger.read_only_reason = Some(msg);
                 read_only = true;
             }
-            core.checkpoint = ptr;
-            core.stored_blocks = core.volumes.values().map(|v| v.map.stored_blocks()).sum();
+            ledger.checkpoint = ptr;
+            ledger.stored_blocks = ledger.volumes.values().map(|v| v.map.stored_blocks()).sum();
         }
         self.debug_check("roll forward");
         if !read_only {
@@ -521,15 +413,15 @@ impl PoolInner {
             // member just opened always counts as holding unsynced writes.)
             self.sync_members()?;
             let gen = {
-                let mut core = self.core.lock();
-                core.flush_gen += 1;
-                core.flush_gen
+                let mut ledger = self.ledger.lock();
+                ledger.flush_gen += 1;
+                ledger.flush_gen
             };
             self.finish_flush(gen);
             if !missing.is_empty() || joining {
                 // New rows go only to the members present, with full parity.
-                let mut core = self.core.lock();
-                core.member_set_changed(&self.shape);
+                let mut ledger = self.ledger.lock();
+                ledger.member_set_changed(&self.shape);
             }
             if rows > 0 || !missing.is_empty() || joining {
                 self.checkpoint()?;
@@ -547,18 +439,18 @@ impl PoolInner {
     /// After the roll forward: a segment stays stale on a member rebuilt in
     /// place only while it holds rows written before the member took its
     /// place (segments reused since hold only rows written to it).
-    fn prune_stale(&self, core: &Core) {
+    fn prune_stale(&self, ledger: &Ledger) {
         for (m, stale) in self.shape.stale.iter().enumerate() {
             if stale.count() == 0 {
                 continue;
             }
             let since = stale.since_seq();
-            let keep: Vec<u32> = if core.members.get(m).is_some_and(|r| r.state.may_hold_rows()) {
+            let keep: Vec<u32> = if ledger.members.get(m).is_some_and(|r| r.state.may_hold_rows()) {
                 stale
                     .list()
                     .into_iter()
                     .filter(|&s| {
-                        let seg = &core.segments[s as usize];
+                        let seg = &ledger.segments[s as usize];
                         !matches!(seg.state, SegState::Free | SegState::Reserved(_))
                             && seg.members_mask & (1 << m) != 0
                             && seg.rows.iter().any(|r| r.seq < since)
@@ -618,8 +510,8 @@ impl PoolInner {
         if crc32c(&blob) != ptr.blob_crc {
             return Err(Error::Corrupt("checkpoint checksum mismatch".into()));
         }
-        let mut core = self.core.lock();
-        core.checkpoint_segments = segments;
+        let mut ledger = self.ledger.lock();
+        ledger.checkpoint_segments = segments;
         Ok(blob)
     }
 
@@ -768,24 +660,24 @@ impl PoolInner {
         )
     }
 
-    /// Installs a decoded checkpoint into the (empty) core.
+    /// Installs a decoded checkpoint into the (empty) ledger.
     fn load_image(&self, mut image: CheckpointImage) -> Result<()> {
         let geometry = &self.shape.geometry;
-        let mut core = self.core.lock();
+        let mut ledger = self.ledger.lock();
         // Segments past what the members hold now (the largest member was
         // removed since) must be empty; they are dropped.
-        if image.segments.len() > core.segments.len()
-            && image.segments[core.segments.len()..].iter().all(|r| {
+        if image.segments.len() > ledger.segments.len()
+            && image.segments[ledger.segments.len()..].iter().all(|r| {
                 r.state == SegmentStateCode::Free && r.rows.is_empty() && r.live_blocks == 0
             })
         {
-            image.segments.truncate(core.segments.len());
+            image.segments.truncate(ledger.segments.len());
         }
-        if image.segments.len() != core.segments.len() {
+        if image.segments.len() != ledger.segments.len() {
             return Err(Error::Corrupt(format!(
                 "checkpoint lists {} segments, the pool has {}",
                 image.segments.len(),
-                core.segments.len()
+                ledger.segments.len()
             )));
         }
         for (i, c) in image.member_counters.iter().enumerate() {
@@ -793,10 +685,10 @@ impl PoolInner {
                 d.counters.restore(c);
             }
         }
-        core.next_seq = image.next_seq;
-        core.checkpoint_next_seq = image.next_seq;
-        core.next_volume_id = image.next_volume_id;
-        core.counters = image.counters;
+        ledger.next_seq = image.next_seq;
+        ledger.checkpoint_next_seq = image.next_seq;
+        ledger.next_volume_id = image.next_volume_id;
+        ledger.counters = image.counters;
         for (s, rec) in image.segments.into_iter().enumerate() {
             for r in &rec.rows {
                 if r.offset as u64 + r.height as u64 > geometry.segment_blocks as u64
@@ -808,7 +700,7 @@ impl PoolInner {
                     )));
                 }
             }
-            let seg = &mut core.segments[s];
+            let seg = &mut ledger.segments[s];
             seg.state = match rec.state {
                 SegmentStateCode::Free => SegState::Free,
                 SegmentStateCode::OpenUser => SegState::Open(HeadId::User),
@@ -835,7 +727,7 @@ impl PoolInner {
                         let (s, _) = geometry
                             .segment_of(pba.block)
                             .filter(|(s, _)| {
-                                (*s as usize) < core.segments.len()
+                                (*s as usize) < ledger.segments.len()
                                     && (pba.member as usize) < self.devices.read().len()
                             })
                             .ok_or_else(|| {
@@ -844,7 +736,7 @@ impl PoolInner {
                                     v.name
                                 ))
                             })?;
-                        core.segments[s as usize].live_blocks += 1;
+                        ledger.segments[s as usize].live_blocks += 1;
                     }
                     Loc::Zero => {}
                     _ => {
@@ -865,7 +757,7 @@ impl PoolInner {
                 }
                 map.set(lba, loc, crc);
             }
-            core.volumes.insert(
+            ledger.volumes.insert(
                 v.id,
                 VolumeState {
                     id: v.id,
@@ -879,14 +771,14 @@ impl PoolInner {
             );
         }
         for (i, h) in image.heads.iter().enumerate().take(2) {
-            let count = core.segments.len() as u32;
+            let count = ledger.segments.len() as u32;
             let valid = |s: u32| s == NO_SEGMENT || s < count;
             if !valid(h.segment) || !valid(h.next_segment) || h.offset > geometry.segment_blocks {
                 return Err(Error::Corrupt(format!(
                     "checkpoint log head {i} is out of range"
                 )));
             }
-            let head = &mut core.heads[i];
+            let head = &mut ledger.heads[i];
             head.segment = h.segment;
             head.offset = h.offset;
             head.next_segment = h.next_segment;
@@ -963,8 +855,8 @@ impl PoolInner {
     /// The shape the checkpoint records for segment `s`, or for a segment
     /// taken after it, the members the superblock records as active.
     fn likely_shape(&self, s: u32) -> (u32, u8) {
-        let core = self.core.lock();
-        match core.segments.get(s as usize) {
+        let ledger = self.ledger.lock();
+        match ledger.segments.get(s as usize) {
             Some(seg) if seg.state != SegState::Free => (seg.members_mask, seg.parity),
             _ => {
                 let active = recorded_in(&self.shape, MemberState::Active);
@@ -978,13 +870,13 @@ impl PoolInner {
     /// most likely first: as recorded in the checkpoint; for a segment taken
     /// after it, see `segment_mask_candidates`.
     fn segment_shapes(&self, s: u32) -> Vec<(u32, u8)> {
-        let core = self.core.lock();
+        let ledger = self.ledger.lock();
         // The shape the checkpoint records first; then every shape the
         // segment may have been given since (a segment only reserved then,
         // or emptied and taken again, got its shape after the checkpoint,
         // when the member set or parity may have changed).
         let mut shapes: Vec<(u32, u8)> = Vec::new();
-        if let Some(seg) = core
+        if let Some(seg) = ledger
             .segments
             .get(s as usize)
             .filter(|seg| seg.state != SegState::Free)
@@ -1021,8 +913,8 @@ impl PoolInner {
         let mut found: Vec<(HeadId, FoundRow)> = Vec::new();
         for head in [HeadId::User, HeadId::Cleaner] {
             let (mut seg, mut off, mut last_crc, mut last_seq, mut next) = {
-                let core = self.core.lock();
-                let h = &core.heads[head.index()];
+                let ledger = self.ledger.lock();
+                let h = &ledger.heads[head.index()];
                 (h.segment, h.offset, h.last_crc, h.last_seq, h.next_segment)
             };
             loop {
@@ -1073,21 +965,21 @@ impl PoolInner {
         found.sort_by_key(|(_, r)| r.header.seq);
         let mut blocks = 0u64;
         let rows = found.len() as u64;
-        let mut core = self.core.lock();
+        let mut ledger = self.ledger.lock();
         for (head, row) in found {
             blocks += row.header.slots as u64;
-            self.apply_row(&mut core, head, row)?;
+            self.apply_row(&mut ledger, head, row)?;
         }
         // A head's reserved next segment may have been freed and reserved
         // after the checkpoint; replay has emptied it by now. If not, the
         // head reserves a fresh one when it gets there.
         for head in [HeadId::User, HeadId::Cleaner] {
-            let n = core.heads[head.index()].next_segment;
-            if n == NO_SEGMENT || n as usize >= core.segments.len() {
-                core.heads[head.index()].next_segment = NO_SEGMENT;
+            let n = ledger.heads[head.index()].next_segment;
+            if n == NO_SEGMENT || n as usize >= ledger.segments.len() {
+                ledger.heads[head.index()].next_segment = NO_SEGMENT;
                 continue;
             }
-            let seg = &mut core.segments[n as usize];
+            let seg = &mut ledger.segments[n as usize];
             match seg.state {
                 SegState::Reserved(h) if h == head => {}
                 SegState::Free | SegState::PendingFree { .. } | SegState::Sealed
@@ -1097,38 +989,38 @@ impl PoolInner {
                     seg.rows.clear();
                     seg.fill_blocks = 0;
                 }
-                _ => core.heads[head.index()].next_segment = NO_SEGMENT,
+                _ => ledger.heads[head.index()].next_segment = NO_SEGMENT,
             }
         }
         // Whatever heads reserved must not be handed out again; the rest is free.
         let mut free = VecDeque::new();
-        for s in 0..core.segments.len() {
+        for s in 0..ledger.segments.len() {
             let mask = self
                 .shape
                 .geometry
-                .segment_members(s as u32, core.active_mask);
-            if core.segments[s].state == SegState::Free
-                && self.shape.segment_usable(mask, core.active_mask)
+                .segment_members(s as u32, ledger.active_mask);
+            if ledger.segments[s].state == SegState::Free
+                && self.shape.segment_usable(mask, ledger.active_mask)
             {
-                core.segments[s].rows.clear();
+                ledger.segments[s].rows.clear();
                 free.push_back(s as u32);
             }
-            let cp = core.checkpoint_segments.contains(&(s as u32));
+            let cp = ledger.checkpoint_segments.contains(&(s as u32));
             if cp {
-                core.segments[s].state = SegState::Checkpoint;
+                ledger.segments[s].state = SegState::Checkpoint;
             }
         }
-        free.retain(|s| !core.checkpoint_segments.contains(s));
-        core.free = free;
-        core.log_blocks_since_checkpoint = 0;
+        free.retain(|s| !ledger.checkpoint_segments.contains(s));
+        ledger.free = free;
+        ledger.log_blocks_since_checkpoint = 0;
         for h in [HeadId::User, HeadId::Cleaner] {
-            let seq = core.heads[h.index()].last_seq;
-            core.next_seq = core.next_seq.max(seq + 1);
+            let seq = ledger.heads[h.index()].last_seq;
+            ledger.next_seq = ledger.next_seq.max(seq + 1);
         }
         // Everything replayed is made durable before the pool is used: the
         // opening syncs every member before anything is sealed, so no row
         // carries this value before that sync.
-        core.flushed_seq = core.next_seq - 1;
+        ledger.flushed_seq = ledger.next_seq - 1;
         Ok((rows, blocks))
     }
 
@@ -1270,16 +1162,16 @@ impl PoolInner {
         self.io.run_all(jobs)
     }
 
-    fn apply_row(&self, core: &mut Core, head: HeadId, row: FoundRow) -> Result<()> {
+    fn apply_row(&self, ledger: &mut Ledger, head: HeadId, row: FoundRow) -> Result<()> {
         let FoundRow { header, crc, geom } = row;
         let s = geom.segment as usize;
-        if core.segments[s].state != SegState::Open(head) {
+        if ledger.segments[s].state != SegState::Open(head) {
             // The head moved on to a new segment here.
-            let prev = core.heads[head.index()].segment;
+            let prev = ledger.heads[head.index()].segment;
             if prev != NO_SEGMENT && prev as usize != s {
-                core.seal_segment(prev, header.seq);
+                ledger.seal_segment(prev, header.seq);
             }
-            let seg = &mut core.segments[s];
+            let seg = &mut ledger.segments[s];
             if seg.live_blocks != 0 {
                 return Err(Error::Corrupt(format!(
                     "segment {s} was reused while it still held {} live blocks",
@@ -1292,7 +1184,7 @@ impl PoolInner {
             seg.parity = header.parity;
         }
         {
-            let seg = &mut core.segments[s];
+            let seg = &mut ledger.segments[s];
             seg.rows.push(geom);
             seg.fill_blocks = geom.offset + geom.height as u32;
         }
@@ -1302,7 +1194,7 @@ impl PoolInner {
                 EntryKind::Data | EntryKind::Relocated | EntryKind::Payload => {
                     let pba = geom.slot_pba(&self.shape.geometry, slot);
                     slot += 1;
-                    let Some(vol) = core.volumes.get_mut(&e.volume) else {
+                    let Some(vol) = ledger.volumes.get_mut(&e.volume) else {
                         continue;
                     };
                     if e.lba
@@ -1318,11 +1210,11 @@ impl PoolInner {
                         continue;
                     }
                     let (old, _) = vol.map.set(e.lba, Loc::Disk(pba), e.crc);
-                    core.release_loc(old, &self.shape);
-                    core.segments[s].live_blocks += 1;
+                    ledger.release_loc(old, &self.shape);
+                    ledger.segments[s].live_blocks += 1;
                 }
                 EntryKind::Trim | EntryKind::Zero => {
-                    let Some(vol) = core.volumes.get_mut(&e.volume) else {
+                    let Some(vol) = ledger.volumes.get_mut(&e.volume) else {
                         continue;
                     };
                     let vol_blocks = vol.size_bytes / BLOCK_BYTES;
@@ -1343,32 +1235,32 @@ impl PoolInner {
                             .collect()
                     };
                     for b in blocks {
-                        let (old, _) = core
+                        let (old, _) = ledger
                             .volumes
                             .get_mut(&e.volume)
                             .expect("volume")
                             .map
                             .set(b, new, 0);
-                        core.release_loc(old, &self.shape);
+                        ledger.release_loc(old, &self.shape);
                     }
                 }
             }
         }
-        let h = &mut core.heads[head.index()];
+        let h = &mut ledger.heads[head.index()];
         h.segment = geom.segment;
         h.offset = geom.offset + geom.height as u32;
         h.last_crc = crc;
         h.last_seq = header.seq;
         h.next_segment = header.next_segment;
         let next = header.next_segment as usize;
-        if next < core.segments.len() && core.segments[next].state == SegState::Free {
-            core.segments[next].state = SegState::Reserved(head);
-            core.segments[next].members_mask = self
+        if next < ledger.segments.len() && ledger.segments[next].state == SegState::Free {
+            ledger.segments[next].state = SegState::Reserved(head);
+            ledger.segments[next].members_mask = self
                 .shape
                 .geometry
-                .segment_members(next as u32, core.active_mask);
+                .segment_members(next as u32, ledger.active_mask);
         }
-        core.next_seq = core.next_seq.max(header.seq + 1);
+        ledger.next_seq = ledger.next_seq.max(header.seq + 1);
         Ok(())
     }
 }

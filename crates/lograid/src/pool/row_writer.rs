@@ -4,7 +4,7 @@
 //! that the request whose append filled a row is acknowledged without
 //! waiting for the row's parity and member writes (a 1.5 MiB row written in
 //! the request's own time is most of the latency tail at queue depth 1).
-//! Rows are in `Core::inflight` from the moment they are sealed, so reads
+//! Rows are in `Ledger::inflight` from the moment they are sealed, so reads
 //! find their blocks in memory and a flush waits for them exactly as it
 //! waits for rows other threads write. Bounded: at most `QUEUE_ROWS` rows
 //! wait here; beyond that the writer writes its rows itself
@@ -13,8 +13,8 @@
 //! for it), or hide a write failure (failures fault the member, or stop the
 //! pool writing, through the same `write_rows` every other path uses).
 
-use super::state::SealedRow;
-use super::PoolInner;
+use super::ledger::SealedRow;
+use super::Engine;
 use crate::sync::{channel, thread, Mutex};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -43,11 +43,11 @@ impl RowWriter {
     }
 
     /// Starts the threads of `inner.row_writer`.
-    pub fn start(inner: &Arc<PoolInner>) {
+    pub fn start(inner: &Arc<Engine>) {
         let (sender, receiver) = channel::unbounded::<Batch>();
         let mut threads = Vec::new();
         for i in 0..THREADS {
-            let weak: Weak<PoolInner> = Arc::downgrade(inner);
+            let weak: Weak<Engine> = Arc::downgrade(inner);
             let receiver = receiver.clone();
             let queued = inner.row_writer.queued.clone();
             threads.push(
@@ -81,7 +81,7 @@ impl RowWriter {
     }
 }
 
-impl PoolInner {
+impl Engine {
     /// Writes `rows` (just sealed by a user write) in the background, or
     /// here if the queue is full or stopped.
     pub(crate) fn submit_rows(&self, rows: Batch) -> crate::error::Result<()> {

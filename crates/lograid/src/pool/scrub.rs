@@ -6,8 +6,8 @@
 //! so a row's parity covers its dead blocks too and a clean pool scrubs
 //! with nothing to report.
 
-use super::state::SegState;
-use super::PoolInner;
+use super::ledger::SegState;
+use super::Engine;
 use crate::error::Result;
 use crate::format::BLOCK_BYTES;
 use crate::layout::RowGeom;
@@ -49,7 +49,7 @@ impl ScrubReport {
 /// Rows checked at once.
 const SCRUB_THREADS: usize = 4;
 
-impl PoolInner {
+impl Engine {
     /// Scrubs every row; `progress(done, total)` is called every 20 ms or
     /// so and last with `done == total`, and stops the scrub when it
     /// returns false. With `repair` false,
@@ -65,8 +65,8 @@ impl PoolInner {
             self.flush()?;
         }
         let rows: Vec<RowGeom> = {
-            let core = self.core.lock();
-            core.segments
+            let ledger = self.ledger.lock();
+            ledger.segments
                 .iter()
                 .filter(|s| {
                     matches!(
@@ -157,12 +157,12 @@ impl PoolInner {
     fn scrub_row_if_live(&self, geom: &RowGeom, repair: bool, report: &mut ScrubReport) {
         let _r = self.reuse.read();
         let (still_there, rebuilding) = {
-            let core = self.core.lock();
-            let seg = &core.segments[geom.segment as usize];
+            let ledger = self.ledger.lock();
+            let seg = &ledger.segments[geom.segment as usize];
             (
                 !matches!(seg.state, SegState::Free | SegState::PendingFree { .. })
                     && seg.rows.contains(geom),
-                self.rebuilding_members(&core),
+                self.rebuilding_members(&ledger),
             )
         };
         // A row that a member rebuilt in place does not hold yet is checked
@@ -192,7 +192,7 @@ impl PoolInner {
             return;
         }
         // Which of the lost positions hold live blocks, and of which volume?
-        let core = self.core.lock();
+        let ledger = self.ledger.lock();
         let slots: Vec<_> = row
             .header
             .entries
@@ -208,7 +208,7 @@ impl PoolInner {
                 continue; // padding
             };
             let pba = geom.pba(&self.shape.geometry, col, blk);
-            if let Some(v) = core.volume(entry.volume) {
+            if let Some(v) = ledger.volume(entry.volume) {
                 if v.map.get(entry.lba).0 == Loc::Disk(pba) {
                     tracing::error!(
                         "scrub: volume '{}' offset {}: block lost (more bad columns than parity)",

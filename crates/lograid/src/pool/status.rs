@@ -1,68 +1,13 @@
 //! A snapshot of a pool's state and counters for `lograid status`.
 
-use super::state::SegState;
-use super::PoolInner;
+use super::ledger::SegState;
+use super::stats::CleanerState;
+use super::Engine;
 use crate::device::CounterValues;
 use crate::format::checkpoint::PoolCounters;
 use crate::format::superblock::MemberState;
 use crate::format::BLOCK_BYTES;
 use serde::{Deserialize, Serialize};
-
-/// What the cleaner is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CleanerState {
-    /// Enough free segments.
-    #[default]
-    Idle,
-    /// Below the watermark: cleaning in the background.
-    Background,
-    /// A writer found no free segment and is cleaning in the foreground.
-    Urgent,
-}
-
-impl CleanerState {
-    pub fn name(self) -> &'static str {
-        match self {
-            CleanerState::Idle => "idle",
-            CleanerState::Background => "background",
-            CleanerState::Urgent => "urgent",
-        }
-    }
-}
-
-/// Counters kept while a pool is open, and samples for rates.
-#[derive(Debug, Default)]
-pub struct RuntimeStats {
-    pub cleaner_state: CleanerState,
-    pub segments_cleaned: u64,
-    pub discarded_bytes: u64,
-    /// Writes that waited for the cleaner, and how long in total.
-    pub write_stalls: u64,
-    pub write_stall_ns: u64,
-    /// (seconds since open, user bytes, member bytes, relocated blocks),
-    /// one per second at most, the last ~70 s.
-    pub samples: std::collections::VecDeque<(f64, u64, u64, u64)>,
-    pub opened: Option<std::time::Instant>,
-    /// State changes (faults, replacements, repairs): (unix time, message).
-    pub events: std::collections::VecDeque<(u64, String)>,
-}
-
-impl RuntimeStats {
-    /// Records a sample of the cumulative counters (at most one a second).
-    pub fn sample(&mut self, user_bytes: u64, member_bytes: u64, relocated: u64) {
-        let opened = *self.opened.get_or_insert_with(std::time::Instant::now);
-        let t = opened.elapsed().as_secs_f64();
-        if self.samples.back().is_some_and(|s| t - s.0 < 1.0) {
-            return;
-        }
-        self.samples
-            .push_back((t, user_bytes, member_bytes, relocated));
-        while self.samples.len() > 2 && t - self.samples[1].0 >= 60.0 {
-            self.samples.pop_front();
-        }
-    }
-}
 
 /// The cleaner's state and the write amplification it causes.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -133,7 +78,7 @@ pub struct PoolStatus {
     pub repaired_blocks: u64,
     pub map_memory_bytes: u64,
     pub map_bytes_per_stored_block: f64,
-    pub recovery: Option<super::recovery::RecoveryReport>,
+    pub recovery: Option<super::stats::RecoveryReport>,
     /// Faults, replacements and repairs since the pool was opened.
     #[serde(default)]
     pub events: Vec<Event>,
@@ -159,11 +104,11 @@ pub struct Event {
     pub message: String,
 }
 
-pub fn collect(inner: &PoolInner) -> PoolStatus {
+pub fn collect(inner: &Engine) -> PoolStatus {
     let reshape = inner.reshape_status();
-    let core = inner.core.lock();
+    let ledger = inner.ledger.lock();
     let shape = &inner.shape;
-    let members: Vec<MemberStatus> = core
+    let members: Vec<MemberStatus> = ledger
         .members
         .iter()
         .enumerate()
@@ -192,7 +137,7 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
             }
         })
         .collect();
-    let volumes: Vec<VolumeStatus> = core
+    let volumes: Vec<VolumeStatus> = ledger
         .volumes
         .values()
         .filter(|v| v.exists())
@@ -205,9 +150,9 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
         .collect();
     let member_bytes_written: u64 = members.iter().map(|m| m.counters.bytes_written).sum();
     let map_memory_bytes: u64 = volumes.iter().map(|v| v.map_memory_bytes).sum();
-    let stored_blocks = core.stored_blocks;
-    let missing = inner.lost_members(&core);
-    let fault = core
+    let stored_blocks = ledger.stored_blocks;
+    let missing = inner.lost_members(&ledger);
+    let fault = ledger
         .read_only_reason
         .as_ref()
         .filter(|r| r.as_str() != super::recovery::OPENED_READ_ONLY);
@@ -220,41 +165,41 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
         name: shape.pool_name.clone(),
         uuid: format!("{:032x}", shape.pool_uuid),
         state,
-        read_only: core.read_only_reason.is_some(),
+        read_only: ledger.read_only_reason.is_some(),
         members_total: members.len(),
         parity: shape.parity(),
         chunk_bytes: shape.geometry.chunk_blocks as u64 * BLOCK_BYTES,
         segment_bytes_per_member: shape.geometry.segment_blocks as u64 * BLOCK_BYTES,
-        capacity_bytes: core.capacity_blocks * BLOCK_BYTES,
-        usable_bytes: core.usable_blocks * BLOCK_BYTES,
+        capacity_bytes: ledger.capacity_blocks * BLOCK_BYTES,
+        usable_bytes: ledger.usable_blocks * BLOCK_BYTES,
         stored_bytes: stored_blocks * BLOCK_BYTES,
-        free_bytes: core
+        free_bytes: ledger
             .usable_blocks
-            .saturating_sub(stored_blocks + core.overlays.unstored())
+            .saturating_sub(stored_blocks + ledger.overlays.unstored())
             * BLOCK_BYTES,
-        segments_total: core.segments.len(),
-        segments_free: core.free.len(),
-        segments_sealed: core
+        segments_total: ledger.segments.len(),
+        segments_free: ledger.free.len(),
+        segments_sealed: ledger
             .segments
             .iter()
             .filter(|s| s.state == SegState::Sealed)
             .count(),
-        segments_pending_free: core
+        segments_pending_free: ledger
             .segments
             .iter()
             .filter(|s| matches!(s.state, SegState::PendingFree { .. }))
             .count(),
-        segments_in_use: core
+        segments_in_use: ledger
             .segments
             .iter()
             .filter(|s| !matches!(s.state, SegState::Free | SegState::PendingFree { .. }))
             .count(),
-        cleaner: cleaner_status(inner, &core, member_bytes_written),
+        cleaner: cleaner_status(inner, &ledger, member_bytes_written),
         volumes,
-        counters: core.counters,
+        counters: ledger.counters,
         member_bytes_written,
-        write_amplification: if core.counters.user_bytes_written > 0 {
-            member_bytes_written as f64 / core.counters.user_bytes_written as f64
+        write_amplification: if ledger.counters.user_bytes_written > 0 {
+            member_bytes_written as f64 / ledger.counters.user_bytes_written as f64
         } else {
             0.0
         },
@@ -279,21 +224,21 @@ pub fn collect(inner: &PoolInner) -> PoolStatus {
             .collect(),
         members,
         reshape,
-        overlay_blocks: core.overlays.len(),
-        overlay_blocks_unstored: core.overlays.unstored(),
-        overlays_merged: core.overlays.resolved,
+        overlay_blocks: ledger.overlays.len(),
+        overlay_blocks_unstored: ledger.overlays.unstored(),
+        overlays_merged: ledger.overlays.resolved,
     }
 }
 
 fn cleaner_status(
-    inner: &PoolInner,
-    core: &super::state::Core,
+    inner: &Engine,
+    ledger: &super::ledger::Ledger,
     member_bytes: u64,
 ) -> CleanerStatus {
     let mut stats = inner.stats.lock();
     let (user, relocated) = (
-        core.counters.user_bytes_written,
-        core.counters.relocated_blocks,
+        ledger.counters.user_bytes_written,
+        ledger.counters.relocated_blocks,
     );
     stats.sample(user, member_bytes, relocated);
     let (t_now, ..) = *stats.samples.back().expect("just sampled");

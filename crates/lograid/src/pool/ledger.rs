@@ -1,4 +1,4 @@
-//! The pool's in-memory state, guarded by one mutex (`Core`): volumes and
+//! The pool's in-memory state, guarded by one mutex (`Ledger`): volumes and
 //! their maps, the segment table, the log heads with their open rows, rows in
 //! flight, and counters. Everything here is bookkeeping; no I/O happens while
 //! the lock is held except copying into row buffers.
@@ -197,7 +197,7 @@ impl VolumeState {
     }
 }
 
-pub struct Core {
+pub struct Ledger {
     pub volumes: BTreeMap<u32, VolumeState>,
     pub segments: Vec<Segment>,
     pub free: VecDeque<u32>,
@@ -218,7 +218,7 @@ pub struct Core {
     /// once), if no durable checkpoint records it yet. Until one does, a
     /// flush releases only segments emptied before it: a crash before that
     /// checkpoint brings the volume back, and its blocks must still be
-    /// there (`PoolInner::finish_flush`). Such changes and checkpoints both
+    /// there (`Engine::finish_flush`). Such changes and checkpoints both
     /// hold `maintenance`, so any checkpoint that completes records every
     /// one made before it (`after_checkpoint` clears this).
     pub unlogged_since_gen: Option<u64>,
@@ -250,7 +250,7 @@ pub struct Core {
     pub overlays: super::overlay::OverlayTable,
 }
 
-impl Core {
+impl Ledger {
     /// Members (mask) in `state`.
     pub fn members_in(&self, state: MemberState) -> u32 {
         self.members
@@ -289,7 +289,7 @@ impl Core {
     }
 }
 
-impl Core {
+impl Ledger {
     /// Checks the bookkeeping invariants; returns the first violation.
     /// Cheap enough for tests to call after every operation.
     pub fn check_invariants(&self, shape: &super::Shape) -> Result<(), String> {

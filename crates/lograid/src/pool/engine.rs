@@ -1,0 +1,226 @@
+//! The engine of one open pool (`Engine`): the shared state every path works
+//! on (the shape, the open members, the ledger under its lock, the I/O pool,
+//! the locks that order maintenance) and the few facilities every path uses:
+//! the member table lookups, running an operation so that a panic stops the
+//! pool writing instead of leaving half-done state, events, and the debug
+//! invariant check. The paths themselves live in their own modules, each an
+//! `impl Engine` block for one concern (see `pool/mod.rs`).
+
+use super::ledger::{Ledger, Segment, Head};
+use super::options::PoolOptions;
+use super::shape::Shape;
+use super::stats;
+use super::row_writer;
+use crate::device::{Device, IoPool};
+use crate::error::{Error, Result};
+use crate::format::row::HeadId;
+use crate::format::superblock::MemberRecord;
+use crate::sync::{Condvar, Mutex, RwLock};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Set LOGRAID_CHECK_INVARIANTS=1 to verify the bookkeeping after every
+/// flush, checkpoint, cleaning pass and recovery (slow; for tests).
+pub(crate) fn paranoid() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("LOGRAID_CHECK_INVARIANTS").is_some())
+}
+
+pub(crate) struct Engine {
+    pub shape: Shape,
+    /// Open members by index (None: missing, or removed). Written only
+    /// when a member joins or leaves; `device` hands out a clone.
+    pub devices: RwLock<Vec<Option<Arc<Device>>>>,
+    pub ledger: Mutex<Ledger>,
+    /// Signalled when rows complete or segments are freed.
+    pub progress: Condvar,
+    /// Signalled when the overlay table passes its low watermark.
+    pub overlay_wake: Condvar,
+    /// Held while resolving a batch of overlays (one batch at a time, so
+    /// that no two threads merge the same overlay).
+    pub resolving: Mutex<()>,
+    pub reuse: RwLock<()>,
+    /// Serializes flushes, checkpoints and cleaning passes.
+    pub maintenance: Mutex<()>,
+    pub io: IoPool,
+    pub options: PoolOptions,
+    pub closed: AtomicBool,
+    pub recovery_report: Mutex<Option<stats::RecoveryReport>>,
+    /// Counters and samples kept while the pool is open (not persisted).
+    pub stats: Mutex<stats::RuntimeStats>,
+    pub reshape: Mutex<stats::ReshapeStats>,
+    pub reshape_paused: AtomicBool,
+    /// Writes the rows user writes seal, in the background.
+    pub row_writer: row_writer::RowWriter,
+}
+
+pub(crate) fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A random u64 from the kernel.
+pub(crate) fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most 8 bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
+    if n == 8 {
+        u64::from_le_bytes(b)
+    } else {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        t.as_nanos() as u64 ^ (std::process::id() as u64) << 32
+    }
+}
+
+pub(crate) fn random_u128() -> u128 {
+    ((random_u64() as u128) << 64) | random_u64() as u128
+}
+
+impl Engine {
+    /// Runs `f`; if it panics (a broken invariant: a bug), the pool stops
+    /// writing at once — no flush, no checkpoint — so that what is on disk
+    /// stays what recovery can trust, and the call fails with an error.
+    pub(crate) fn guarded<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+            Ok(r) => r,
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown panic".into());
+                let reason = format!(
+                    "internal error during {what}: {msg}; the pool stopped writing to protect its data \
+                     (reopening it replays the log up to the last flush)"
+                );
+                tracing::error!("{reason}");
+                self.ledger
+                    .lock()
+                    .read_only_reason
+                    .get_or_insert(reason.clone());
+                self.progress.notify_all();
+                Err(Error::ReadOnly(reason))
+            }
+        }
+    }
+
+    /// The open member at index `m`, if any.
+    pub(crate) fn device(&self, m: usize) -> Option<Arc<Device>> {
+        self.devices
+            .read()
+            .get(m)
+            .cloned()
+            .flatten()
+            .filter(|d| !d.retired.load(Ordering::Relaxed))
+    }
+
+    /// The member at index `m` even if faulted (for its counters).
+    pub(crate) fn device_any(&self, m: usize) -> Option<Arc<Device>> {
+        self.devices.read().get(m).cloned().flatten()
+    }
+
+    /// Every open member, with its index.
+    pub(crate) fn open_devices(&self) -> Vec<(usize, Arc<Device>)> {
+        self.devices
+            .read()
+            .iter()
+            .enumerate()
+            .filter_map(|(m, d)| Some((m, d.clone()?)))
+            .filter(|(_, d)| !d.retired.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Panics with `context` if an invariant is broken (only when paranoid).
+    pub(crate) fn debug_check(&self, context: &str) {
+        if paranoid() {
+            if let Err(m) = self.ledger.lock().check_invariants(&self.shape) {
+                panic!("invariant broken after {context}: {m}");
+            }
+        }
+    }
+
+    /// Logs a state change (fault, replace, add, repair) and keeps it for
+    /// `lograid status` (the last few).
+    pub(crate) fn event(&self, message: String) {
+        tracing::warn!("{message}");
+        let mut stats = self.stats.lock();
+        let when = super::now_unix();
+        stats.events.push_back((when, message));
+        while stats.events.len() > 32 {
+            stats.events.pop_front();
+        }
+    }
+}
+
+pub(crate) fn new_inner(
+    shape: Shape,
+    members: Vec<MemberRecord>,
+    devices: Vec<Option<Arc<Device>>>,
+    options: PoolOptions,
+    active_mask: u32,
+    superblock_generation: u64,
+) -> Engine {
+    let segment_count = shape.geometry.segment_count();
+    let segments: Vec<Segment> = (0..segment_count).map(|_| Segment::free()).collect();
+    let mut ledger = Ledger {
+        volumes: BTreeMap::new(),
+        segments,
+        free: VecDeque::new(),
+        heads: [
+            Head::new(HeadId::User),
+            Head::new(HeadId::Cleaner),
+            Head::new(HeadId::Checkpoint),
+        ],
+        next_seq: 1,
+        next_volume_id: 1,
+        inflight: Vec::new(),
+        user_appends: 0,
+        counters: Default::default(),
+        log_blocks_since_checkpoint: 0,
+        flush_gen: 0,
+        unlogged_since_gen: None,
+        flushed_seq: 0,
+        checkpoint_next_seq: 0,
+        checkpoint: Default::default(),
+        checkpoint_segments: Vec::new(),
+        superblock_generation,
+        members,
+        active_mask,
+        capacity_blocks: 0,
+        usable_blocks: 0,
+        read_only_reason: None,
+        stored_blocks: 0,
+        spare_buffers: Vec::new(),
+        checkpoint_wanted: false,
+        overlays: super::overlay::OverlayTable::new(options.max_overlays),
+    };
+    for (s, seg) in ledger.segments.iter_mut().enumerate() {
+        seg.members_mask = shape.geometry.segment_members(s as u32, active_mask);
+        seg.parity = shape.parity();
+    }
+    ledger.update_capacity(&shape);
+    Engine {
+        io: IoPool::new(options.io_threads.max(devices.len()).max(2)),
+        shape,
+        devices: RwLock::new(devices),
+        ledger: Mutex::new(ledger),
+        progress: Condvar::new(),
+        overlay_wake: Condvar::new(),
+        resolving: Mutex::new(()),
+        reuse: RwLock::new(()),
+        maintenance: Mutex::new(()),
+        options,
+        closed: AtomicBool::new(false),
+        recovery_report: Mutex::new(None),
+        stats: Mutex::new(Default::default()),
+        reshape: Mutex::new(Default::default()),
+        reshape_paused: AtomicBool::new(false),
+        row_writer: super::row_writer::RowWriter::inline(),
+    }
+}
