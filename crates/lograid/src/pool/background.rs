@@ -1,4 +1,8 @@
-//! A pool's background threads (the cleaner, the overlay resolver).
+//! A pool's background threads and what each does every round: the
+//! cleaner thread (keeps free segments ahead of writers, writes due
+//! checkpoints, steps a rebuild or rebalance, samples rates, faults members
+//! whose reads keep failing) and the resolver thread (keeps the table of
+//! sub-block writes below its low watermark).
 //!
 //! Owns: starting a named thread on a loop given a weak reference to the
 //! pool (so the thread never keeps a dropped pool alive) and a stop signal
@@ -6,8 +10,10 @@
 //! then join, on `stop` (the pool's close) or drop. A pool closes without
 //! waiting out a background thread's pause.
 
+use super::stats::CleanerState;
 use super::Engine;
 use crate::sync::{thread, Condvar, Mutex};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -82,5 +88,135 @@ impl BackgroundThread {
 impl Drop for BackgroundThread {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// The background thread (`lograid-cleaner`) that keeps free segments ahead of writers and
+/// writes checkpoints when enough log has accumulated.
+pub(crate) fn cleaner_loop(weak: Weak<Engine>, stop: Arc<Stop>) {
+    while !stop.is_set() {
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.closed.load(Ordering::SeqCst) || inner.ledger.lock().read_only_reason.is_some() {
+            drop(inner);
+            stop.pause(Duration::from_millis(50));
+            continue;
+        }
+        inner.check_read_health();
+        let free = inner.ledger.lock().free.len();
+        let watermark = inner.clean_watermark();
+        if free < watermark {
+            set_state(&inner, CleanerState::Background);
+            match inner.guarded("cleaning", || inner.clean_segments(1, false)) {
+                Ok(1) => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!("background cleaner: {e}");
+                    stop.pause(Duration::from_millis(500));
+                }
+            }
+        } else {
+            set_state(&inner, CleanerState::Idle);
+            if !inner.reshape_paused.load(Ordering::SeqCst) && reshape_and_throttle(&inner, &stop) {
+                continue;
+            }
+        }
+        let due = {
+            let ledger = inner.ledger.lock();
+            ledger.checkpoint_wanted
+                || ledger.log_blocks_since_checkpoint >= inner.options.checkpoint_interval_blocks
+        };
+        if due {
+            if let Err(e) = inner.guarded("checkpoint", || inner.checkpoint_log()) {
+                tracing::warn!("background checkpoint: {e}");
+            }
+        }
+        sample(&inner);
+        drop(inner);
+        stop.pause(Duration::from_millis(20));
+    }
+}
+
+/// One reshape step (rebuild or rebalance) if there is one to do; while
+/// users are doing I/O, then sleeps so that it takes at most
+/// `reshape_share` of the time. True if it moved something.
+fn reshape_and_throttle(inner: &Engine, stop: &Stop) -> bool {
+    let user_io = |inner: &Engine| {
+        let ledger = inner.ledger.lock();
+        ledger.counters.user_bytes_written + ledger.counters.user_bytes_read
+    };
+    let before = user_io(inner);
+    let started = std::time::Instant::now();
+    match inner.guarded("reshape", || inner.reshape_step()) {
+        Ok(true) => {}
+        Ok(false) => return false,
+        Err(e) => {
+            tracing::warn!("rebuild/rebalance: {e}");
+            stop.pause(Duration::from_millis(500));
+            return false;
+        }
+    }
+    let busy = user_io(inner) != before;
+    inner.reshape.lock().users_busy = busy;
+    if busy {
+        let share = inner.options.reshape_share.clamp(0.05, 1.0);
+        let pause = started.elapsed().mul_f64((1.0 - share) / share);
+        stop.pause(pause);
+    }
+    true
+}
+
+/// The background state; a foreground (urgent) pass sets and clears its own.
+fn set_state(inner: &Engine, state: CleanerState) {
+    let mut stats = inner.stats.lock();
+    if stats.cleaner_state != CleanerState::Urgent {
+        stats.cleaner_state = state;
+    }
+}
+
+/// Samples the write counters for the last-minute write amplification.
+fn sample(inner: &Engine) {
+    let (user, relocated) = {
+        let ledger = inner.ledger.lock();
+        (
+            ledger.counters.user_bytes_written,
+            ledger.counters.relocated_blocks,
+        )
+    };
+    let member: u64 = inner
+        .open_devices()
+        .iter()
+        .map(|(_, d)| d.counters.bytes_written.load(Ordering::Relaxed))
+        .sum();
+    inner.stats.lock().sample(user, member, relocated);
+}
+
+/// The background thread (`lograid-resolver`) that keeps the overlay table below its low watermark, so
+/// that writers rarely find it full and flushes have little to merge.
+pub(crate) fn resolver_loop(weak: Weak<Engine>, stop: Arc<Stop>) {
+    while !stop.is_set() {
+        let Some(inner) = weak.upgrade() else { return };
+        {
+            let mut ledger = inner.ledger.lock();
+            if ledger.overlays.len() <= ledger.overlays.low_watermark() {
+                inner
+                    .overlay_wake
+                    .wait_for(&mut ledger, Duration::from_millis(20));
+            }
+            if inner.closed.load(Ordering::SeqCst) || ledger.read_only_reason.is_some() {
+                drop(ledger);
+                drop(inner);
+                stop.pause(Duration::from_millis(50));
+                continue;
+            }
+        }
+        match inner.guarded("merging sub-block writes", || inner.resolve_background()) {
+            Ok(_) => {}
+            Err(e) => {
+                // The overlays stay; the next flush reports the error.
+                tracing::warn!("background merge of sub-block writes: {e}");
+                drop(inner);
+                stop.pause(Duration::from_millis(500));
+            }
+        }
     }
 }

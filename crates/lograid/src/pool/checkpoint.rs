@@ -3,8 +3,8 @@
 //! then point the superblocks at it. Until the superblocks are durable the
 //! previous checkpoint stays intact and is what recovery would use.
 
-use super::log::AppendError;
 use super::ledger::{Ledger, SegState, NO_SEGMENT};
+use super::log::AppendError;
 use super::{check_writable, Engine};
 use crate::device::AlignedBuf;
 use crate::device::IoJob;
@@ -19,23 +19,14 @@ use crate::format::{crc32c, BLOCK_SIZE};
 impl Engine {
     /// Writes a checkpoint of the bookkeeping (the log up to now made
     /// durable). Sub-block writes held in memory are not merged: see
-    /// `checkpoint_all`.
-    pub(crate) fn checkpoint(&self) -> Result<()> {
+    /// `checkpoint_acknowledged`.
+    pub(crate) fn checkpoint_log(&self) -> Result<()> {
         let _m = self.maintenance.lock();
-        self.checkpoint_locked()
-    }
-
-    /// Makes every acknowledged write durable (sub-block writes held in
-    /// memory merged first) and writes a checkpoint. If a merge fails, the
-    /// checkpoint is still written and the merge's error returned.
-    pub(crate) fn checkpoint_all(&self) -> Result<()> {
-        let resolved = self.resolve_acknowledged();
-        self.checkpoint()?;
-        resolved
+        self.checkpoint_log_locked()
     }
 
     /// Writes a checkpoint; the caller holds `maintenance`.
-    pub(crate) fn checkpoint_locked(&self) -> Result<()> {
+    pub(crate) fn checkpoint_log_locked(&self) -> Result<()> {
         let (sealed, target_seq, gen, blob, checkpoint_id) = {
             let mut ledger = self.ledger.lock();
             check_writable(&ledger)?;
@@ -313,10 +304,65 @@ impl Engine {
         for (m, r) in self.io.run_all(jobs) {
             if let Err(e) = r {
                 let msg = format!("superblock write to member {m} failed: {e}");
-                self.ledger.lock().read_only_reason.get_or_insert(msg.clone());
+                self.ledger
+                    .lock()
+                    .read_only_reason
+                    .get_or_insert(msg.clone());
                 return Err(Error::io(msg, e));
             }
         }
         Ok(members)
+    }
+
+    /// After superblocks recording `recorded` are durable on every member:
+    /// members recorded joining get new segments from now on, members
+    /// recorded leaving no longer do.
+    pub(crate) fn members_recorded(&self, recorded: &[MemberRecord]) {
+        let mut ledger = self.ledger.lock();
+        let before = ledger.active_mask;
+        for (m, r) in recorded.iter().enumerate() {
+            match (r.state, ledger.members[m].state) {
+                (MemberState::Joining, MemberState::Joining) => {
+                    ledger.members[m].state = MemberState::Active;
+                    ledger.active_mask |= 1 << m;
+                    ledger.checkpoint_wanted = true; // to record it active
+                }
+                (MemberState::Removing, MemberState::Removing) => ledger.active_mask &= !(1 << m),
+                _ => {}
+            }
+        }
+        if ledger.active_mask != before {
+            ledger.member_set_changed(&self.shape);
+            ledger.update_capacity(&self.shape);
+        }
+    }
+
+    /// Whether a checkpoint is due: the log since the last one reached the
+    /// interval, or something asked for one (a member's state changed).
+    fn checkpoint_due(&self) -> bool {
+        let ledger = self.ledger.lock();
+        ledger.checkpoint_wanted
+            || ledger.log_blocks_since_checkpoint >= self.options.checkpoint_interval_blocks
+    }
+
+    /// Writes a checkpoint if one is due and no other maintenance runs now
+    /// (it will see to it otherwise: every maintenance pass ends with one).
+    pub(crate) fn checkpoint_log_if_due(&self) -> Result<()> {
+        if self.checkpoint_due() {
+            if let Some(_m) = self.maintenance.try_lock() {
+                self.checkpoint_log_locked()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The reshape holds `maintenance`, so flushes cannot checkpoint
+    /// meanwhile: it does, when one is due (bounds replay, releases emptied
+    /// segments, records member changes and rebuild progress).
+    pub(crate) fn checkpoint_log_if_due_locked(&self) -> Result<()> {
+        if self.checkpoint_due() {
+            self.checkpoint_log_locked()?;
+        }
+        Ok(())
     }
 }

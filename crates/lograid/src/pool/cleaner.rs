@@ -4,12 +4,11 @@
 //! A background thread keeps a reserve of free segments ahead of writers;
 //! writers that find no free segment clean in the foreground.
 
-use super::log::AppendError;
 use super::ledger::SealedRow;
+use super::log::AppendError;
 
 /// A live block to relocate: volume, LBA, where it is, its CRC, its bytes.
 type LiveBlock<'a> = (u32, u64, crate::layout::Pba, u32, Cow<'a, [u8]>);
-use super::background::Stop;
 use super::ledger::SegState;
 use super::stats::CleanerState;
 use super::{CleanerPolicy, Engine};
@@ -19,9 +18,7 @@ use crate::format::{crc32c, BLOCK_SIZE};
 use crate::map::Loc;
 use crate::sync::{channel, thread};
 use std::borrow::Cow;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::sync::Arc;
 
 impl Engine {
     /// Cleans up to `want` segments by the pool's policy (`urgent`: for a
@@ -54,7 +51,7 @@ impl Engine {
                     .any(|s| matches!(s.state, SegState::PendingFree { .. }))
         };
         if short_and_waiting {
-            self.checkpoint_locked()?;
+            self.checkpoint_log_locked()?;
         }
         Ok(cleaned)
     }
@@ -65,7 +62,7 @@ impl Engine {
     /// write amplification grows steeply with the space in use (in
     /// simulation, greedy at 75% fill: 2.2 with a 3-segment reserve, 2.5
     /// with 5% of the segments, 3.1 with 10%).
-    fn clean_watermark(&self) -> usize {
+    pub(crate) fn clean_watermark(&self) -> usize {
         let ledger = self.ledger.lock();
         self.shape.user_floor_segments(&ledger) + 3
     }
@@ -77,7 +74,8 @@ impl Engine {
         // A user head with no next segment reserved (after recovery) needs
         // two free segments above the floor to move, not one.
         let shortfall = |ledger: &super::ledger::Ledger| {
-            let fresh = ledger.heads[HeadId::User.index()].next_segment == super::ledger::NO_SEGMENT;
+            let fresh =
+                ledger.heads[HeadId::User.index()].next_segment == super::ledger::NO_SEGMENT;
             (self.shape.user_floor_segments(ledger) + 1 + usize::from(fresh))
                 .saturating_sub(ledger.free.len())
         };
@@ -88,7 +86,8 @@ impl Engine {
         let result = (|| {
             // Emptied segments wait for a flush (and, if the log since the
             // last checkpoint runs through them, for a checkpoint).
-            self.flush()?;
+            self.flush_log()?;
+            self.checkpoint_log_if_due()?;
             if shortfall(&self.ledger.lock()) == 0 {
                 return Ok(());
             }
@@ -215,7 +214,7 @@ impl Engine {
             Ok(moved)
         })?;
         tracing::debug!("cleaner: segment {victim}: moved {moved} blocks");
-        self.flush()?;
+        self.flush_log()?;
         self.debug_check("cleaning");
         Ok(moved)
     }
@@ -231,13 +230,7 @@ impl Engine {
         // Every column of a row, read whole, lost ones rebuilt from parity.
         let read_whole = |geom: &crate::layout::RowGeom| {
             let _r = self.reuse.read();
-            let mut columns = self.read_row_columns(geom);
-            super::io::rebuild_missing_columns(
-                geom,
-                &mut columns,
-                geom.height as usize * BLOCK_SIZE,
-            );
-            columns
+            self.read_row_rebuilt(geom)
         };
         for geom in rows {
             // A row whose header column is on a member that is gone (a
@@ -245,16 +238,10 @@ impl Engine {
             let mut whole = None;
             let header_member = geom.column_member(0) as usize;
             let found = if self.device(header_member).is_some() {
-                self.load_row_header_pub(&geom)
+                self.load_known_row(&geom).map(|f| f.header)
             } else {
                 let columns = read_whole(&geom);
-                let header = columns[0].as_ref().and_then(|c| {
-                    let hb = geom.header_blocks as usize * BLOCK_SIZE;
-                    crate::format::row::RowHeader::decode(&c[..hb])
-                        .ok()
-                        .map(|(h, _)| h)
-                        .filter(|h| h.seq == geom.seq)
-                });
+                let header = self.header_from_columns(&geom, &columns);
                 whole = Some(columns);
                 header
             };
@@ -359,103 +346,4 @@ impl Engine {
         }
         Ok(moved)
     }
-}
-
-/// The background thread (`lograid-cleaner`) that keeps free segments ahead of writers and
-/// writes checkpoints when enough log has accumulated.
-pub(crate) fn background_loop(weak: Weak<Engine>, stop: Arc<Stop>) {
-    while !stop.is_set() {
-        let Some(inner) = weak.upgrade() else { return };
-        if inner.closed.load(Ordering::SeqCst) || inner.ledger.lock().read_only_reason.is_some() {
-            drop(inner);
-            stop.pause(Duration::from_millis(50));
-            continue;
-        }
-        inner.check_read_health();
-        let free = inner.ledger.lock().free.len();
-        let watermark = inner.clean_watermark();
-        if free < watermark {
-            set_state(&inner, CleanerState::Background);
-            match inner.guarded("cleaning", || inner.clean_segments(1, false)) {
-                Ok(1) => continue,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!("background cleaner: {e}");
-                    stop.pause(Duration::from_millis(500));
-                }
-            }
-        } else {
-            set_state(&inner, CleanerState::Idle);
-            if !inner.reshape_paused.load(Ordering::SeqCst) && reshape_and_throttle(&inner, &stop) {
-                continue;
-            }
-        }
-        let due = {
-            let ledger = inner.ledger.lock();
-            ledger.checkpoint_wanted
-                || ledger.log_blocks_since_checkpoint >= inner.options.checkpoint_interval_blocks
-        };
-        if due {
-            if let Err(e) = inner.guarded("checkpoint", || inner.checkpoint()) {
-                tracing::warn!("background checkpoint: {e}");
-            }
-        }
-        sample(&inner);
-        drop(inner);
-        stop.pause(Duration::from_millis(20));
-    }
-}
-
-/// One reshape step (rebuild or rebalance) if there is one to do; while
-/// users are doing I/O, then sleeps so that it takes at most
-/// `reshape_share` of the time. True if it moved something.
-fn reshape_and_throttle(inner: &Engine, stop: &Stop) -> bool {
-    let user_io = |inner: &Engine| {
-        let ledger = inner.ledger.lock();
-        ledger.counters.user_bytes_written + ledger.counters.user_bytes_read
-    };
-    let before = user_io(inner);
-    let started = std::time::Instant::now();
-    match inner.guarded("reshape", || inner.reshape_step()) {
-        Ok(true) => {}
-        Ok(false) => return false,
-        Err(e) => {
-            tracing::warn!("rebuild/rebalance: {e}");
-            stop.pause(Duration::from_millis(500));
-            return false;
-        }
-    }
-    let busy = user_io(inner) != before;
-    inner.reshape.lock().users_busy = busy;
-    if busy {
-        let share = inner.options.reshape_share.clamp(0.05, 1.0);
-        let pause = started.elapsed().mul_f64((1.0 - share) / share);
-        stop.pause(pause);
-    }
-    true
-}
-
-/// The background state; a foreground (urgent) pass sets and clears its own.
-fn set_state(inner: &Engine, state: CleanerState) {
-    let mut stats = inner.stats.lock();
-    if stats.cleaner_state != CleanerState::Urgent {
-        stats.cleaner_state = state;
-    }
-}
-
-/// Samples the write counters for the last-minute write amplification.
-fn sample(inner: &Engine) {
-    let (user, relocated) = {
-        let ledger = inner.ledger.lock();
-        (
-            ledger.counters.user_bytes_written,
-            ledger.counters.relocated_blocks,
-        )
-    };
-    let member: u64 = inner
-        .open_devices()
-        .iter()
-        .map(|(_, d)| d.counters.bytes_written.load(Ordering::Relaxed))
-        .sum();
-    inner.stats.lock().sample(user, member, relocated);
 }

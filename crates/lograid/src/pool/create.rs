@@ -273,7 +273,8 @@ pub fn create_pool(
             }
         }
         for head in [HeadId::User, HeadId::Cleaner] {
-            ledger.prime_head(head, &inner.shape)
+            ledger
+                .prime_head(head, &inner.shape)
                 .map_err(|_| Error::Refused("not enough segments".into()))?;
         }
         debug_assert!(ledger
@@ -281,7 +282,7 @@ pub fn create_pool(
             .iter()
             .all(|s| s.state != SegState::Checkpoint));
     }
-    inner.checkpoint()?;
+    inner.checkpoint_log()?;
     let pool = Pool::from_inner(inner);
     if let Some((name, size)) = &opts.initial_volume {
         pool.create_volume(name, *size)?;
@@ -302,5 +303,5 @@ pub fn open_paths(paths: &[PathBuf], options: PoolOptions, read_only: bool) -> R
             .map_err(|e| Error::io(format!("opening {}", p.display()), e))?;
         members.push(Arc::new(m));
     }
-    super::recovery::open_members(members, options, read_only)
+    super::open::open_members(members, options, read_only)
 }

@@ -6,11 +6,11 @@
 //! invariant check. The paths themselves live in their own modules, each an
 //! `impl Engine` block for one concern (see `pool/mod.rs`).
 
-use super::ledger::{Ledger, Segment, Head};
+use super::ledger::{Head, Ledger, Segment};
 use super::options::PoolOptions;
+use super::row_writer;
 use super::shape::Shape;
 use super::stats;
-use super::row_writer;
 use crate::device::{Device, IoPool};
 use crate::error::{Error, Result};
 use crate::format::row::HeadId;
@@ -156,6 +156,13 @@ impl Engine {
             stats.events.pop_front();
         }
     }
+
+    /// The path of member `m`, or "-".
+    pub(crate) fn member_name(&self, m: usize) -> String {
+        self.device(m)
+            .map(|d| d.member.describe())
+            .unwrap_or_else(|| "-".into())
+    }
 }
 
 pub(crate) fn new_inner(
@@ -198,7 +205,7 @@ pub(crate) fn new_inner(
         stored_blocks: 0,
         spare_buffers: Vec::new(),
         checkpoint_wanted: false,
-        overlays: super::overlay::OverlayTable::new(options.max_overlays),
+        overlays: super::overlay_table::OverlayTable::new(options.max_overlays),
     };
     for (s, seg) in ledger.segments.iter_mut().enumerate() {
         seg.members_mask = shape.geometry.segment_members(s as u32, active_mask);

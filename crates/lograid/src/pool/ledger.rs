@@ -247,7 +247,7 @@ pub struct Ledger {
     /// superblocks must say so).
     pub checkpoint_wanted: bool,
     /// Sub-block writes not yet merged into their blocks.
-    pub overlays: super::overlay::OverlayTable,
+    pub overlays: super::overlay_table::OverlayTable,
 }
 
 impl Ledger {
@@ -377,6 +377,7 @@ impl Ledger {
                 self.stored_blocks
             ));
         }
-        self.overlays.check(self)
+        self.overlays
+            .check(|vol, lba| self.volume(vol).map(|v| v.map.get(lba).0.is_stored()))
     }
 }

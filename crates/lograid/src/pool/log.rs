@@ -5,7 +5,9 @@
 //! segment the head moves to next, so recovery can follow the chain from a
 //! checkpoint without scanning the pool. Runs under the ledger lock; no I/O.
 
-use super::ledger::{full_row_shape, Ledger, OpenRow, SealedRow, SegState, EXTRA_ENTRIES, NO_SEGMENT};
+use super::ledger::{
+    full_row_shape, Ledger, OpenRow, SealedRow, SegState, EXTRA_ENTRIES, NO_SEGMENT,
+};
 use super::Shape;
 use crate::format::row::{header_blocks_for, Entry, EntryKind, HeadId, RowHeader, RowKind};
 use crate::format::BLOCK_SIZE;

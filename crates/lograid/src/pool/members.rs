@@ -16,7 +16,7 @@
 //! segment taken after its checkpoint may have been laid over.
 
 use super::ledger::{Ledger, SegState, Segment};
-use super::{check_writable, Pool, Engine};
+use super::{check_writable, Engine, Pool};
 use crate::device::{AlignedBuf, Member};
 use crate::error::{Error, Result};
 use crate::format::row::HeadId;
@@ -65,7 +65,7 @@ impl Pool {
             for m in members {
                 added.push(self.inner.join_member(m, None, false)?);
             }
-            self.inner.checkpoint_locked()?;
+            self.inner.checkpoint_log_locked()?;
             let names: Vec<String> = added.iter().map(|&i| self.inner.member_name(i)).collect();
             self.inner
                 .event(format!("added member(s) {}; rebalancing", names.join(", ")));
@@ -103,7 +103,7 @@ impl Pool {
             };
             if in_place {
                 let index = self.inner.join_member(new, Some(old), true)?;
-                self.inner.checkpoint_locked()?;
+                self.inner.checkpoint_log_locked()?;
                 self.inner.event(format!(
                     "replacing member {old} ({old_name}) by {} in place; rebuilding its columns",
                     self.inner.member_name(index)
@@ -124,7 +124,7 @@ impl Pool {
                     self.inner.devices.write()[old] = None;
                 }
             }
-            self.inner.checkpoint_locked()?;
+            self.inner.checkpoint_log_locked()?;
             self.inner.event(format!(
                 "replacing member {old} ({old_name}) by member {index} ({}); rebuilding",
                 self.inner.member_name(index)
@@ -199,7 +199,7 @@ impl Pool {
                 }
                 was
             };
-            self.inner.checkpoint_locked()?;
+            self.inner.checkpoint_log_locked()?;
             if was == MemberState::Faulted {
                 // Its columns are rebuilt from parity; it is not read.
                 self.inner.devices.write()[m] = None;
@@ -251,7 +251,7 @@ impl Pool {
                 }
                 ledger.member_set_changed(&self.inner.shape);
             }
-            self.inner.checkpoint_locked()?;
+            self.inner.checkpoint_log_locked()?;
             self.inner.event(format!(
                 "parity changed from {old} to {parity}; moving older rows to it"
             ));
@@ -356,7 +356,7 @@ impl Engine {
                 "{name} is already a member of this pool"
             )));
         }
-        if let Ok(sb) = super::recovery::read_superblock(member.as_ref()) {
+        if let Ok(sb) = super::open::read_superblock(member.as_ref()) {
             let ledger = self.ledger.lock();
             let current = ledger
                 .members
@@ -452,36 +452,6 @@ impl Engine {
         Ok(index)
     }
 
-    /// After superblocks recording `recorded` are durable on every member:
-    /// members recorded joining get new segments from now on, members
-    /// recorded leaving no longer do.
-    pub(crate) fn members_recorded(&self, recorded: &[MemberRecord]) {
-        let mut ledger = self.ledger.lock();
-        let before = ledger.active_mask;
-        for (m, r) in recorded.iter().enumerate() {
-            match (r.state, ledger.members[m].state) {
-                (MemberState::Joining, MemberState::Joining) => {
-                    ledger.members[m].state = MemberState::Active;
-                    ledger.active_mask |= 1 << m;
-                    ledger.checkpoint_wanted = true; // to record it active
-                }
-                (MemberState::Removing, MemberState::Removing) => ledger.active_mask &= !(1 << m),
-                _ => {}
-            }
-        }
-        if ledger.active_mask != before {
-            ledger.member_set_changed(&self.shape);
-            ledger.update_capacity(&self.shape);
-        }
-    }
-
-    /// The path of member `m`, or "-".
-    pub(crate) fn member_name(&self, m: usize) -> String {
-        self.device(m)
-            .map(|d| d.member.describe())
-            .unwrap_or_else(|| "-".into())
-    }
-
     /// Sealed segments the reshape still has to move (all but those whose
     /// blocks it could not read), in order.
     fn reshape_todo(&self, ledger: &Ledger) -> Vec<usize> {
@@ -535,7 +505,7 @@ impl Engine {
         // Members rebuilt in place come first: until then the pool has less
         // redundancy than its parity.
         if self.rebuild_in_place_step()? {
-            self.checkpoint_if_due()?;
+            self.checkpoint_log_if_due_locked()?;
             return Ok(true);
         }
         let victim = {
@@ -570,27 +540,12 @@ impl Engine {
                 "rebuild: segment {victim}: {left} block(s) could not be read or rebuilt; left in place"
             ));
         }
-        self.checkpoint_if_due()?;
+        self.checkpoint_log_if_due_locked()?;
         let mut r = self.reshape.lock();
         r.segments_done += 1;
         r.bytes_moved += moved * BLOCK_BYTES;
         r.busy_seconds += started.elapsed().as_secs_f64();
         Ok(true)
-    }
-
-    /// The reshape holds `maintenance`, so flushes cannot checkpoint
-    /// meanwhile: it does, when one is due (bounds replay, releases emptied
-    /// segments, records member changes and rebuild progress).
-    fn checkpoint_if_due(&self) -> Result<()> {
-        let due = {
-            let ledger = self.ledger.lock();
-            ledger.checkpoint_wanted
-                || ledger.log_blocks_since_checkpoint >= self.options.checkpoint_interval_blocks
-        };
-        if due {
-            self.checkpoint_locked()?;
-        }
-        Ok(())
     }
 
     /// Log heads still writing into a segment of the old shape are moved to
@@ -612,7 +567,7 @@ impl Engine {
         if heads(&self.ledger.lock()).is_empty() {
             return Ok(false);
         }
-        self.flush()?;
+        self.flush_log()?;
         let mut ledger = self.ledger.lock();
         let mut moved = false;
         for head in heads(&ledger) {
@@ -634,7 +589,8 @@ impl Engine {
             return Ok(false);
         }
         let in_use = |ledger: &Ledger| {
-            ledger.segments
+            ledger
+                .segments
                 .iter()
                 .filter(|s| !matches!(s.state, SegState::Free))
                 .fold(0u32, |m, s| m | s.members_mask)
@@ -653,7 +609,7 @@ impl Engine {
             // members move on (what they leave behind is sealed and moved
             // by the next step); emptied segments wait for a checkpoint,
             // the previous checkpoint's segments for the next one.
-            self.checkpoint_locked()?;
+            self.checkpoint_log_locked()?;
             {
                 let mut ledger = self.ledger.lock();
                 for head in [HeadId::User, HeadId::Cleaner] {
@@ -667,8 +623,8 @@ impl Engine {
                     }
                 }
             }
-            self.checkpoint_locked()?;
-            self.checkpoint_locked()?;
+            self.checkpoint_log_locked()?;
+            self.checkpoint_log_locked()?;
         }
         let done = {
             let mut ledger = self.ledger.lock();
@@ -686,7 +642,7 @@ impl Engine {
         if done == 0 {
             return Ok(false);
         }
-        self.checkpoint_locked()?;
+        self.checkpoint_log_locked()?;
         for m in 0..MAX_MEMBERS {
             if done & (1 << m) == 0 {
                 continue;
@@ -736,5 +692,4 @@ impl Engine {
             user_share: 1.0 - self.options.reshape_share,
         })
     }
-
 }

@@ -12,38 +12,46 @@
 //! rewritten under a reader.
 
 mod background;
-mod engine;
-mod options;
-mod shape;
-mod space;
 mod checkpoint;
 mod cleaner;
 pub mod create;
-mod io;
+mod durability;
+mod engine;
+mod faults;
+mod ledger;
 mod log;
 mod members;
+mod open;
+mod options;
 mod overlay;
+mod overlay_table;
+mod range;
+mod read;
 mod rebuild;
-mod recovery;
+mod replay;
 mod row_writer;
+mod rows;
 mod scrub;
-mod ledger;
+mod shape;
+mod space;
 mod stats;
 mod status;
+mod stripe;
+mod write;
 
 /// Opening pools and what recovery reports.
 pub mod recovery_api {
-    pub use super::recovery::{open_members, read_superblock};
+    pub use super::open::{open_members, read_superblock};
     pub use super::stats::RecoveryReport;
 }
 
 pub use create::{CreateOptions, DEFAULT_CHUNK_BYTES};
-pub use members::ReshapeStatus;
-pub use scrub::{LostBlock, ScrubReport};
-pub use stats::CleanerState;
 pub(crate) use engine::{now_unix, random_u128, random_u64, Engine};
+pub use members::ReshapeStatus;
 pub use options::{CleanerPolicy, PoolOptions};
+pub use scrub::{LostBlock, ScrubReport};
 pub use shape::Shape;
+pub use stats::CleanerState;
 pub use status::{CleanerStatus, MemberStatus, PoolStatus, VolumeStatus};
 
 use crate::error::{Error, Result};
@@ -52,8 +60,7 @@ use ledger::Ledger;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-impl Ledger {
-}
+impl Ledger {}
 
 /// An open pool. Cheap to clone; closing writes a final checkpoint.
 #[derive(Clone)]
@@ -83,18 +90,18 @@ pub const SECTOR: u64 = 512;
 
 impl Pool {
     fn from_inner(inner: Arc<Engine>) -> Pool {
-        row_writer::RowWriter::start(&inner);
+        inner.start_row_writer();
         let cleaner = background::BackgroundThread::start(
             &inner,
             inner.options.background_cleaner,
             "lograid-cleaner",
-            cleaner::background_loop,
+            background::cleaner_loop,
         );
         let resolver = background::BackgroundThread::start(
             &inner,
             inner.options.background_resolver,
             "lograid-resolver",
-            overlay::background_loop,
+            background::resolver_loop,
         );
         Pool {
             inner,
@@ -119,7 +126,8 @@ impl Pool {
     /// its creation is durable).
     pub fn volumes(&self) -> Vec<Volume> {
         let ledger = self.inner.ledger.lock();
-        ledger.volumes
+        ledger
+            .volumes
             .values()
             .filter(|v| v.exists())
             .map(|v| Volume {
@@ -166,7 +174,7 @@ impl Pool {
             );
             id
         };
-        let recorded = self.inner.checkpoint_locked();
+        let recorded = self.inner.checkpoint_log_locked();
         let mut ledger = self.inner.ledger.lock();
         match recorded {
             Ok(()) => {
@@ -207,7 +215,7 @@ impl Pool {
             v.recording_size_bytes = Some(size_bytes);
             v.id
         };
-        let recorded = self.inner.checkpoint_locked();
+        let recorded = self.inner.checkpoint_log_locked();
         let mut ledger = self.inner.ledger.lock();
         let v = ledger.volumes.get_mut(&id).expect("volume being grown");
         v.recording_size_bytes = None;
@@ -247,14 +255,14 @@ impl Pool {
             sealed
         };
         self.inner.write_rows(sealed)?;
-        self.inner.checkpoint_locked()
+        self.inner.checkpoint_log_locked()
     }
 
     /// Flushes everything (sub-block writes held in memory included) and
     /// writes a checkpoint.
     pub fn checkpoint(&self) -> Result<()> {
         self.inner
-            .guarded("checkpoint", || self.inner.checkpoint_all())
+            .guarded("checkpoint", || self.inner.checkpoint_acknowledged())
     }
 
     /// Runs the cleaner until `segments` more segments are free or nothing
@@ -264,7 +272,7 @@ impl Pool {
             let cleaned = self.inner.clean_segments(segments, false)?;
             // Make what was emptied reusable now (and, as ever, everything
             // acknowledged durable).
-            self.inner.checkpoint_all()?;
+            self.inner.checkpoint_acknowledged()?;
             Ok(cleaned)
         })
     }
@@ -306,7 +314,7 @@ impl Pool {
         let read_only = self.inner.ledger.lock().read_only_reason.is_some();
         if !read_only {
             self.inner
-                .guarded("close", || self.inner.checkpoint_all())?;
+                .guarded("close", || self.inner.checkpoint_acknowledged())?;
         }
         self.inner.row_writer.stop();
         self.inner.closed.store(true, Ordering::SeqCst);
@@ -401,7 +409,8 @@ impl Volume {
         if self.inner.closed.load(Ordering::Relaxed) {
             return Err(Error::ReadOnly("pool is closed".into()));
         }
-        self.inner.guarded("flush", || self.inner.flush_all())
+        self.inner
+            .guarded("flush", || self.inner.flush_acknowledged())
     }
 
     /// Unmaps whole 4 KiB blocks inside the range (a hint: partial blocks at
@@ -410,7 +419,7 @@ impl Volume {
         self.check(offset, length)?;
         self.inner.guarded("trim", || {
             self.inner
-                .range_op(self.id, &self.name, offset, length, io::RangeOp::Trim)
+                .range_op(self.id, &self.name, offset, length, range::RangeOp::Trim)
         })
     }
 
@@ -421,9 +430,9 @@ impl Volume {
     pub fn write_zeroes(&self, offset: u64, length: u64, keep_allocated: bool) -> Result<()> {
         self.check(offset, length)?;
         let mode = if keep_allocated {
-            io::RangeOp::ZeroAllocated
+            range::RangeOp::ZeroAllocated
         } else {
-            io::RangeOp::ZeroUnmapped
+            range::RangeOp::ZeroUnmapped
         };
         self.inner.guarded("write zeroes", || {
             self.inner

@@ -1,7 +1,6 @@
 //! The run-time options of an opened pool (`PoolOptions`) and the cleaner's
 //! victim policy: what a caller may tune without changing the pool on disk.
 
-
 /// Runtime options for an opened pool.
 #[derive(Debug, Clone)]
 pub struct PoolOptions {

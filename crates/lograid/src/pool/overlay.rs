@@ -7,7 +7,7 @@
 //! bound (`PoolOptions::max_overlays`) and space accounting, resolving
 //! overlays (read the base outside the lock, merge, append with a
 //! compare-and-write that the overlay is still the one merged), the
-//! background resolver thread, and `flush_all`, the flush that makes every
+//! background resolver thread, and `flush_acknowledged`, the flush that makes every
 //! acknowledged write durable (overlays first, then the log).
 //!
 //! Rules the rest of the pool keeps: whatever replaces a block (a whole-block
@@ -18,431 +18,35 @@
 //! append that carries it), so a flush that resolved every overlay older
 //! than itself and then flushed the log has made them all durable.
 
-use super::ledger::Ledger;
+use super::check_writable;
+use super::overlay_table::Written;
+use super::overlay_table::{Cond, Pick};
+use super::read::gone;
 use super::Engine;
 use crate::error::{Error, Result};
+use crate::format::BLOCK_BYTES;
 use crate::format::BLOCK_SIZE;
-use crate::map::Loc;
 use crate::sync::{thread, Mutex, MutexGuard};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
-use std::time::Duration;
-
-/// 512-byte sectors in a block: one bit each in a mask.
-const SECTOR_BYTES: usize = 512;
-const SECTORS: usize = BLOCK_SIZE / SECTOR_BYTES;
-const FULL: u8 = ((1u16 << SECTORS) - 1) as u8;
 
 /// Overlays resolved at once, and threads reading their bases in parallel.
 const RESOLVE_BATCH: usize = 128;
+
 const RESOLVE_THREADS: usize = 8;
 
 /// Attempts to resolve one overlay while other writes keep replacing its
 /// base, before giving up with an error.
 const RESOLVE_ATTEMPTS: usize = 1000;
 
-/// One block's pending sub-block writes.
-struct Overlay {
-    /// Sectors written (never empty, never full: a full one is a block write).
-    mask: u8,
-    bytes: Box<[u8]>,
-    /// Tick of the write that created it: tells this overlay from one
-    /// created later for the same block after this one was dropped.
-    created: u64,
-    /// Tick of the latest write merged in.
-    version: u64,
-    /// Every write merged in with a tick below this one is in the base
-    /// already (a resolve that raced with a newer write); a flush needs
-    /// the overlay resolved only if `born` is not after the flush began.
-    born: u64,
-    /// Its block was not stored when it was created: merging it will store
-    /// a new block, which is reserved (`OverlayTable::unstored`).
-    unstored: bool,
-}
-
-impl Overlay {
-    fn carried(&self) -> Carried {
-        Carried {
-            created: self.created,
-            version: self.version,
-        }
-    }
-}
-
-/// A copy of an overlay taken with a map lookup.
-#[derive(Clone)]
-pub struct OverlayCopy {
-    mask: u8,
-    bytes: Box<[u8]>,
-    created: u64,
-    version: u64,
-}
-
-impl OverlayCopy {
-    fn carried(&self) -> Carried {
-        Carried {
-            created: self.created,
-            version: self.version,
-        }
-    }
-
-    /// Lays the overlay's sectors over `block` (the base).
-    pub fn apply(&self, block: &mut [u8]) {
-        for s in 0..SECTORS {
-            if self.mask & (1 << s) != 0 {
-                let r = s * SECTOR_BYTES..(s + 1) * SECTOR_BYTES;
-                block[r.clone()].copy_from_slice(&self.bytes[r]);
-            }
-        }
-    }
-}
-
-/// The condition of a conditional block write. With an overlay carried:
-/// the overlay is still the one merged (`Carried::created`) and, when
-/// resolving, the base is still the one read (`entry`); after the append the
-/// overlay is dropped if no write was merged into it meanwhile
-/// (`Carried::version`), else kept: its sectors are a superset of those
-/// merged, so it still lies correctly over the new block. Without one (a
-/// read-merge-write done beside the table): the base is still `entry` and
-/// the block has no overlay.
-#[derive(Debug, Clone, Copy)]
-pub struct Cond {
-    pub entry: Option<(Loc, u32)>,
-    pub overlay: Option<Carried>,
-}
-
-/// Which overlay a conditional write carries.
-#[derive(Debug, Clone, Copy)]
-pub struct Carried {
-    created: u64,
-    version: u64,
-}
-
-/// What a sub-block write did to the table.
-pub enum Written {
-    /// Held in the table; `wake`: the table is above the low watermark.
-    Held { wake: bool },
-    /// It completes its block: write this block with this condition.
-    Full(Vec<u8>, Cond),
-    /// A new overlay is needed and the table is full.
-    TableFull,
-}
-
-/// Which overlays a resolve pass takes.
-#[derive(Debug, Clone, Copy)]
-enum Pick {
-    /// Up to a batch, least recently written first.
-    Oldest,
-    /// Every one holding a write older than this tick.
-    BornBy(u64),
-}
-
-/// The overlays of the pool, by (volume, block).
-pub struct OverlayTable {
-    map: BTreeMap<(u32, u64), Overlay>,
-    limit: usize,
-    /// Counts writes merged in; stamps `created`, `version`, `born`.
-    tick: u64,
-    /// Overlays whose block is not stored (each will need a block).
-    unstored: u64,
-    /// Overlays merged into their blocks since the pool was opened.
-    pub resolved: u64,
-}
-
-impl OverlayTable {
-    pub fn new(limit: usize) -> OverlayTable {
-        OverlayTable {
-            map: BTreeMap::new(),
-            limit: limit.max(1),
-            tick: 0,
-            unstored: 0,
-            resolved: 0,
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    /// Overlays whose blocks are not stored yet: blocks reserved.
-    pub fn unstored(&self) -> u64 {
-        self.unstored
-    }
-
-    /// Above this many overlays the background resolver works.
-    fn low_watermark(&self) -> usize {
-        self.limit / 4
-    }
-
-    /// Merges `bytes` at byte `within` of block `lba` of volume `vol`.
-    /// `base_stored`: the block is stored now; `stored` and `usable`: the
-    /// pool's blocks, to refuse a new overlay that would need a block the
-    /// pool does not have (NoSpace now, not when it is merged).
-    #[allow(clippy::too_many_arguments)]
-    pub fn write(
-        &mut self,
-        vol: u32,
-        lba: u64,
-        within: usize,
-        bytes: &[u8],
-        base_stored: bool,
-        stored: u64,
-        usable: u64,
-    ) -> Result<Written> {
-        assert!(
-            within.is_multiple_of(SECTOR_BYTES)
-                && bytes.len().is_multiple_of(SECTOR_BYTES)
-                && !bytes.is_empty()
-                && within + bytes.len() <= BLOCK_SIZE,
-            "sub-block write of {} bytes at {within}",
-            bytes.len()
-        );
-        let first = within / SECTOR_BYTES;
-        let n = bytes.len() / SECTOR_BYTES;
-        let mask = (((1u16 << n) - 1) << first) as u8;
-        if let Some(o) = self.map.get_mut(&(vol, lba)) {
-            if o.mask | mask == FULL {
-                // The sectors this write shares with the overlay are newer
-                // here: they go into the overlay too, so that an overlay kept
-                // over the new block (a write merged into it meanwhile, see
-                // `appended`) does not bring their older bytes back.
-                let shared = o.mask & mask;
-                if shared != 0 {
-                    self.tick += 1;
-                    for s in (0..SECTORS).filter(|s| shared & (1 << s) != 0) {
-                        let r = s * SECTOR_BYTES..(s + 1) * SECTOR_BYTES;
-                        let from = s * SECTOR_BYTES - within;
-                        o.bytes[r].copy_from_slice(&bytes[from..from + SECTOR_BYTES]);
-                    }
-                    o.version = self.tick;
-                }
-                let mut block = o.bytes.to_vec();
-                block[within..within + bytes.len()].copy_from_slice(bytes);
-                let cond = Cond {
-                    entry: None,
-                    overlay: Some(o.carried()),
-                };
-                return Ok(Written::Full(block, cond));
-            }
-            self.tick += 1;
-            o.mask |= mask;
-            o.bytes[within..within + bytes.len()].copy_from_slice(bytes);
-            o.version = self.tick;
-            return Ok(Written::Held {
-                wake: self.map.len() > self.low_watermark(),
-            });
-        }
-        assert_ne!(mask, FULL, "a whole block written as a sub-block write");
-        if self.map.len() >= self.limit {
-            return Ok(Written::TableFull);
-        }
-        if !base_stored && stored + self.unstored >= usable {
-            return Err(Error::NoSpace);
-        }
-        self.tick += 1;
-        let mut block = vec![0u8; BLOCK_SIZE].into_boxed_slice();
-        block[within..within + bytes.len()].copy_from_slice(bytes);
-        self.map.insert(
-            (vol, lba),
-            Overlay {
-                mask,
-                bytes: block,
-                created: self.tick,
-                version: self.tick,
-                born: self.tick,
-                unstored: !base_stored,
-            },
-        );
-        self.unstored += u64::from(!base_stored);
-        assert!(self.map.len() <= self.limit, "overlay table over its limit");
-        Ok(Written::Held {
-            wake: self.map.len() > self.low_watermark(),
-        })
-    }
-
-    pub fn contains(&self, vol: u32, lba: u64) -> bool {
-        !self.map.is_empty() && self.map.contains_key(&(vol, lba))
-    }
-
-    pub fn copy(&self, vol: u32, lba: u64) -> Option<OverlayCopy> {
-        self.map.get(&(vol, lba)).map(|o| OverlayCopy {
-            mask: o.mask,
-            bytes: o.bytes.clone(),
-            created: o.created,
-            version: o.version,
-        })
-    }
-
-    /// Copies of the overlays of blocks `lba..lba+n`, with their index in
-    /// the range.
-    pub fn copies(&self, vol: u32, lba: u64, n: u64) -> Vec<(usize, OverlayCopy)> {
-        if self.map.is_empty() {
-            return Vec::new();
-        }
-        self.map
-            .range((vol, lba)..(vol, lba + n))
-            .map(|(&(_, b), o)| {
-                (
-                    (b - lba) as usize,
-                    OverlayCopy {
-                        mask: o.mask,
-                        bytes: o.bytes.clone(),
-                        created: o.created,
-                        version: o.version,
-                    },
-                )
-            })
-            .collect()
-    }
-
-    /// Whether block `lba` holds an overlay with room reserved for it (a
-    /// block not stored yet).
-    pub fn reserves(&self, vol: u32, lba: u64) -> bool {
-        self.map.get(&(vol, lba)).is_some_and(|o| o.unstored)
-    }
-
-    /// Blocks reserved for overlays other than that of block `lba` (a write
-    /// storing that block takes over its reservation).
-    pub fn unstored_except(&self, vol: u32, lba: u64) -> u64 {
-        let own = self.map.get(&(vol, lba)).is_some_and(|o| o.unstored);
-        self.unstored - u64::from(own)
-    }
-
-    /// Block `lba` was replaced as a whole (written, trimmed, zeroed).
-    pub fn remove(&mut self, vol: u32, lba: u64) {
-        if self.map.is_empty() {
-            return;
-        }
-        if let Some(o) = self.map.remove(&(vol, lba)) {
-            self.unstored -= u64::from(o.unstored);
-        }
-    }
-
-    /// Blocks `lo..hi` were replaced as a whole.
-    pub fn remove_range(&mut self, vol: u32, lo: u64, hi: u64) {
-        if self.map.is_empty() || lo >= hi {
-            return;
-        }
-        let keys: Vec<(u32, u64)> = self
-            .map
-            .range((vol, lo)..(vol, hi))
-            .map(|(k, _)| *k)
-            .collect();
-        for (v, b) in keys {
-            self.remove(v, b);
-        }
-    }
-
-    /// The volume was deleted.
-    pub fn remove_volume(&mut self, vol: u32) {
-        self.remove_range(vol, 0, u64::MAX);
-    }
-
-    /// Whether a conditional write of block `lba` may go ahead, as far as
-    /// overlays go: the overlay it carries is still there, or, carrying none,
-    /// none has appeared.
-    pub fn admits(&self, vol: u32, lba: u64, cond: &Cond) -> bool {
-        match cond.overlay {
-            Some(c) => self
-                .map
-                .get(&(vol, lba))
-                .is_some_and(|o| o.created == c.created),
-            None => !self.contains(vol, lba),
-        }
-    }
-
-    /// Block `lba` was appended whole (in this lock section). Carrying an
-    /// overlay: drop it if nothing was merged into it since, else keep it
-    /// over the new block, which is stored now. Otherwise the block replaced
-    /// any overlay.
-    pub fn appended(&mut self, vol: u32, lba: u64, carried: Option<Carried>) {
-        let Some(c) = carried else {
-            self.remove(vol, lba);
-            return;
-        };
-        let o = self
-            .map
-            .get_mut(&(vol, lba))
-            .expect("the overlay a conditional write carried");
-        assert_eq!(o.created, c.created, "overlay replaced under its write");
-        self.resolved += 1;
-        if o.version == c.version {
-            self.remove(vol, lba);
-            return;
-        }
-        if o.unstored {
-            o.unstored = false;
-            self.unstored -= 1;
-        }
-        o.born = o.born.max(c.version + 1);
-    }
-
-    /// Up to `max` overlays `pick` takes (but none in `skip`).
-    fn pick(&self, pick: Pick, max: usize, skip: &HashSet<(u32, u64)>) -> Vec<(u32, u64)> {
-        match pick {
-            Pick::BornBy(t) => self
-                .map
-                .iter()
-                .filter(|(k, o)| o.born <= t && !skip.contains(k))
-                .take(max)
-                .map(|(k, _)| *k)
-                .collect(),
-            Pick::Oldest => {
-                let mut all: Vec<(u64, (u32, u64))> =
-                    self.map.iter().map(|(k, o)| (o.version, *k)).collect();
-                if all.len() > max {
-                    all.select_nth_unstable(max);
-                    all.truncate(max);
-                }
-                all.into_iter().map(|(_, k)| k).collect()
-            }
-        }
-    }
-
-    /// Checks the table against the maps (for `Ledger::check_invariants`).
-    pub fn check(&self, ledger: &Ledger) -> std::result::Result<(), String> {
-        if self.map.len() > self.limit {
-            return Err(format!("{} overlays, limit {}", self.map.len(), self.limit));
-        }
-        let mut unstored = 0;
-        for (&(vol, lba), o) in &self.map {
-            if o.mask == 0 || o.mask == FULL {
-                return Err(format!(
-                    "overlay of volume {vol} block {lba} has mask {:#04x}",
-                    o.mask
-                ));
-            }
-            let Some(v) = ledger.volume(vol) else {
-                return Err(format!("overlay of deleted volume {vol} block {lba}"));
-            };
-            if o.unstored == v.map.get(lba).0.is_stored() {
-                return Err(format!(
-                    "overlay of volume {vol} block {lba}: unstored {} but the map says {:?}",
-                    o.unstored,
-                    v.map.get(lba).0
-                ));
-            }
-            unstored += u64::from(o.unstored);
-        }
-        if unstored != self.unstored {
-            return Err(format!(
-                "{unstored} overlays on unstored blocks, counted {}",
-                self.unstored
-            ));
-        }
-        Ok(())
-    }
-}
-
 impl Engine {
     /// Makes every write acknowledged before the call durable: merges every
     /// overlay holding such a write into its block, then flushes the log.
     /// An overlay that cannot be merged (no space, the pool stopped writing,
     /// its old block unreadable) stays, and the flush fails with the reason.
-    pub(crate) fn flush_all(&self) -> Result<()> {
+    pub(crate) fn flush_acknowledged(&self) -> Result<()> {
         let resolved = self.resolve_acknowledged();
-        let flushed = self.flush();
+        let flushed = self.flush_log().and_then(|()| self.checkpoint_log_if_due());
         resolved.and(flushed)
     }
 
@@ -491,7 +95,8 @@ impl Engine {
             if ledger.overlays.len() < ledger.overlays.limit {
                 return Ok(());
             }
-            ledger.overlays
+            ledger
+                .overlays
                 .pick(Pick::Oldest, RESOLVE_BATCH, &HashSet::new())
         };
         match self.resolve_keys(&keys) {
@@ -502,14 +107,15 @@ impl Engine {
 
     /// One background pass: a batch if the table is above its low
     /// watermark. Returns whether there was anything to do.
-    fn resolve_background(&self) -> Result<bool> {
+    pub(crate) fn resolve_background(&self) -> Result<bool> {
         let _r = self.resolving.lock();
         let keys = {
             let ledger = self.ledger.lock();
             if ledger.overlays.len() <= ledger.overlays.low_watermark() {
                 return Ok(false);
             }
-            ledger.overlays
+            ledger
+                .overlays
                 .pick(Pick::Oldest, RESOLVE_BATCH, &HashSet::new())
         };
         match self.resolve_keys(&keys) {
@@ -574,7 +180,9 @@ impl Engine {
             let (entry, overlay) = match snapshot {
                 Ok(Some(s)) => s,
                 Ok(None) => return Ok(()), // replaced, or merged by another writer
-                Err(Error::NotFound(_)) if self.ledger.lock().volume(vol).is_none() => return Ok(()),
+                Err(Error::NotFound(_)) if self.ledger.lock().volume(vol).is_none() => {
+                    return Ok(())
+                }
                 Err(e) => return Err(e),
             };
             overlay.apply(&mut block);
@@ -590,36 +198,124 @@ impl Engine {
             "volume {vol} block {lba}: merging a sub-block write kept racing with other writes"
         )))
     }
-}
 
-/// The background thread (`lograid-resolver`) that keeps the overlay table below its low watermark, so
-/// that writers rarely find it full and flushes have little to merge.
-pub(crate) fn background_loop(weak: Weak<Engine>, stop: Arc<super::background::Stop>) {
-    while !stop.is_set() {
-        let Some(inner) = weak.upgrade() else { return };
-        {
-            let mut ledger = inner.ledger.lock();
-            if ledger.overlays.len() <= ledger.overlays.low_watermark() {
-                inner
-                    .overlay_wake
-                    .wait_for(&mut ledger, Duration::from_millis(20));
-            }
-            if inner.closed.load(Ordering::SeqCst) || ledger.read_only_reason.is_some() {
-                drop(ledger);
-                drop(inner);
-                stop.pause(Duration::from_millis(50));
+    /// Writes `data` at byte `offset` of volume `id` (512-byte aligned,
+    /// range already checked). Sub-block pieces merge into their block.
+    pub(crate) fn write(&self, id: u32, name: &str, offset: u64, data: &[u8]) -> Result<()> {
+        let mut pos = offset;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let within = (pos % BLOCK_BYTES) as usize;
+            if within != 0 || rest.len() < BLOCK_SIZE {
+                let n = (BLOCK_SIZE - within).min(rest.len());
+                self.write_partial(id, name, pos / BLOCK_BYTES, within, &rest[..n])?;
+                pos += n as u64;
+                rest = &rest[n..];
                 continue;
             }
+            let n = rest.len() / BLOCK_SIZE * BLOCK_SIZE;
+            self.write_blocks(id, pos / BLOCK_BYTES, &rest[..n], None)?;
+            pos += n as u64;
+            rest = &rest[n..];
         }
-        match inner.guarded("merging sub-block writes", || inner.resolve_background()) {
-            Ok(_) => {}
-            Err(e) => {
-                // The overlays stay; the next flush reports the error.
-                tracing::warn!("background merge of sub-block writes: {e}");
-                drop(inner);
-                stop.pause(Duration::from_millis(500));
+        Ok(())
+    }
+
+    /// A write covering block `lba` only partly: held as an overlay (see
+    /// `overlay`), merged into the block later; no read here. One that
+    /// completes its overlay's block is written as a whole block.
+    fn write_partial(
+        &self,
+        id: u32,
+        name: &str,
+        lba: u64,
+        within: usize,
+        bytes: &[u8],
+    ) -> Result<()> {
+        for _ in 0..PARTIAL_WRITE_ATTEMPTS {
+            let written = {
+                let mut ledger = self.ledger.lock();
+                check_writable(&ledger)?;
+                let vol = ledger.volume(id).ok_or_else(|| gone(name))?;
+                let base_stored = vol.map.get(lba).0.is_stored();
+                let (stored, usable) = (ledger.stored_blocks, ledger.usable_blocks);
+                ledger
+                    .overlays
+                    .write(id, lba, within, bytes, base_stored, stored, usable)?
+            };
+            match written {
+                Written::Held { wake } => {
+                    if wake {
+                        self.overlay_wake.notify_one();
+                    }
+                    return Ok(());
+                }
+                Written::Full(block, cond) => {
+                    if self.write_blocks(id, lba, &block, Some(cond))? {
+                        return Ok(());
+                    }
+                }
+                // The table is full. Merge a batch of it, unless another
+                // thread is doing that already: then merge this write with
+                // its block here (read, merge, conditional write), in
+                // parallel with the other writers, instead of queueing
+                // behind the batch (at high queue depths the table fills
+                // faster than one batch at a time empties it).
+                Written::TableFull => match self.try_make_overlay_room() {
+                    Some(made) => made?,
+                    None => {
+                        if self.merge_beside_table(id, name, lba, within, bytes)? {
+                            return Ok(());
+                        }
+                    }
+                },
             }
         }
+        Err(Error::Refused(format!(
+            "volume '{name}' block {lba}: sub-block write kept racing with other writes"
+        )))
+    }
+
+    /// Writes `bytes` at byte `within` of block `lba` by reading the block,
+    /// merging and writing it whole, on condition that the block did not
+    /// change since it was read (false if it did: try again). The map entry
+    /// the condition compares is taken in the lock section of the read's map
+    /// lookup: taken apart from it, the block could change A to B to A
+    /// in between, and the merge, built on B, would be written over the
+    /// later A (a lost write). The block's overlays, if any, are applied,
+    /// and the write requires that there be none by then.
+    pub(crate) fn merge_beside_table(
+        &self,
+        id: u32,
+        name: &str,
+        lba: u64,
+        within: usize,
+        bytes: &[u8],
+    ) -> Result<bool> {
+        let mut block = vec![0u8; BLOCK_SIZE];
+        let (entry, overlays) = self.read_base(id, name, lba, &mut block, |ledger| {
+            let entry = ledger.volume(id).map(|v| v.map.get(lba));
+            (entry, ledger.overlays.copies(id, lba, 1))
+        })?;
+        let entry = entry.ok_or_else(|| gone(name))?;
+        for (_, o) in overlays {
+            o.apply(&mut block);
+        }
+        block[within..within + bytes.len()].copy_from_slice(bytes);
+        let cond = Cond {
+            entry: Some(entry),
+            overlay: None,
+        };
+        self.write_blocks(id, lba, &block, Some(cond))
+    }
+
+    /// Makes every acknowledged write durable (sub-block writes held in
+    /// memory merged first) and writes a checkpoint. If a merge fails, the
+    /// checkpoint is still written and the merge's error returned.
+    pub(crate) fn checkpoint_acknowledged(&self) -> Result<()> {
+        let resolved = self.resolve_acknowledged();
+        self.checkpoint_log()?;
+        resolved
     }
 }
 
@@ -631,7 +327,9 @@ mod tests {
     use super::*;
     use crate::device::{Member, SimMember};
     use crate::pool::create::create_pool;
+    use crate::pool::overlay_table::{Written, SECTORS, SECTOR_BYTES};
     use crate::pool::{CreateOptions, Pool, PoolOptions, Volume};
+    use std::sync::Arc;
 
     fn pool() -> (Pool, Volume) {
         let members: Vec<Arc<dyn Member>> = (0..3)
@@ -682,7 +380,8 @@ mod tests {
         // Sector 7 completes the block: what the writer would append.
         let written = {
             let mut ledger = pool.inner.ledger.lock();
-            ledger.overlays
+            ledger
+                .overlays
                 .write(
                     vol.id(),
                     0,
@@ -781,34 +480,7 @@ mod tests {
         assert_eq!(read(&vol), want);
         pool.check_invariants().unwrap();
     }
-
-    #[test]
-    fn table_bound_and_masks() {
-        let mut t = OverlayTable::new(2);
-        let w = |t: &mut OverlayTable, lba, within, len| {
-            t.write(1, lba, within, &vec![1u8; len], false, 0, 10)
-                .unwrap()
-        };
-        assert!(matches!(w(&mut t, 0, 0, 512), Written::Held { .. }));
-        assert!(matches!(w(&mut t, 1, 512, 1024), Written::Held { .. }));
-        assert!(matches!(w(&mut t, 2, 0, 512), Written::TableFull));
-        // Merging into an existing overlay needs no room.
-        assert!(matches!(w(&mut t, 0, 512, 3072), Written::Held { .. }));
-        assert!(matches!(w(&mut t, 0, 3584, 512), Written::Full(..)));
-        assert_eq!(t.unstored(), 2);
-        // No block left for a new overlay on an unstored block.
-        let mut t = OverlayTable::new(8);
-        assert!(matches!(
-            t.write(1, 0, 0, &[0u8; 512], false, 9, 10),
-            Ok(Written::Held { .. })
-        ));
-        assert!(matches!(
-            t.write(1, 1, 0, &[0u8; 512], false, 9, 10),
-            Err(Error::NoSpace)
-        ));
-        assert!(matches!(
-            t.write(1, 2, 0, &[0u8; 512], true, 9, 10),
-            Ok(Written::Held { .. })
-        ));
-    }
 }
+
+/// Attempts of an optimistic sub-block write before giving up.
+const PARTIAL_WRITE_ATTEMPTS: usize = 1000;

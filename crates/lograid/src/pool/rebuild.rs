@@ -16,10 +16,10 @@
 //! `lograid status` shows as degraded and rebuilding.
 
 use super::ledger::SegState;
+use super::stripe::row_data_block;
 use super::Engine;
 use crate::device::{AlignedBuf, Device};
 use crate::error::Result;
-use crate::format::row::RowHeader;
 use crate::format::superblock::MemberState;
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
 use crate::layout::RowGeom;
@@ -277,7 +277,7 @@ impl Engine {
             }
         }
         for (at, end) in runs {
-            super::io::with_retries(|| dev.write_at(&out[at..end], base + at as u64))?;
+            super::faults::with_retries(|| dev.write_at(&out[at..end], base + at as u64))?;
         }
         Ok(lost)
     }
@@ -305,30 +305,19 @@ impl Engine {
                 Some(buf)
             })
             .collect();
-        if !super::io::rebuild_missing_columns(geom, &mut columns, len) {
+        if !super::stripe::rebuild_missing_columns(geom, &mut columns, len) {
             return None;
         }
-        // Data block i is block i % height of column i / height.
-        let h = geom.height as usize;
-        let block = |i: usize| -> &[u8] {
-            let col = columns[i / h].as_deref().expect("rebuilt above");
-            &col[(i % h) * BLOCK_SIZE..(i % h + 1) * BLOCK_SIZE]
-        };
+        let header = self.header_from_columns(geom, &columns)?;
         let hb = geom.header_blocks as usize;
-        let mut header_bytes = Vec::with_capacity(hb * BLOCK_SIZE);
-        for i in 0..hb {
-            header_bytes.extend_from_slice(block(i));
-        }
-        let (header, _) = RowHeader::decode(&header_bytes).ok()?;
-        if header.seq != geom.seq || header.pool_uuid != self.shape.pool_uuid {
-            return None;
-        }
         let all_good = header
             .entries
             .iter()
             .filter(|e| e.kind.owns_slot())
             .enumerate()
-            .all(|(j, e)| crc32c(block(hb + j)) == e.crc);
+            .all(|(j, e)| {
+                row_data_block(geom, &columns, hb + j).is_some_and(|b| crc32c(b) == e.crc)
+            });
         if !all_good {
             return None;
         }

@@ -62,11 +62,13 @@ impl Engine {
         let started = Instant::now();
         if repair {
             // Rows still in memory reach the members first.
-            self.flush()?;
+            self.flush_log()?;
+            self.checkpoint_log_if_due()?;
         }
         let rows: Vec<RowGeom> = {
             let ledger = self.ledger.lock();
-            ledger.segments
+            ledger
+                .segments
                 .iter()
                 .filter(|s| {
                     matches!(

@@ -155,7 +155,7 @@ pub fn collect(inner: &Engine) -> PoolStatus {
     let fault = ledger
         .read_only_reason
         .as_ref()
-        .filter(|r| r.as_str() != super::recovery::OPENED_READ_ONLY);
+        .filter(|r| r.as_str() != super::open::OPENED_READ_ONLY);
     let state = match (fault, missing) {
         (Some(r), _) => format!("read-only ({r})"),
         (None, 0) => "online".into(),

@@ -1,0 +1,346 @@
+//! Opening a pool: find the members by their superblocks, load the newest
+//! checkpoint, and roll the log forward along each head's chain of rows
+//! written after it. The work grows with what was written since the
+//! checkpoint, not with the size of the pool. Rows are located and verified
+//! even with members missing: a header on a missing or corrupt member is
+//! rebuilt from the other columns of its row.
+
+use super::engine::new_inner;
+use super::ledger::Ledger;
+use super::stats::RecoveryReport;
+use super::{random_u64, Engine, Pool, PoolOptions, Shape};
+use crate::device::{AlignedBuf, Device, Member};
+use crate::error::{Error, Result};
+use crate::format::checkpoint::CheckpointImage;
+use crate::format::superblock::{MemberState, Superblock};
+use crate::format::{BLOCK_BYTES, BLOCK_SIZE};
+use crate::layout::{Geometry, MemberSizes};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Why a pool opened for inspection refuses writes (not a fault).
+pub const OPENED_READ_ONLY: &str = "opened read-only";
+
+/// The newest valid superblock on a member (of its four slots).
+pub fn read_superblock(member: &dyn Member) -> Result<Superblock> {
+    let size_blocks = member.size_bytes() / BLOCK_BYTES;
+    if size_blocks < crate::format::DATA_START_BLOCK + 4 {
+        return Err(Error::Refused(format!(
+            "{} is too small to be a lograid member",
+            member.describe()
+        )));
+    }
+    let mut best: Option<Superblock> = None;
+    let mut first_error = None;
+    let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+    for g in 0..2 {
+        for b in Superblock::slot_blocks(size_blocks, g) {
+            if let Err(e) = member.read_at(&mut buf, b * BLOCK_BYTES) {
+                first_error.get_or_insert(Error::io(
+                    format!("reading superblock of {}", member.describe()),
+                    e,
+                ));
+                continue;
+            }
+            match Superblock::decode(&buf) {
+                Ok(sb) if best.as_ref().is_none_or(|x| sb.generation > x.generation) => {
+                    best = Some(sb)
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    first_error.get_or_insert(Error::format(
+                        format!("superblock of {}", member.describe()),
+                        e,
+                    ));
+                }
+            }
+        }
+    }
+    best.ok_or_else(|| {
+        first_error.unwrap_or_else(|| {
+            Error::Refused(format!("{} is not a lograid member", member.describe()))
+        })
+    })
+}
+
+/// Refuses a drive whose start now holds something else (e.g. a filesystem
+/// made over a former member whose tail superblocks survived).
+fn refuse_foreign_contents(member: &dyn Member) -> Result<()> {
+    let mut head = AlignedBuf::zeroed(128 * 1024);
+    let len = head
+        .len()
+        .min(member.size_bytes() as usize / BLOCK_SIZE * BLOCK_SIZE);
+    if member.read_at(&mut head[..len], 0).is_err() {
+        return Ok(());
+    }
+    match crate::device::signature_in(&head[..len]) {
+        Some(what) if what != crate::device::LOGRAID_SIGNATURE => Err(Error::Refused(format!(
+            "{} is not a lograid member: it now holds {what}",
+            member.describe()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Opens a pool from its members (any order; missing members are allowed up
+/// to the parity count). `read_only` opens without writing anything.
+pub fn open_members(
+    members: Vec<Arc<dyn Member>>,
+    options: PoolOptions,
+    read_only: bool,
+) -> Result<Pool> {
+    let started = Instant::now();
+    if members.is_empty() {
+        return Err(Error::InvalidArgument("no drives given".into()));
+    }
+    let mut found: Vec<(Arc<dyn Member>, Superblock)> = Vec::new();
+    for m in members {
+        refuse_foreign_contents(m.as_ref())?;
+        let sb = read_superblock(m.as_ref()).map_err(|e| match e {
+            Error::Format {
+                cause: crate::format::FormatError::BadMagic,
+                ..
+            } => Error::Refused(format!(
+                "{} is not a lograid member (no lograid superblock)",
+                m.describe()
+            )),
+            other => other,
+        })?;
+        found.push((m, sb));
+    }
+    let newest = found
+        .iter()
+        .max_by_key(|(_, sb)| sb.generation)
+        .map(|(_, sb)| sb.clone())
+        .expect("non-empty");
+    let n = newest.members.len();
+    let mut slots: Vec<Option<Arc<dyn Member>>> = vec![None; n];
+    for (m, sb) in found {
+        if sb.pool_uuid != newest.pool_uuid {
+            return Err(Error::Refused(format!(
+                "{} belongs to another pool ({:032x}, not {:032x})",
+                m.describe(),
+                sb.pool_uuid,
+                newest.pool_uuid
+            )));
+        }
+        let i = sb.member_index as usize;
+        if i < n
+            && newest.members[i].uuid == sb.member_uuid()
+            && newest.members[i].state == MemberState::Removed
+        {
+            return Err(Error::Refused(format!(
+                "{} was removed from pool '{}'",
+                m.describe(),
+                newest.pool_name
+            )));
+        }
+        if i >= n || newest.members[i].uuid != sb.member_uuid() {
+            return Err(Error::Refused(format!(
+                "{} is not a current member of pool '{}'",
+                m.describe(),
+                newest.pool_name
+            )));
+        }
+        if slots[i].is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "{} given twice (member {i})",
+                m.describe()
+            )));
+        }
+        if m.size_bytes() / BLOCK_BYTES < newest.members[i].size_blocks {
+            return Err(Error::Refused(format!(
+                "{} is smaller than when it joined the pool",
+                m.describe()
+            )));
+        }
+        slots[i] = Some(m);
+    }
+    // Members that may hold rows and are not here.
+    let missing: Vec<usize> = (0..n)
+        .filter(|&i| slots[i].is_none() && newest.members[i].state.may_hold_rows())
+        .collect();
+    // A joining member that is here is active from now on (the checkpoint
+    // recovery writes records it so).
+    let mut members = newest.members.clone();
+    for (i, r) in members.iter_mut().enumerate() {
+        if r.state == MemberState::Joining && slots[i].is_some() {
+            r.state = MemberState::Active;
+        }
+    }
+    let active_mask = members
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| r.state == MemberState::Active && slots[*i].is_some())
+        .fold(0u32, |m, (i, _)| m | 1 << i);
+    if missing.len() > newest.parity as usize {
+        return Err(Error::Refused(format!(
+            "pool '{}' needs at least {} of its {} members; missing: {}",
+            newest.pool_name,
+            n - newest.parity as usize,
+            n,
+            missing
+                .iter()
+                .map(|i| format!("member {i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let geometry = Geometry {
+        member_blocks: MemberSizes::new(
+            &newest
+                .members
+                .iter()
+                .map(|r| {
+                    if r.state.may_hold_rows() {
+                        r.size_blocks
+                    } else {
+                        0
+                    }
+                })
+                .collect::<Vec<_>>(),
+        ),
+        data_start_block: newest.data_start_block,
+        segment_blocks: newest.segment_blocks,
+        chunk_blocks: newest.chunk_blocks,
+    };
+    if geometry.segment_count() as u64 > crate::format::MAX_SEGMENTS {
+        return Err(Error::Corrupt(format!(
+            "superblock describes {} segments (at most {} supported)",
+            geometry.segment_count(),
+            crate::format::MAX_SEGMENTS
+        )));
+    }
+    let stale = Shape::no_stale(&geometry);
+    let shape = Shape {
+        geometry,
+        parity: newest.parity.into(),
+        pool_uuid: newest.pool_uuid,
+        pool_name: newest.pool_name.clone(),
+        created_unix: newest.created_unix,
+        nonce: random_u64(),
+        recorded_members: newest.members.clone(),
+        stale,
+    };
+    let devices: Vec<Option<Arc<Device>>> = slots
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| m.map(|m| shape.device(i, m)))
+        .collect();
+    let joining = newest
+        .members
+        .iter()
+        .any(|r| r.state == MemberState::Joining);
+    let inner = Arc::new(new_inner(
+        shape,
+        members,
+        devices,
+        options,
+        active_mask,
+        newest.generation,
+    ));
+    let report = inner.recover(&newest, started, missing, joining, read_only)?;
+    tracing::info!(
+        "pool '{}': checkpoint {} loaded, {} rows ({} blocks) replayed in {:.3} s",
+        inner.shape.pool_name,
+        report.checkpoint_id,
+        report.rows_replayed,
+        report.blocks_replayed,
+        report.duration.as_secs_f64()
+    );
+    *inner.recovery_report.lock() = Some(report);
+    if read_only {
+        inner.ledger.lock().read_only_reason = Some(OPENED_READ_ONLY.into());
+    }
+    Ok(Pool::from_inner(inner))
+}
+
+impl Ledger {}
+
+impl Engine {
+    fn recover(
+        &self,
+        sb: &Superblock,
+        started: Instant,
+        missing: Vec<usize>,
+        joining: bool,
+        read_only: bool,
+    ) -> Result<RecoveryReport> {
+        let ptr = sb.checkpoint;
+        let blob = self.read_checkpoint(sb)?;
+        let mut image =
+            CheckpointImage::decode(&blob).map_err(|e| Error::format("checkpoint", e))?;
+        if image.checkpoint_id != ptr.checkpoint_id {
+            return Err(Error::Corrupt(
+                "checkpoint id does not match the superblock".into(),
+            ));
+        }
+        // Rows after the checkpoint were all written after any member
+        // rebuilt in place took its place, so they are whole on it: the
+        // stale segments apply from the end of the roll forward on.
+        let rebuilds = std::mem::take(&mut image.rebuilds);
+        self.load_image(image)?;
+        let (rows, blocks) = self.roll_forward(read_only)?;
+        let mut read_only = read_only;
+        {
+            let mut ledger = self.ledger.lock();
+            for r in &rebuilds {
+                if r.segments
+                    .iter()
+                    .any(|&seg| seg as usize >= ledger.segments.len())
+                {
+                    return Err(Error::Corrupt(format!(
+                        "checkpoint: rebuild of member {} lists a segment past the pool's {}",
+                        r.member,
+                        ledger.segments.len()
+                    )));
+                }
+                self.shape.stale[r.member as usize].reset(r.since_seq, r.segments.iter().copied());
+            }
+            self.prune_stale(&ledger);
+            // A member still being rebuilt counts as lost: with more lost
+            // than the parity, rows may have lost more columns than it covers.
+            let lost = self.lost_members(&ledger);
+            if lost > self.shape.parity() as u32 && ledger.read_only_reason.is_none() {
+                let msg = format!(
+                    "{lost} members are missing or not yet rebuilt, more than parity {}: \
+                     the pool stopped writing until a missing member is back",
+                    self.shape.parity()
+                );
+                tracing::error!("{msg}");
+                ledger.read_only_reason = Some(msg);
+                read_only = true;
+            }
+            ledger.checkpoint = ptr;
+            ledger.stored_blocks = ledger.volumes.values().map(|v| v.map.stored_blocks()).sum();
+        }
+        self.debug_check("roll forward");
+        if !read_only {
+            // What was replayed may sit in a volatile cache: make it durable
+            // before any segment it emptied is reused, then checkpoint. (A
+            // member just opened always counts as holding unsynced writes.)
+            self.sync_members()?;
+            let gen = {
+                let mut ledger = self.ledger.lock();
+                ledger.flush_gen += 1;
+                ledger.flush_gen
+            };
+            self.finish_flush(gen);
+            if !missing.is_empty() || joining {
+                // New rows go only to the members present, with full parity.
+                let mut ledger = self.ledger.lock();
+                ledger.member_set_changed(&self.shape);
+            }
+            if rows > 0 || !missing.is_empty() || joining {
+                self.checkpoint_log()?;
+            }
+        }
+        Ok(RecoveryReport {
+            checkpoint_id: ptr.checkpoint_id,
+            rows_replayed: rows,
+            blocks_replayed: blocks,
+            duration: started.elapsed(),
+            missing_members: missing,
+        })
+    }
+}

@@ -1,0 +1,641 @@
+//! Rolling the log forward on open: loading the newest checkpoint (its
+//! chain of checkpoint rows, then the image into the empty ledger), then
+//! following each head's chain of rows written after it (rows found under
+//! every member set and parity a segment may have been given since, each
+//! accepted only if it continues its chain), telling a torn row (the end of
+//! the log) from one rotted beyond parity (a later row proves it was
+//! flushed), and applying the rows in sequence order. Works even with
+//! members missing: headers are rebuilt from parity (`stripe`).
+
+use super::ledger::{Ledger, SegState, VolumeState, NO_SEGMENT};
+use super::shape::Shape;
+use super::stripe::FoundRow;
+use super::Engine;
+use crate::error::{Error, Result};
+use crate::format::checkpoint::{CheckpointImage, SegmentStateCode};
+use crate::format::row::{EntryKind, HeadId, RowKind};
+use crate::format::superblock::{MemberState, Superblock};
+use crate::format::{crc32c, BLOCK_BYTES};
+use crate::layout::Pba;
+use crate::map::{Loc, VolumeMap};
+use std::collections::VecDeque;
+
+impl Engine {
+    /// After the roll forward: a segment stays stale on a member rebuilt in
+    /// place only while it holds rows written before the member took its
+    /// place (segments reused since hold only rows written to it).
+    pub(crate) fn prune_stale(&self, ledger: &Ledger) {
+        for (m, stale) in self.shape.stale.iter().enumerate() {
+            if stale.count() == 0 {
+                continue;
+            }
+            let since = stale.since_seq();
+            let keep: Vec<u32> = if ledger
+                .members
+                .get(m)
+                .is_some_and(|r| r.state.may_hold_rows())
+            {
+                stale
+                    .list()
+                    .into_iter()
+                    .filter(|&s| {
+                        let seg = &ledger.segments[s as usize];
+                        !matches!(seg.state, SegState::Free | SegState::Reserved(_))
+                            && seg.members_mask & (1 << m) != 0
+                            && seg.rows.iter().any(|r| r.seq < since)
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            stale.reset(since, keep);
+        }
+    }
+
+    /// Reads the checkpoint blob the superblock points at.
+    pub(crate) fn read_checkpoint(&self, sb: &Superblock) -> Result<Vec<u8>> {
+        let ptr = sb.checkpoint;
+        let mut blob = Vec::with_capacity(ptr.blob_bytes.min(1 << 30) as usize);
+        let (mut seg, mut off) = (ptr.segment, ptr.offset_blocks);
+        let mut expect_crc: Option<u32> = None;
+        let mut segments = Vec::new();
+        while (blob.len() as u64) < ptr.blob_bytes {
+            let gathered = blob.len() as u64;
+            let found = self
+                .find_row(seg, off, |found| {
+                    found.header.kind == RowKind::Checkpoint
+                        && found.header.checkpoint_id == ptr.checkpoint_id
+                        && found.header.checkpoint_offset == gathered
+                        && match expect_crc {
+                            None => found.crc == ptr.first_row_crc,
+                            Some(c) => found.header.prev_crc == c,
+                        }
+                })
+                .ok_or_else(|| {
+                    Error::Corrupt(format!(
+                        "checkpoint row at segment {seg} offset {off} is unreadable \
+                         or not the next of its chain"
+                    ))
+                })?;
+            for (slot, e) in found.header.entries.iter().enumerate() {
+                let pba = found.geom.slot_pba(&self.shape.geometry, slot as u32);
+                let block = self.read_data_block(&found.geom, pba, e.crc).map_err(|d| {
+                    Error::Corrupt(format!(
+                        "checkpoint block at segment {seg} offset {off} slot {slot}: {d}"
+                    ))
+                })?;
+                let take = (ptr.blob_bytes - blob.len() as u64).min(BLOCK_BYTES) as usize;
+                blob.extend_from_slice(&block[..take]);
+            }
+            if !segments.contains(&seg) {
+                segments.push(seg);
+            }
+            expect_crc = Some(found.crc);
+            off += found.geom.height as u32;
+            if off + self.shape.geometry.chunk_blocks > self.shape.geometry.segment_blocks {
+                (seg, off) = (found.header.next_segment, 0);
+            }
+        }
+        if crc32c(&blob) != ptr.blob_crc {
+            return Err(Error::Corrupt("checkpoint checksum mismatch".into()));
+        }
+        let mut ledger = self.ledger.lock();
+        ledger.checkpoint_segments = segments;
+        Ok(blob)
+    }
+
+    /// Installs a decoded checkpoint into the (empty) ledger.
+    pub(crate) fn load_image(&self, mut image: CheckpointImage) -> Result<()> {
+        let geometry = &self.shape.geometry;
+        let mut ledger = self.ledger.lock();
+        // Segments past what the members hold now (the largest member was
+        // removed since) must be empty; they are dropped.
+        if image.segments.len() > ledger.segments.len()
+            && image.segments[ledger.segments.len()..].iter().all(|r| {
+                r.state == SegmentStateCode::Free && r.rows.is_empty() && r.live_blocks == 0
+            })
+        {
+            image.segments.truncate(ledger.segments.len());
+        }
+        if image.segments.len() != ledger.segments.len() {
+            return Err(Error::Corrupt(format!(
+                "checkpoint lists {} segments, the pool has {}",
+                image.segments.len(),
+                ledger.segments.len()
+            )));
+        }
+        for (i, c) in image.member_counters.iter().enumerate() {
+            if let Some(d) = self.device(i) {
+                d.counters.restore(c);
+            }
+        }
+        ledger.next_seq = image.next_seq;
+        ledger.checkpoint_next_seq = image.next_seq;
+        ledger.next_volume_id = image.next_volume_id;
+        ledger.counters = image.counters;
+        for (s, rec) in image.segments.into_iter().enumerate() {
+            for r in &rec.rows {
+                if r.offset as u64 + r.height as u64 > geometry.segment_blocks as u64
+                    || r.data_columns as usize + r.parity as usize
+                        > rec.members_mask.count_ones() as usize
+                {
+                    return Err(Error::Corrupt(format!(
+                        "checkpoint row record out of bounds in segment {s}"
+                    )));
+                }
+            }
+            let seg = &mut ledger.segments[s];
+            seg.state = match rec.state {
+                SegmentStateCode::Free => SegState::Free,
+                SegmentStateCode::OpenUser => SegState::Open(HeadId::User),
+                SegmentStateCode::OpenCleaner => SegState::Open(HeadId::Cleaner),
+                SegmentStateCode::ReservedUser => SegState::Reserved(HeadId::User),
+                SegmentStateCode::ReservedCleaner => SegState::Reserved(HeadId::Cleaner),
+                SegmentStateCode::Sealed => SegState::Sealed,
+            };
+            if rec.state != SegmentStateCode::Free {
+                seg.members_mask = rec.members_mask;
+                seg.parity = rec.parity;
+            }
+            seg.live_blocks = 0;
+            seg.fill_blocks = rec.fill_blocks;
+            seg.sealed_seq = rec.sealed_seq;
+            seg.rows = rec.rows;
+        }
+        for v in image.volumes {
+            let mut map = VolumeMap::default();
+            for (lba, loc, crc) in v.entries {
+                let loc = Loc::decode(loc);
+                match loc {
+                    Loc::Disk(pba) => {
+                        let (s, _) = geometry
+                            .segment_of(pba.block)
+                            .filter(|(s, _)| {
+                                (*s as usize) < ledger.segments.len()
+                                    && (pba.member as usize) < self.devices.read().len()
+                            })
+                            .ok_or_else(|| {
+                                Error::Corrupt(format!(
+                                    "volume '{}' maps block {lba} outside the pool",
+                                    v.name
+                                ))
+                            })?;
+                        ledger.segments[s as usize].live_blocks += 1;
+                    }
+                    Loc::Zero => {}
+                    _ => {
+                        return Err(Error::Corrupt(format!(
+                            "volume '{}' block {lba}: bad location",
+                            v.name
+                        )))
+                    }
+                }
+                if lba
+                    .checked_mul(BLOCK_BYTES)
+                    .is_none_or(|b| b >= v.size_bytes)
+                {
+                    return Err(Error::Corrupt(format!(
+                        "volume '{}' maps block {lba} past its end",
+                        v.name
+                    )));
+                }
+                map.set(lba, loc, crc);
+            }
+            ledger.volumes.insert(
+                v.id,
+                VolumeState {
+                    id: v.id,
+                    name: v.name,
+                    size_bytes: v.size_bytes,
+                    recording_size_bytes: None,
+                    being_created: false,
+                    created_unix: v.created_unix,
+                    map,
+                },
+            );
+        }
+        for (i, h) in image.heads.iter().enumerate().take(2) {
+            let count = ledger.segments.len() as u32;
+            let valid = |s: u32| s == NO_SEGMENT || s < count;
+            if !valid(h.segment) || !valid(h.next_segment) || h.offset > geometry.segment_blocks {
+                return Err(Error::Corrupt(format!(
+                    "checkpoint log head {i} is out of range"
+                )));
+            }
+            let head = &mut ledger.heads[i];
+            head.segment = h.segment;
+            head.offset = h.offset;
+            head.next_segment = h.next_segment;
+            head.last_crc = h.last_crc;
+            head.last_seq = h.last_seq;
+        }
+        Ok(())
+    }
+
+    /// Follows the chain past `row` (headers only, a bounded number of rows)
+    /// looking for a row whose `flushed_seq` covers `row`.
+    fn later_row_proves_flushed(&self, head: HeadId, row: &FoundRow, seg: u32, off: u32) -> bool {
+        const LOOK_AHEAD_ROWS: usize = 4096;
+        let geometry = &self.shape.geometry;
+        let (mut seg, mut off) = (seg, off + row.geom.height as u32);
+        let (mut prev_crc, mut next) = (row.crc, row.header.next_segment);
+        for _ in 0..LOOK_AHEAD_ROWS {
+            if off + geometry.chunk_blocks > geometry.segment_blocks {
+                (seg, off) = (next, 0);
+            }
+            if seg == NO_SEGMENT || seg >= geometry.segment_count() {
+                return false;
+            }
+            let accept = |n: &FoundRow| n.header.head == head && n.header.prev_crc == prev_crc;
+            let Some((n, at)) = self.find_chain_row(seg, off, next, accept) else {
+                return false;
+            };
+            (seg, off) = at;
+            if n.header.flushed_seq >= row.header.seq {
+                return true;
+            }
+            prev_crc = n.crc;
+            next = n.header.next_segment;
+            off += n.geom.height as u32;
+        }
+        false
+    }
+
+    /// The next row of a chain: at (segment, offset), or, if nothing there
+    /// continues it, at offset 0 of `next` (a head leaves a segment early
+    /// when the member set changes, `member_set_changed`). With where it was.
+    fn find_chain_row(
+        &self,
+        seg: u32,
+        off: u32,
+        next: u32,
+        accept: impl Fn(&FoundRow) -> bool,
+    ) -> Option<(FoundRow, (u32, u32))> {
+        if let Some(row) = self.find_row(seg, off, &accept) {
+            return Some((row, (seg, off)));
+        }
+        let count = self.shape.geometry.segment_count();
+        (off > 0 && next != NO_SEGMENT && next < count)
+            .then(|| self.find_row(next, 0, &accept).map(|r| (r, (next, 0))))
+            .flatten()
+    }
+
+    /// The row header at (segment, offset) that `accept` takes, trying each
+    /// shape the segment may have been written with (`segment_shapes`).
+    fn find_row(&self, s: u32, off: u32, accept: impl Fn(&FoundRow) -> bool) -> Option<FoundRow> {
+        let try_shape =
+            |(mask, parity): (u32, u8)| self.load_row_header(s, off, mask, parity, &accept);
+        // The likely shape first (every row of a chain but the last is
+        // found with it); the whole list only when that fails.
+        let likely = self.likely_shape(s);
+        try_shape(likely).or_else(|| {
+            self.segment_shapes(s)
+                .into_iter()
+                .filter(|&shape| shape != likely)
+                .find_map(try_shape)
+        })
+    }
+
+    /// The shape the checkpoint records for segment `s`, or for a segment
+    /// taken after it, the members the superblock records as active.
+    fn likely_shape(&self, s: u32) -> (u32, u8) {
+        let ledger = self.ledger.lock();
+        match ledger.segments.get(s as usize) {
+            Some(seg) if seg.state != SegState::Free => (seg.members_mask, seg.parity),
+            _ => {
+                let active = recorded_in(&self.shape, MemberState::Active);
+                let mask = self.shape.geometry.segment_members(s, active);
+                (mask, self.shape.segment_parity(mask))
+            }
+        }
+    }
+
+    /// Members and parity rows in segment `s` may have been written with,
+    /// most likely first: as recorded in the checkpoint; for a segment taken
+    /// after it, see `segment_mask_candidates`.
+    fn segment_shapes(&self, s: u32) -> Vec<(u32, u8)> {
+        let ledger = self.ledger.lock();
+        // The shape the checkpoint records first; then every shape the
+        // segment may have been given since (a segment only reserved then,
+        // or emptied and taken again, got its shape after the checkpoint,
+        // when the member set or parity may have changed).
+        let mut shapes: Vec<(u32, u8)> = Vec::new();
+        if let Some(seg) = ledger
+            .segments
+            .get(s as usize)
+            .filter(|seg| seg.state != SegState::Free)
+        {
+            shapes.push((seg.members_mask, seg.parity));
+        }
+        let masks: Vec<u32> = segment_mask_candidates(&self.shape)
+            .into_iter()
+            .map(|eligible| self.shape.geometry.segment_members(s, eligible))
+            .collect();
+        let mut push = |shape: (u32, u8)| {
+            if !shapes.contains(&shape) {
+                shapes.push(shape);
+            }
+        };
+        // The recorded parity first; then any other (the parity may have
+        // been changed after the checkpoint, `Pool::set_parity`).
+        for &mask in &masks {
+            push((mask, self.shape.segment_parity(mask)));
+        }
+        for &mask in &masks {
+            for parity in 0..=crate::format::MAX_PARITY as u8 {
+                if (parity as u32) < mask.count_ones() {
+                    push((mask, parity));
+                }
+            }
+        }
+        shapes
+    }
+
+    /// Follows each head's chain from its checkpointed position, then applies
+    /// the rows found in global sequence order. Returns (rows, blocks).
+    pub(crate) fn roll_forward(&self, read_only: bool) -> Result<(u64, u64)> {
+        let geometry = &self.shape.geometry;
+        let mut found: Vec<(HeadId, FoundRow)> = Vec::new();
+        for head in [HeadId::User, HeadId::Cleaner] {
+            let (mut seg, mut off, mut last_crc, mut last_seq, mut next) = {
+                let ledger = self.ledger.lock();
+                let h = &ledger.heads[head.index()];
+                (h.segment, h.offset, h.last_crc, h.last_seq, h.next_segment)
+            };
+            loop {
+                if seg == NO_SEGMENT {
+                    break;
+                }
+                if off + geometry.chunk_blocks > geometry.segment_blocks {
+                    (seg, off) = (next, 0);
+                    if seg == NO_SEGMENT || seg >= geometry.segment_count() {
+                        break;
+                    }
+                }
+                let accept = |row: &FoundRow| {
+                    let h = &row.header;
+                    h.head == head
+                        && h.kind == RowKind::Data
+                        && h.prev_crc == last_crc
+                        && h.seq > last_seq
+                };
+                let Some((row, at)) = self.find_chain_row(seg, off, next, accept) else {
+                    break;
+                };
+                (seg, off) = at;
+                let h = &row.header;
+                // A row whose columns did not all reach the members (a crash
+                // before any flush covered it) ends the chain.
+                if !self.check_row(&row, !read_only).unrepairable.is_empty() {
+                    // Torn (the log ends here) or rotted beyond parity? A
+                    // later row of this chain that was sealed after a flush
+                    // covering this one proves it was complete once: keep it,
+                    // and let reads of its damaged blocks fail loudly.
+                    if !self.later_row_proves_flushed(head, &row, seg, off) {
+                        tracing::info!("recovery: row {} at segment {seg} offset {off} is torn; the log ends there", h.seq);
+                        break;
+                    }
+                    tracing::error!(
+                        "recovery: row {} at segment {seg} offset {off} is damaged beyond parity; its unreadable blocks will fail reads",
+                        h.seq
+                    );
+                }
+                last_crc = row.crc;
+                last_seq = h.seq;
+                next = h.next_segment;
+                off += row.geom.height as u32;
+                found.push((head, row));
+            }
+        }
+        found.sort_by_key(|(_, r)| r.header.seq);
+        let mut blocks = 0u64;
+        let rows = found.len() as u64;
+        let mut ledger = self.ledger.lock();
+        for (head, row) in found {
+            blocks += row.header.slots as u64;
+            self.apply_row(&mut ledger, head, row)?;
+        }
+        // A head's reserved next segment may have been freed and reserved
+        // after the checkpoint; replay has emptied it by now. If not, the
+        // head reserves a fresh one when it gets there.
+        for head in [HeadId::User, HeadId::Cleaner] {
+            let n = ledger.heads[head.index()].next_segment;
+            if n == NO_SEGMENT || n as usize >= ledger.segments.len() {
+                ledger.heads[head.index()].next_segment = NO_SEGMENT;
+                continue;
+            }
+            let seg = &mut ledger.segments[n as usize];
+            match seg.state {
+                SegState::Reserved(h) if h == head => {}
+                SegState::Free | SegState::PendingFree { .. } | SegState::Sealed
+                    if seg.live_blocks == 0 =>
+                {
+                    seg.state = SegState::Reserved(head);
+                    seg.rows.clear();
+                    seg.fill_blocks = 0;
+                }
+                _ => ledger.heads[head.index()].next_segment = NO_SEGMENT,
+            }
+        }
+        // Whatever heads reserved must not be handed out again; the rest is free.
+        let mut free = VecDeque::new();
+        for s in 0..ledger.segments.len() {
+            let mask = self
+                .shape
+                .geometry
+                .segment_members(s as u32, ledger.active_mask);
+            if ledger.segments[s].state == SegState::Free
+                && self.shape.segment_usable(mask, ledger.active_mask)
+            {
+                ledger.segments[s].rows.clear();
+                free.push_back(s as u32);
+            }
+            let cp = ledger.checkpoint_segments.contains(&(s as u32));
+            if cp {
+                ledger.segments[s].state = SegState::Checkpoint;
+            }
+        }
+        free.retain(|s| !ledger.checkpoint_segments.contains(s));
+        ledger.free = free;
+        ledger.log_blocks_since_checkpoint = 0;
+        for h in [HeadId::User, HeadId::Cleaner] {
+            let seq = ledger.heads[h.index()].last_seq;
+            ledger.next_seq = ledger.next_seq.max(seq + 1);
+        }
+        // Everything replayed is made durable before the pool is used: the
+        // opening syncs every member before anything is sealed, so no row
+        // carries this value before that sync.
+        ledger.flushed_seq = ledger.next_seq - 1;
+        Ok((rows, blocks))
+    }
+
+    fn apply_row(&self, ledger: &mut Ledger, head: HeadId, row: FoundRow) -> Result<()> {
+        let FoundRow { header, crc, geom } = row;
+        let s = geom.segment as usize;
+        if ledger.segments[s].state != SegState::Open(head) {
+            // The head moved on to a new segment here.
+            let prev = ledger.heads[head.index()].segment;
+            if prev != NO_SEGMENT && prev as usize != s {
+                ledger.seal_segment(prev, header.seq);
+            }
+            let seg = &mut ledger.segments[s];
+            if seg.live_blocks != 0 {
+                return Err(Error::Corrupt(format!(
+                    "segment {s} was reused while it still held {} live blocks",
+                    seg.live_blocks
+                )));
+            }
+            seg.rows.clear();
+            seg.state = SegState::Open(head);
+            seg.members_mask = header.members_mask;
+            seg.parity = header.parity;
+        }
+        {
+            let seg = &mut ledger.segments[s];
+            seg.rows.push(geom);
+            seg.fill_blocks = geom.offset + geom.height as u32;
+        }
+        let mut slot = 0u32;
+        for e in &header.entries {
+            match e.kind {
+                EntryKind::Data | EntryKind::Relocated | EntryKind::Payload => {
+                    let pba = geom.slot_pba(&self.shape.geometry, slot);
+                    slot += 1;
+                    let Some(vol) = ledger.volumes.get_mut(&e.volume) else {
+                        continue;
+                    };
+                    if e.lba
+                        .checked_mul(BLOCK_BYTES)
+                        .is_none_or(|b| b >= vol.size_bytes)
+                        || e.kind == EntryKind::Payload
+                    {
+                        continue;
+                    }
+                    if e.kind == EntryKind::Relocated
+                        && vol.map.get(e.lba).0 != Loc::Disk(Pba::decode(e.source))
+                    {
+                        continue;
+                    }
+                    let (old, _) = vol.map.set(e.lba, Loc::Disk(pba), e.crc);
+                    ledger.release_loc(old, &self.shape);
+                    ledger.segments[s].live_blocks += 1;
+                }
+                EntryKind::Trim | EntryKind::Zero => {
+                    let Some(vol) = ledger.volumes.get_mut(&e.volume) else {
+                        continue;
+                    };
+                    let vol_blocks = vol.size_bytes / BLOCK_BYTES;
+                    let end = e.lba.saturating_add(e.count as u64).min(vol_blocks);
+                    let new = if e.kind == EntryKind::Zero {
+                        Loc::Zero
+                    } else {
+                        Loc::Unmapped
+                    };
+                    // Trims touch mapped blocks only; zero records every block.
+                    let blocks: Vec<u64> = if e.kind == EntryKind::Zero {
+                        (e.lba.min(end)..end).collect()
+                    } else {
+                        vol.map
+                            .iter_from(e.lba)
+                            .map(|x| x.0)
+                            .take_while(|&b| b < end)
+                            .collect()
+                    };
+                    for b in blocks {
+                        let (old, _) = ledger
+                            .volumes
+                            .get_mut(&e.volume)
+                            .expect("volume")
+                            .map
+                            .set(b, new, 0);
+                        ledger.release_loc(old, &self.shape);
+                    }
+                }
+            }
+        }
+        let h = &mut ledger.heads[head.index()];
+        h.segment = geom.segment;
+        h.offset = geom.offset + geom.height as u32;
+        h.last_crc = crc;
+        h.last_seq = header.seq;
+        h.next_segment = header.next_segment;
+        let next = header.next_segment as usize;
+        if next < ledger.segments.len() && ledger.segments[next].state == SegState::Free {
+            ledger.segments[next].state = SegState::Reserved(head);
+            ledger.segments[next].members_mask = self
+                .shape
+                .geometry
+                .segment_members(next as u32, ledger.active_mask);
+        }
+        ledger.next_seq = ledger.next_seq.max(header.seq + 1);
+        Ok(())
+    }
+}
+
+/// The members (masks) a segment taken after the checkpoint may have been
+/// laid over, most likely first. The superblock records the member table as
+/// it was when it was written; since then, members may have failed (up to
+/// `parity` of them, taken out of new segments at once), and members it
+/// records as joining or being removed may or may not have been used yet
+/// (they enter and leave new segments only after a superblock that says so
+/// is durable). Recovery accepts a row under a mask only if it continues
+/// its chain, so a wrong guess is never taken for a row.
+pub(crate) fn segment_mask_candidates(shape: &Shape) -> Vec<u32> {
+    let in_state = |state: MemberState| recorded_in(shape, state);
+    let active = in_state(MemberState::Active);
+    let optional = in_state(MemberState::Joining) | in_state(MemberState::Removing);
+    let mut out: Vec<u32> = Vec::new();
+    for extra in submasks(optional) {
+        let base = active | extra;
+        for failed in submasks_up_to(base, shape.parity() as u32) {
+            if !out.contains(&(base & !failed)) {
+                out.push(base & !failed);
+            }
+        }
+    }
+    // Fewest failures first, then the recorded table.
+    out.sort_by_key(|&m| ((m ^ active).count_ones(), m));
+    out
+}
+
+/// Members (mask) the superblock this pool was opened from records in `state`.
+fn recorded_in(shape: &Shape, state: MemberState) -> u32 {
+    shape
+        .recorded_members
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.state == state)
+        .fold(0u32, |m, (i, _)| m | 1 << i)
+}
+
+/// Every subset of `mask`, the empty one first.
+fn submasks(mask: u32) -> Vec<u32> {
+    submasks_up_to(mask, u32::BITS)
+}
+
+/// Every subset of `mask` with at most `bits` members, smallest first.
+fn submasks_up_to(mask: u32, bits: u32) -> Vec<u32> {
+    let mut out = vec![0u32];
+    let mut frontier = vec![0u32];
+    for _ in 0..bits.min(mask.count_ones()) {
+        let mut next = Vec::new();
+        for &sub in &frontier {
+            // Extend by members above the highest one taken, so each subset
+            // is produced once.
+            let above = if sub == 0 {
+                mask
+            } else {
+                mask & !(((2u64 << (31 - sub.leading_zeros())) - 1) as u32)
+            };
+            let mut rest = above;
+            while rest != 0 {
+                let bit = rest & rest.wrapping_neg();
+                next.push(sub | bit);
+                rest &= rest - 1;
+            }
+        }
+        out.extend(&next);
+        frontier = next;
+    }
+    out
+}

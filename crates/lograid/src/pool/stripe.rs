@@ -1,0 +1,602 @@
+//! Rows as stripes: reading a row's columns (whole, or one block of each),
+//! rebuilding what is missing or wrong from parity (a data block checked
+//! against its checksum, a row header against its own CRC, trying extra
+//! erasures while spare parity remains), finding and verifying a row header
+//! even when its own column is gone or stale, and checking a whole row
+//! (every block against the header, parity against the data) with repair.
+//! The one home of these steps: reads, recovery, scrub, rebuild and the
+//! cleaner all use them. Reads only, except the repairs `check_row` and
+//! `rewrite_block` write back in place (a block restored to what its parity
+//! already covers).
+
+use super::Engine;
+use crate::device::AlignedBuf;
+use crate::error::Result;
+use crate::format::row::RowHeader;
+use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
+use crate::layout::{Pba, RowGeom};
+
+impl Engine {
+    /// One data block of a known row, checked against `crc`: from memory if
+    /// its row is still being written, else from its member, else rebuilt
+    /// from the rest of the row.
+    pub(crate) fn read_data_block(
+        &self,
+        geom: &RowGeom,
+        pba: Pba,
+        crc: u32,
+    ) -> Result<Vec<u8>, String> {
+        if let Some(src) = self.ledger.lock().inflight_block(&self.shape.geometry, pba) {
+            return Ok(src.to_vec());
+        }
+        if let Some(dev) = self.device(pba.member as usize) {
+            let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+            if dev.read_at(&mut buf, pba.byte_offset()).is_ok() && crc32c(&buf) == crc {
+                return Ok(buf.to_vec());
+            }
+        }
+        let (col, blk) = geom
+            .locate(&self.shape.geometry, pba)
+            .ok_or("block outside its row")?;
+        let stripe = self.read_row_stripe(geom, blk);
+        rebuild_from_stripe(geom, stripe, col, |b| crc32c(b) == crc)
+    }
+
+    /// The row that holds `pba`.
+    pub(crate) fn row_of(&self, pba: Pba) -> Option<RowGeom> {
+        let (s, off) = self.shape.geometry.segment_of(pba.block)?;
+        let ledger = self.ledger.lock();
+        ledger.segments.get(s as usize)?.row_at(off).copied()
+    }
+
+    /// Rebuilds the block at `pba` (expected checksum `crc`) from the other
+    /// columns of its row. Tries the plain erasure first, then additionally
+    /// erases up to P-1 other columns (a second bad column) until the
+    /// result matches the checksum.
+    pub(crate) fn rebuild_block(&self, pba: Pba, crc: u32) -> Result<Vec<u8>, String> {
+        let geom = self.row_of(pba).ok_or("no row record for this block")?;
+        let (col, blk) = geom
+            .locate(&self.shape.geometry, pba)
+            .ok_or("block outside its row")?;
+        let columns = self.read_row_stripe(&geom, blk);
+        rebuild_from_stripe(&geom, columns, col, |b| crc32c(b) == crc)
+    }
+
+    /// Block `blk` of every column of a row (None where unreadable); unused
+    /// data columns are zero.
+    pub(crate) fn read_row_stripe(&self, geom: &RowGeom, blk: usize) -> Vec<Option<Vec<u8>>> {
+        (0..geom.width())
+            .map(|c| {
+                if !geom.column_used(c) {
+                    return Some(vec![0u8; BLOCK_SIZE]);
+                }
+                let pba = geom.pba(&self.shape.geometry, c, blk);
+                let dev = self.device(pba.member as usize)?;
+                let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+                dev.read_at(&mut buf, pba.byte_offset()).ok()?;
+                Some(buf.to_vec())
+            })
+            .collect()
+    }
+
+    /// Rebuilds the leading blocks of `run` (consecutive blocks of one
+    /// member) that lie in one row, from the same block range of the
+    /// row's other columns: one read per column instead of one per block.
+    /// Writes them to the front of `out`; returns how many (0: could not).
+    /// `have(pba, n)`: blocks already read on that member that overlap
+    /// those (the first one's block number, and the bytes).
+    pub(crate) fn rebuild_run<'a>(
+        &self,
+        run: &[(usize, Pba, u32)],
+        out: &mut [u8],
+        have: &dyn Fn(Pba, usize) -> Option<(u64, &'a [u8])>,
+    ) -> usize {
+        let geometry = &self.shape.geometry;
+        let Some(geom) = self.row_of(run[0].1) else {
+            return 0;
+        };
+        let Some((col, blk)) = geom.locate(geometry, run[0].1) else {
+            return 0;
+        };
+        let n = run
+            .iter()
+            .enumerate()
+            .take_while(|(j, r)| geom.locate(geometry, r.1) == Some((col, blk + j)))
+            .count();
+        match self.rebuild_column_range(&geom, col, blk, n, have) {
+            Some(bytes) => {
+                out[..n * BLOCK_SIZE].copy_from_slice(&bytes);
+                n
+            }
+            None => 0,
+        }
+    }
+
+    /// Blocks `blk..blk+n` of column `col` of a row, rebuilt from the same
+    /// range of its other columns (unreadable ones erased too, up to the
+    /// parity). Not checked against checksums: the caller does that.
+    fn rebuild_column_range<'a>(
+        &self,
+        geom: &RowGeom,
+        col: usize,
+        blk: usize,
+        n: usize,
+        have: &dyn Fn(Pba, usize) -> Option<(u64, &'a [u8])>,
+    ) -> Option<AlignedBuf> {
+        // Read in this thread, one column after the other: handing the
+        // reads to the I/O pool costs more (thread hand-offs on few cores)
+        // than it gains, since readers run many at once anyway.
+        let mut columns: Vec<Option<AlignedBuf>> = (0..geom.width())
+            .map(|c| {
+                if c == col || !geom.column_used(c) {
+                    return None;
+                }
+                let pba = geom.pba(&self.shape.geometry, c, blk);
+                let mut buf = AlignedBuf::zeroed(n * BLOCK_SIZE);
+                // Blocks `lo..hi` (of `pba.block..pba.block + n`) taken from
+                // what was read already; the rest read now.
+                let (lo, hi) = match have(pba, n) {
+                    Some((first, bytes)) => {
+                        let last = first + (bytes.len() / BLOCK_SIZE) as u64;
+                        let lo = first.max(pba.block);
+                        let hi = last.min(pba.block + n as u64);
+                        let from = (lo - first) as usize * BLOCK_SIZE;
+                        let to = (lo - pba.block) as usize * BLOCK_SIZE;
+                        let len = (hi - lo) as usize * BLOCK_SIZE;
+                        buf[to..to + len].copy_from_slice(&bytes[from..from + len]);
+                        (lo - pba.block, hi - pba.block)
+                    }
+                    None => (0, 0), // nothing taken: all read below
+                };
+                let dev = self.device(pba.member as usize);
+                for (a, b) in [(0, lo), (hi, n as u64)] {
+                    if a < b {
+                        let part = &mut buf[a as usize * BLOCK_SIZE..b as usize * BLOCK_SIZE];
+                        dev.as_ref()?
+                            .read_at(part, (pba.block + a) * BLOCK_BYTES)
+                            .ok()?;
+                    }
+                }
+                Some(buf)
+            })
+            .collect();
+        rebuild_missing_columns(geom, &mut columns, n * BLOCK_SIZE)
+            .then(|| columns[col].take())
+            .flatten()
+    }
+
+    /// Finds and verifies the row header at (segment, offset) of a segment
+    /// laid over `mask` with `parity` parity columns that `accept` takes.
+    /// Falls back to rebuilding the header from the other columns when its
+    /// own column is missing or corrupt, or holds a header `accept` does not
+    /// take, trying each possible count of data columns. (A member that lost
+    /// the write of a header, or whose failed flush dropped it, may still
+    /// hold the valid header of the row at the same place in the segment's
+    /// previous use: taken as it reads, it would end the log there.)
+    pub(crate) fn load_row_header(
+        &self,
+        segment: u32,
+        offset: u32,
+        mask: u32,
+        parity: u8,
+        accept: &dyn Fn(&FoundRow) -> bool,
+    ) -> Option<FoundRow> {
+        let geometry = &self.shape.geometry;
+        if segment >= geometry.segment_count()
+            || offset >= geometry.segment_blocks
+            || mask.count_ones() <= parity as u32
+        {
+            return None;
+        }
+        let probe = |data_columns: u8| RowGeom {
+            segment,
+            offset,
+            height: 1,
+            data_columns,
+            header_blocks: 1,
+            slots: 0,
+            members_mask: mask,
+            parity,
+            seq: 0,
+        };
+        let k = mask.count_ones() as u8 - parity;
+        let read_at = |geom: &RowGeom, i: u32| -> Option<Vec<u8>> {
+            let pba = geom.data_block_pba(geometry, i);
+            let dev = self.device(pba.member as usize)?;
+            let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+            dev.read_at(&mut buf, pba.byte_offset()).ok()?;
+            Some(buf.to_vec())
+        };
+        let finish = |first: Vec<u8>, rebuild: Option<u8>| -> Option<FoundRow> {
+            let peek = RowHeader::peek_geometry(&first).ok()?;
+            if peek.segment != segment
+                || peek.offset_blocks != offset
+                || peek.members_mask != mask
+                || peek.parity != parity
+            {
+                return None;
+            }
+            if rebuild.is_some_and(|d| d != peek.data_columns) || peek.data_columns > k {
+                return None;
+            }
+            let geom = RowGeom {
+                segment,
+                offset,
+                height: peek.height,
+                data_columns: peek.data_columns,
+                header_blocks: peek.header_blocks,
+                slots: 0,
+                members_mask: mask,
+                parity,
+                seq: 0,
+            };
+            // The header's later blocks as read (rebuilt where unreadable),
+            // then, if the whole does not verify, all rebuilt from their
+            // stripes (a later block rotted while staying readable).
+            let rebuilt = |i: u32| -> Option<Vec<u8>> {
+                let pba = geom.data_block_pba(geometry, i);
+                let (col, blk) = geom.locate(geometry, pba)?;
+                let stripe = self.read_row_stripe(&geom, blk);
+                super::stripe::rebuild_from_stripe(&geom, stripe, col, |_| true).ok()
+            };
+            let assemble = |rebuild_all: bool| -> Option<(RowHeader, u32)> {
+                let mut bytes = first.clone();
+                for i in 1..peek.header_blocks as u32 {
+                    let block = match (rebuild_all, read_at(&geom, i)) {
+                        (false, Some(b)) => b,
+                        _ => rebuilt(i)?,
+                    };
+                    bytes.extend_from_slice(&block);
+                }
+                RowHeader::decode(&bytes).ok()
+            };
+            let (header, crc) = assemble(false)
+                .or_else(|| (peek.header_blocks > 1).then(|| assemble(true)).flatten())?;
+            if header.pool_uuid != self.shape.pool_uuid || header.height != peek.height {
+                return None;
+            }
+            let geom = RowGeom {
+                slots: header.slots,
+                seq: header.seq,
+                ..geom
+            };
+            Some(FoundRow { header, crc, geom })
+        };
+        if let Some(found) = read_at(&probe(1), 0)
+            .and_then(|b| finish(b, None))
+            .filter(accept)
+        {
+            return Some(found);
+        }
+        // Rebuild block 0 of column 0 assuming each possible data column count.
+        for d in 1..=k {
+            let geom = probe(d);
+            let stripe = self.read_row_stripe(&geom, 0);
+            // Every erasure combination is tried until one yields a header
+            // whose checksum verifies (a peek alone can be fooled).
+            let found = std::cell::RefCell::new(None);
+            let _ = super::stripe::rebuild_from_stripe(&geom, stripe, 0, |b| {
+                let plausible = RowHeader::peek_geometry(b).is_ok_and(|p| {
+                    p.segment == segment && p.offset_blocks == offset && p.data_columns == d
+                });
+                if !plausible {
+                    return false;
+                }
+                let f = finish(b.to_vec(), Some(d)).filter(accept);
+                let ok = f.is_some();
+                *found.borrow_mut() = f;
+                ok
+            });
+            if let Some(f) = found.into_inner() {
+                return Some(f);
+            }
+        }
+        None
+    }
+
+    /// A known row with its verified header.
+    pub(crate) fn load_known_row(&self, geom: &RowGeom) -> Option<FoundRow> {
+        self.load_row_header(
+            geom.segment,
+            geom.offset,
+            geom.members_mask,
+            geom.parity,
+            &|f| f.header.seq == geom.seq,
+        )
+    }
+
+    /// Reads a whole row and checks every data block against its checksum
+    /// and every parity block against the data. Repairs what parity can
+    /// repair (rewriting it unless `read_only`); false if the row is torn
+    /// beyond repair.
+    /// Reads a whole row and checks every block against the header (its
+    /// own bytes, and each slot's CRC) and the parity against the data;
+    /// rebuilds what is wrong from the rest of the stripe and, with
+    /// `repair`, writes it back. Stripes with more bad data blocks than
+    /// parity are reported and left as they are.
+    pub(crate) fn check_row(&self, row: &FoundRow, repair: bool) -> RowCheck {
+        let mut report = RowCheck::default();
+        let g = row.geom;
+        let geometry = &self.shape.geometry;
+        let width = g.width();
+        let k = g.data_capacity_columns();
+        let p = g.parity as usize;
+        let (header_bytes, _) = row.header.encode();
+        let slot_crcs: Vec<u32> = row
+            .header
+            .entries
+            .iter()
+            .filter(|e| e.kind.owns_slot())
+            .map(|e| e.crc)
+            .collect();
+        let zero_crc = crate::format::zero_block_crc();
+        let columns = self.read_row_columns(&g);
+        let mut parity = vec![vec![0u8; BLOCK_SIZE]; p];
+        for blk in 0..g.height as usize {
+            let block_of = |c: usize| -> Option<&[u8]> {
+                if !g.column_used(c) {
+                    return Some(&ZERO_BLOCK[..]);
+                }
+                columns[c]
+                    .as_deref()
+                    .map(|col| &col[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE])
+            };
+            // Which data blocks are wrong?
+            let expected = |col: usize, bytes: &[u8]| -> bool {
+                let i = col * g.height as usize + blk;
+                if i < g.header_blocks as usize {
+                    return bytes == &header_bytes[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
+                }
+                let slot = i - g.header_blocks as usize;
+                let want = slot_crcs.get(slot).copied().unwrap_or(zero_crc);
+                crc32c(bytes) == want
+            };
+            let mut bad: Vec<usize> = (0..g.data_columns as usize)
+                .filter(|&c| block_of(c).is_none_or(|b| !expected(c, b)))
+                .collect();
+            let stripe: Vec<Option<Vec<u8>>>;
+            let mut fixed: Vec<Option<Vec<u8>>> = Vec::new();
+            if !bad.is_empty() {
+                if bad.len() > p {
+                    report.unrepairable.extend(bad.iter().map(|&c| (c, blk)));
+                    continue;
+                }
+                stripe = (0..width)
+                    .map(|c| block_of(c).map(<[u8]>::to_vec))
+                    .collect();
+                fixed = stripe.clone();
+                // Rebuild each bad block, accepting only checksum-true results.
+                let mut erased = stripe.clone();
+                for &c in &bad {
+                    erased[c] = None;
+                }
+                let mut lost = Vec::new();
+                for &c in &bad {
+                    match super::stripe::rebuild_from_stripe(&g, erased.clone(), c, |b| {
+                        expected(c, b)
+                    }) {
+                        Ok(b) => fixed[c] = Some(b),
+                        Err(_) => lost.push((c, blk)),
+                    }
+                }
+                if !lost.is_empty() {
+                    report.unrepairable.extend(lost);
+                    continue;
+                }
+            }
+            // Parity must match the (now good) data.
+            if p > 0 {
+                let d: Vec<&[u8]> = (0..k)
+                    .map(|c| match fixed.get(c) {
+                        Some(Some(v)) => v.as_slice(),
+                        _ => block_of(c).unwrap_or(&ZERO_BLOCK[..]),
+                    })
+                    .collect();
+                let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
+                lograid_parity::encode(&d, &mut out);
+            }
+            let mut repairs: Vec<(usize, Vec<u8>)> = bad
+                .drain(..)
+                .map(|c| (c, fixed[c].clone().expect("rebuilt")))
+                .collect();
+            for (j, par) in parity.iter().enumerate() {
+                if block_of(k + j) != Some(par.as_slice()) {
+                    repairs.push((k + j, par.clone()));
+                }
+            }
+            report.repaired += repairs.len() as u64;
+            if !repair {
+                continue;
+            }
+            for (c, bytes) in repairs {
+                let pba = g.pba(geometry, c, blk);
+                if let Some(dev) = self.device(pba.member as usize) {
+                    let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
+                    buf.copy_from_slice(&bytes);
+                    if dev.write_at(&buf, pba.byte_offset()).is_ok() {
+                        dev.counters
+                            .repaired_blocks
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        report
+    }
+
+    /// Every column of a row read whole, those missing or unreadable rebuilt
+    /// from parity where it covers them (None where it does not).
+    pub(crate) fn read_row_rebuilt(&self, geom: &RowGeom) -> Vec<Option<AlignedBuf>> {
+        let mut columns = self.read_row_columns(geom);
+        rebuild_missing_columns(geom, &mut columns, geom.height as usize * BLOCK_SIZE);
+        columns
+    }
+
+    /// The header of the row `geom` names, decoded from the row's whole
+    /// columns (`read_row_rebuilt`); None if it does not decode or names
+    /// another row (another sequence number or pool).
+    pub(crate) fn header_from_columns(
+        &self,
+        geom: &RowGeom,
+        columns: &[Option<AlignedBuf>],
+    ) -> Option<RowHeader> {
+        let mut bytes = Vec::with_capacity(geom.header_blocks as usize * BLOCK_SIZE);
+        for i in 0..geom.header_blocks as usize {
+            bytes.extend_from_slice(row_data_block(geom, columns, i)?);
+        }
+        let (header, _) = RowHeader::decode(&bytes).ok()?;
+        (header.seq == geom.seq && header.pool_uuid == self.shape.pool_uuid).then_some(header)
+    }
+
+    /// Every written column of a row, read whole and in parallel (None
+    /// where unreadable; unused data columns are not read).
+    pub(crate) fn read_row_columns(&self, g: &RowGeom) -> Vec<Option<AlignedBuf>> {
+        let bytes = g.height as usize * BLOCK_SIZE;
+        let jobs: Vec<crate::device::IoJob<Option<AlignedBuf>>> = (0..g.width())
+            .map(|c| {
+                let pba = g.pba(&self.shape.geometry, c, 0);
+                let dev = self.device(pba.member as usize);
+                let unused = !g.column_used(c);
+                Box::new(move || {
+                    let dev = dev.filter(|_| !unused)?;
+                    let mut buf = AlignedBuf::zeroed(bytes);
+                    dev.read_at(&mut buf, pba.byte_offset()).ok()?;
+                    Some(buf)
+                }) as crate::device::IoJob<Option<AlignedBuf>>
+            })
+            .collect();
+        self.io.run_all(jobs)
+    }
+}
+
+/// Fills in, in place, the used columns of a row (or of the same block
+/// range of each column, `len` bytes) that are None, from the others and
+/// the parity. False if more are missing than the parity covers.
+pub(crate) fn rebuild_missing_columns(
+    geom: &RowGeom,
+    columns: &mut [Option<AlignedBuf>],
+    len: usize,
+) -> bool {
+    let erase: Vec<usize> = (0..columns.len())
+        .filter(|&c| geom.column_used(c) && columns[c].is_none())
+        .collect();
+    if erase.is_empty() {
+        return true;
+    }
+    if erase.len() > geom.parity as usize {
+        return false;
+    }
+    // Unused data columns read as zero; erased ones are outputs.
+    for c in columns.iter_mut().filter(|c| c.is_none()) {
+        *c = Some(AlignedBuf::zeroed(len));
+    }
+    let mut refs: Vec<&mut [u8]> = columns
+        .iter_mut()
+        .map(|c| &mut c.as_mut().expect("filled above")[..len])
+        .collect();
+    if lograid_parity::reconstruct(geom.data_capacity_columns(), &mut refs, &erase).is_err() {
+        for &c in &erase {
+            columns[c] = None;
+        }
+        return false;
+    }
+    true
+}
+
+/// Reconstructs column `target` of a stripe (one block per column, data
+/// columns first, then parity), accepting the first candidate that `check`
+/// approves. Unreadable columns are erased; if spare parity remains, other
+/// columns are erased too, one combination at a time, to get around a
+/// second corrupt column.
+pub(crate) fn rebuild_from_stripe(
+    geom: &RowGeom,
+    columns: Vec<Option<Vec<u8>>>,
+    target: usize,
+    check: impl Fn(&[u8]) -> bool,
+) -> Result<Vec<u8>, String> {
+    let k = geom.data_capacity_columns();
+    let p = geom.parity as usize;
+    let width = geom.width();
+    let mut missing: Vec<usize> = (0..width)
+        .filter(|&c| c == target || columns[c].is_none())
+        .collect();
+    if missing.len() > p {
+        return Err(format!(
+            "{} of {} columns unreadable with {} parity",
+            missing.len(),
+            width,
+            p
+        ));
+    }
+    missing.sort_unstable();
+    let candidates: Vec<usize> = (0..width)
+        .filter(|c| !missing.contains(c) && geom.column_used(*c))
+        .collect();
+    let spare = p - missing.len();
+    let mut sets: Vec<Vec<usize>> = vec![vec![]];
+    for extra in 1..=spare {
+        sets.extend(combinations(&candidates, extra));
+    }
+    let base: Vec<Vec<u8>> = columns
+        .into_iter()
+        .map(|c| c.unwrap_or_else(|| vec![0u8; BLOCK_SIZE]))
+        .collect();
+    for extra in sets {
+        let mut erase = missing.clone();
+        erase.extend(extra);
+        erase.sort_unstable();
+        let mut work = base.clone();
+        let mut refs: Vec<&mut [u8]> = work.iter_mut().map(|v| v.as_mut_slice()).collect();
+        if lograid_parity::reconstruct(k, &mut refs, &erase).is_ok() && check(&work[target]) {
+            return Ok(work.swap_remove(target));
+        }
+    }
+    Err(format!(
+        "no combination of {p} parity columns reproduces the checksum"
+    ))
+}
+
+fn combinations(items: &[usize], n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![vec![]];
+    }
+    let mut out = Vec::new();
+    for (i, &x) in items.iter().enumerate() {
+        for mut rest in combinations(&items[i + 1..], n - 1) {
+            rest.insert(0, x);
+            out.push(rest);
+        }
+    }
+    out
+}
+
+/// A row found while following a chain.
+pub(crate) struct FoundRow {
+    pub header: RowHeader,
+    pub crc: u32,
+    pub geom: RowGeom,
+}
+
+/// What checking a whole row found (`check_row`).
+#[derive(Debug, Default)]
+pub(crate) struct RowCheck {
+    /// Blocks (data, header or parity) that were wrong and were rewritten
+    /// (or would have been, when only checking).
+    pub repaired: u64,
+    /// Data positions (column, block) that could not be rebuilt.
+    pub unrepairable: Vec<(usize, usize)>,
+}
+
+static ZERO_BLOCK: [u8; BLOCK_SIZE] = [0u8; BLOCK_SIZE];
+
+/// Data block `i` of a row (its header blocks first, then its slots) from
+/// its whole columns: block `i % height` of column `i / height`.
+pub(crate) fn row_data_block<'a>(
+    geom: &RowGeom,
+    columns: &'a [Option<AlignedBuf>],
+    i: usize,
+) -> Option<&'a [u8]> {
+    let height = geom.height as usize;
+    let column = columns.get(i / height)?.as_deref()?;
+    column.get((i % height) * BLOCK_SIZE..(i % height + 1) * BLOCK_SIZE)
+}
