@@ -56,14 +56,14 @@ pub(crate) struct BackgroundThread {
 impl BackgroundThread {
     /// Starts `body` on a thread named `name`, if `enabled`.
     pub fn start(
-        inner: &Arc<Engine>,
+        engine: &Arc<Engine>,
         enabled: bool,
         name: &str,
         body: BackgroundLoop,
     ) -> Arc<BackgroundThread> {
         let stop = Arc::new(Stop::default());
         let thread = enabled.then(|| {
-            let weak = Arc::downgrade(inner);
+            let weak = Arc::downgrade(engine);
             let stop = stop.clone();
             thread::Builder::new()
                 .name(name.into())
@@ -95,18 +95,18 @@ impl Drop for BackgroundThread {
 /// writes checkpoints when enough log has accumulated.
 pub(crate) fn cleaner_loop(weak: Weak<Engine>, stop: Arc<Stop>) {
     while !stop.is_set() {
-        let Some(inner) = weak.upgrade() else { return };
-        if inner.closed.load(Ordering::SeqCst) || inner.ledger.lock().read_only_reason.is_some() {
-            drop(inner);
+        let Some(engine) = weak.upgrade() else { return };
+        if engine.closed.load(Ordering::SeqCst) || engine.ledger.lock().read_only_reason.is_some() {
+            drop(engine);
             stop.pause(Duration::from_millis(50));
             continue;
         }
-        inner.check_read_health();
-        let free = inner.ledger.lock().free.len();
-        let watermark = inner.clean_watermark();
+        engine.check_read_health();
+        let free = engine.ledger.lock().free.len();
+        let watermark = engine.clean_watermark();
         if free < watermark {
-            set_state(&inner, CleanerState::Background);
-            match inner.guarded("cleaning", || inner.clean_segments(1, false)) {
+            set_state(&engine, CleanerState::Background);
+            match engine.guarded("cleaning", || engine.clean_segments(1, false)) {
                 Ok(1) => continue,
                 Ok(_) => {}
                 Err(e) => {
@@ -115,23 +115,24 @@ pub(crate) fn cleaner_loop(weak: Weak<Engine>, stop: Arc<Stop>) {
                 }
             }
         } else {
-            set_state(&inner, CleanerState::Idle);
-            if !inner.reshape_paused.load(Ordering::SeqCst) && reshape_and_throttle(&inner, &stop) {
+            set_state(&engine, CleanerState::Idle);
+            if !engine.reshape_paused.load(Ordering::SeqCst) && reshape_and_throttle(&engine, &stop)
+            {
                 continue;
             }
         }
         let due = {
-            let ledger = inner.ledger.lock();
+            let ledger = engine.ledger.lock();
             ledger.checkpoint_wanted
-                || ledger.log_blocks_since_checkpoint >= inner.options.checkpoint_interval_blocks
+                || ledger.log_blocks_since_checkpoint >= engine.options.checkpoint_interval_blocks
         };
         if due {
-            if let Err(e) = inner.guarded("checkpoint", || inner.checkpoint_log()) {
+            if let Err(e) = engine.guarded("checkpoint", || engine.checkpoint_log()) {
                 tracing::warn!("background checkpoint: {e}");
             }
         }
-        sample(&inner);
-        drop(inner);
+        sample(&engine);
+        drop(engine);
         stop.pause(Duration::from_millis(20));
     }
 }
@@ -139,14 +140,14 @@ pub(crate) fn cleaner_loop(weak: Weak<Engine>, stop: Arc<Stop>) {
 /// One reshape step (rebuild or rebalance) if there is one to do; while
 /// users are doing I/O, then sleeps so that it takes at most
 /// `reshape_share` of the time. True if it moved something.
-fn reshape_and_throttle(inner: &Engine, stop: &Stop) -> bool {
-    let user_io = |inner: &Engine| {
-        let ledger = inner.ledger.lock();
+fn reshape_and_throttle(engine: &Engine, stop: &Stop) -> bool {
+    let user_io = |engine: &Engine| {
+        let ledger = engine.ledger.lock();
         ledger.counters.user_bytes_written + ledger.counters.user_bytes_read
     };
-    let before = user_io(inner);
+    let before = user_io(engine);
     let started = std::time::Instant::now();
-    match inner.guarded("reshape", || inner.reshape_step()) {
+    match engine.guarded("reshape", || engine.reshape_step()) {
         Ok(true) => {}
         Ok(false) => return false,
         Err(e) => {
@@ -155,10 +156,10 @@ fn reshape_and_throttle(inner: &Engine, stop: &Stop) -> bool {
             return false;
         }
     }
-    let busy = user_io(inner) != before;
-    inner.reshape.lock().users_busy = busy;
+    let busy = user_io(engine) != before;
+    engine.reshape.lock().users_busy = busy;
     if busy {
-        let share = inner.options.reshape_share.clamp(0.05, 1.0);
+        let share = engine.options.reshape_share.clamp(0.05, 1.0);
         let pause = started.elapsed().mul_f64((1.0 - share) / share);
         stop.pause(pause);
     }
@@ -166,55 +167,55 @@ fn reshape_and_throttle(inner: &Engine, stop: &Stop) -> bool {
 }
 
 /// The background state; a foreground (urgent) pass sets and clears its own.
-fn set_state(inner: &Engine, state: CleanerState) {
-    let mut stats = inner.stats.lock();
+fn set_state(engine: &Engine, state: CleanerState) {
+    let mut stats = engine.stats.lock();
     if stats.cleaner_state != CleanerState::Urgent {
         stats.cleaner_state = state;
     }
 }
 
 /// Samples the write counters for the last-minute write amplification.
-fn sample(inner: &Engine) {
+fn sample(engine: &Engine) {
     let (user, relocated) = {
-        let ledger = inner.ledger.lock();
+        let ledger = engine.ledger.lock();
         (
             ledger.counters.user_bytes_written,
             ledger.counters.relocated_blocks,
         )
     };
-    let member: u64 = inner
+    let member: u64 = engine
         .open_devices()
         .iter()
         .map(|(_, d)| d.counters.bytes_written.load(Ordering::Relaxed))
         .sum();
-    inner.stats.lock().sample(user, member, relocated);
+    engine.stats.lock().sample(user, member, relocated);
 }
 
 /// The background thread (`lograid-resolver`) that keeps the overlay table below its low watermark, so
 /// that writers rarely find it full and flushes have little to merge.
 pub(crate) fn resolver_loop(weak: Weak<Engine>, stop: Arc<Stop>) {
     while !stop.is_set() {
-        let Some(inner) = weak.upgrade() else { return };
+        let Some(engine) = weak.upgrade() else { return };
         {
-            let mut ledger = inner.ledger.lock();
+            let mut ledger = engine.ledger.lock();
             if ledger.overlays.len() <= ledger.overlays.low_watermark() {
-                inner
+                engine
                     .overlay_wake
                     .wait_for(&mut ledger, Duration::from_millis(20));
             }
-            if inner.closed.load(Ordering::SeqCst) || ledger.read_only_reason.is_some() {
+            if engine.closed.load(Ordering::SeqCst) || ledger.read_only_reason.is_some() {
                 drop(ledger);
-                drop(inner);
+                drop(engine);
                 stop.pause(Duration::from_millis(50));
                 continue;
             }
         }
-        match inner.guarded("merging sub-block writes", || inner.resolve_background()) {
+        match engine.guarded("merging sub-block writes", || engine.resolve_background()) {
             Ok(_) => {}
             Err(e) => {
                 // The overlays stay; the next flush reports the error.
                 tracing::warn!("background merge of sub-block writes: {e}");
-                drop(inner);
+                drop(engine);
                 stop.pause(Duration::from_millis(500));
             }
         }

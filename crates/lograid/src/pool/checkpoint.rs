@@ -3,9 +3,10 @@
 //! then point the superblocks at it. Until the superblocks are durable the
 //! previous checkpoint stays intact and is what recovery would use.
 
+use super::ledger::check_writable;
 use super::ledger::{Ledger, SegState, NO_SEGMENT};
 use super::log::AppendError;
-use super::{check_writable, Engine};
+use super::Engine;
 use crate::device::AlignedBuf;
 use crate::device::IoJob;
 use crate::error::{Error, Result};

@@ -256,16 +256,16 @@ pub fn create_pool(
         .map(|(i, m)| Some(shape.device(i, m)))
         .collect();
     let records = shape.recorded_members.clone();
-    let inner = Arc::new(new_inner(shape, records, devices, options, all, 0));
-    if inner.ledger.lock().usable_blocks == 0 {
+    let engine = Arc::new(new_inner(shape, records, devices, options, all, 0));
+    if engine.ledger.lock().usable_blocks == 0 {
         return Err(Error::Refused(
             "the drives are too small to hold any data after the reserve".into(),
         ));
     }
     {
-        let mut ledger = inner.ledger.lock();
+        let mut ledger = engine.ledger.lock();
         for s in 0..ledger.segments.len() {
-            if inner
+            if engine
                 .shape
                 .segment_usable(ledger.segments[s].members_mask, all)
             {
@@ -274,7 +274,7 @@ pub fn create_pool(
         }
         for head in [HeadId::User, HeadId::Cleaner] {
             ledger
-                .prime_head(head, &inner.shape)
+                .prime_head(head, &engine.shape)
                 .map_err(|_| Error::Refused("not enough segments".into()))?;
         }
         debug_assert!(ledger
@@ -282,8 +282,8 @@ pub fn create_pool(
             .iter()
             .all(|s| s.state != SegState::Checkpoint));
     }
-    inner.checkpoint_log()?;
-    let pool = Pool::from_inner(inner);
+    engine.checkpoint_log()?;
+    let pool = Pool::from_engine(engine);
     if let Some((name, size)) = &opts.initial_volume {
         pool.create_volume(name, *size)?;
     }
@@ -303,5 +303,5 @@ pub fn open_paths(paths: &[PathBuf], options: PoolOptions, read_only: bool) -> R
             .map_err(|e| Error::io(format!("opening {}", p.display()), e))?;
         members.push(Arc::new(m));
     }
-    super::open::open_members(members, options, read_only)
+    super::api::open_members(members, options, read_only)
 }

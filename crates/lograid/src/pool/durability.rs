@@ -6,8 +6,9 @@
 //! their discard. Must never acknowledge what is not on stable storage,
 //! nor free a segment whose contents a crash could still need.
 
+use super::ledger::check_writable;
 use super::ledger::{Ledger, SegState};
-use super::{check_writable, Engine};
+use super::Engine;
 use crate::device::{Device, IoJob};
 use crate::error::Result;
 use crate::format::BLOCK_BYTES;

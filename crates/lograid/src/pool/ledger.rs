@@ -4,6 +4,7 @@
 //! the lock is held except copying into row buffers.
 
 use crate::device::AlignedBuf;
+use crate::error::{Error, Result};
 use crate::format::checkpoint::PoolCounters;
 use crate::format::row::{entries_capacity, Entry, HeadId, RowKind};
 use crate::format::superblock::{CheckpointPointer, MemberRecord, MemberState};
@@ -379,5 +380,13 @@ impl Ledger {
         }
         self.overlays
             .check(|vol, lba| self.volume(vol).map(|v| v.map.get(lba).0.is_stored()))
+    }
+}
+
+/// Refuses with the reason the pool stopped writing, if it did.
+pub(crate) fn check_writable(ledger: &Ledger) -> Result<()> {
+    match &ledger.read_only_reason {
+        Some(r) => Err(Error::ReadOnly(r.clone())),
+        None => Ok(()),
     }
 }

@@ -6,9 +6,8 @@
 //! rebuilt from the other columns of its row.
 
 use super::engine::new_inner;
-use super::ledger::Ledger;
 use super::stats::RecoveryReport;
-use super::{random_u64, Engine, Pool, PoolOptions, Shape};
+use super::{random_u64, Engine, PoolOptions, Shape};
 use crate::device::{AlignedBuf, Device, Member};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::CheckpointImage;
@@ -82,13 +81,14 @@ fn refuse_foreign_contents(member: &dyn Member) -> Result<()> {
     }
 }
 
-/// Opens a pool from its members (any order; missing members are allowed up
-/// to the parity count). `read_only` opens without writing anything.
-pub fn open_members(
+/// Opens the engine of a pool from its members (any order; missing members
+/// are allowed up to the parity count). `read_only` opens without writing
+/// anything. (`Pool::open` / `open_members` wrap it.)
+pub(crate) fn open_engine(
     members: Vec<Arc<dyn Member>>,
     options: PoolOptions,
     read_only: bool,
-) -> Result<Pool> {
+) -> Result<Arc<Engine>> {
     let started = Instant::now();
     if members.is_empty() {
         return Err(Error::InvalidArgument("no drives given".into()));
@@ -231,7 +231,7 @@ pub fn open_members(
         .members
         .iter()
         .any(|r| r.state == MemberState::Joining);
-    let inner = Arc::new(new_inner(
+    let engine = Arc::new(new_inner(
         shape,
         members,
         devices,
@@ -239,23 +239,21 @@ pub fn open_members(
         active_mask,
         newest.generation,
     ));
-    let report = inner.recover(&newest, started, missing, joining, read_only)?;
+    let report = engine.recover(&newest, started, missing, joining, read_only)?;
     tracing::info!(
         "pool '{}': checkpoint {} loaded, {} rows ({} blocks) replayed in {:.3} s",
-        inner.shape.pool_name,
+        engine.shape.pool_name,
         report.checkpoint_id,
         report.rows_replayed,
         report.blocks_replayed,
         report.duration.as_secs_f64()
     );
-    *inner.recovery_report.lock() = Some(report);
+    *engine.recovery_report.lock() = Some(report);
     if read_only {
-        inner.ledger.lock().read_only_reason = Some(OPENED_READ_ONLY.into());
+        engine.ledger.lock().read_only_reason = Some(OPENED_READ_ONLY.into());
     }
-    Ok(Pool::from_inner(inner))
+    Ok(engine)
 }
-
-impl Ledger {}
 
 impl Engine {
     fn recover(

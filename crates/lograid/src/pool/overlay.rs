@@ -18,7 +18,7 @@
 //! append that carries it), so a flush that resolved every overlay older
 //! than itself and then flushed the log has made them all durable.
 
-use super::check_writable;
+use super::ledger::check_writable;
 use super::overlay_table::Written;
 use super::overlay_table::{Cond, Pick};
 use super::read::gone;
@@ -367,7 +367,7 @@ mod tests {
     }
 
     fn held(pool: &Pool) -> usize {
-        pool.inner.ledger.lock().overlays.len()
+        pool.engine.ledger.lock().overlays.len()
     }
 
     /// A write that completes its block is appended with the overlay it
@@ -379,7 +379,7 @@ mod tests {
         vol.write(0, &[0x22; 7 * SECTOR_BYTES]).unwrap();
         // Sector 7 completes the block: what the writer would append.
         let written = {
-            let mut ledger = pool.inner.ledger.lock();
+            let mut ledger = pool.engine.ledger.lock();
             ledger
                 .overlays
                 .write(
@@ -400,7 +400,7 @@ mod tests {
         vol.write(3 * SECTOR_BYTES as u64, &[0x44; SECTOR_BYTES])
             .unwrap();
         assert!(pool
-            .inner
+            .engine
             .write_blocks(vol.id(), 0, &block, Some(cond))
             .unwrap());
         let want = sectors(&[0x22, 0x22, 0x22, 0x44, 0x22, 0x22, 0x22, 0x33]);
@@ -421,7 +421,7 @@ mod tests {
         vol.write(SECTOR_BYTES as u64, &[0x55; 2 * SECTOR_BYTES])
             .unwrap();
         let (entry, copy) = {
-            let ledger = pool.inner.ledger.lock();
+            let ledger = pool.engine.ledger.lock();
             let entry = ledger.volume(vol.id()).unwrap().map.get(0);
             (entry, ledger.overlays.copy(vol.id(), 0).unwrap())
         };
@@ -436,7 +436,7 @@ mod tests {
             overlay: Some(copy.carried()),
         };
         assert!(!pool
-            .inner
+            .engine
             .write_blocks(vol.id(), 0, &merged, Some(cond))
             .unwrap());
         let want = sectors(&[0, 0, 0, 0, 0, 0x66, 0, 0]);
@@ -454,7 +454,7 @@ mod tests {
         vol.write(0, &[0x11; BLOCK_SIZE]).unwrap();
         vol.write(0, &[0x22; SECTOR_BYTES]).unwrap();
         let (entry, copy) = {
-            let ledger = pool.inner.ledger.lock();
+            let ledger = pool.engine.ledger.lock();
             let entry = ledger.volume(vol.id()).unwrap().map.get(0);
             (entry, ledger.overlays.copy(vol.id(), 0).unwrap())
         };
@@ -467,7 +467,7 @@ mod tests {
             overlay: Some(copy.carried()),
         };
         assert!(pool
-            .inner
+            .engine
             .write_blocks(vol.id(), 0, &merged, Some(cond))
             .unwrap());
         assert_eq!(held(&pool), 1);
@@ -475,7 +475,7 @@ mod tests {
         assert_eq!(read(&vol), want);
         // The kept overlay holds a write newer than the resolve: a flush
         // that began now must take it.
-        pool.inner.resolve_acknowledged().unwrap();
+        pool.engine.resolve_acknowledged().unwrap();
         assert_eq!(held(&pool), 0);
         assert_eq!(read(&vol), want);
         pool.check_invariants().unwrap();

@@ -3,10 +3,11 @@
 //! the partial blocks at the edges of a zeroed range are written with
 //! zeroes. Bounded records, so that the ledger lock is held briefly.
 
+use super::ledger::check_writable;
 use super::log::AppendError;
 use super::read::gone;
 use super::space::SpaceStalls;
-use super::{check_writable, Engine};
+use super::Engine;
 use crate::error::{Error, Result};
 use crate::format::row::EntryKind;
 use crate::format::{BLOCK_BYTES, BLOCK_SIZE};

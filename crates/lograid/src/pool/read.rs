@@ -6,7 +6,7 @@
 //! bytes it could not verify.
 
 use super::ledger::Ledger;
-use super::{Allocation, Engine};
+use super::Engine;
 use crate::device::AlignedBuf;
 use crate::error::{Error, Result};
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
@@ -221,4 +221,12 @@ impl Engine {
 
 pub(crate) fn gone(name: &str) -> Error {
     Error::NotFound(format!("volume '{name}' was deleted"))
+}
+
+/// Allocation state of a range, as block status reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Allocation {
+    Data,
+    Zero,
+    Hole,
 }

@@ -90,7 +90,7 @@ impl Engine {
             let Some(next) = next else {
                 return Ok(false);
             };
-            super::check_writable(&ledger)?;
+            super::ledger::check_writable(&ledger)?;
             next
         };
         let started = Instant::now();

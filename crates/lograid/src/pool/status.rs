@@ -104,17 +104,17 @@ pub struct Event {
     pub message: String,
 }
 
-pub fn collect(inner: &Engine) -> PoolStatus {
-    let reshape = inner.reshape_status();
-    let ledger = inner.ledger.lock();
-    let shape = &inner.shape;
+pub fn collect(engine: &Engine) -> PoolStatus {
+    let reshape = engine.reshape_status();
+    let ledger = engine.ledger.lock();
+    let shape = &engine.shape;
     let members: Vec<MemberStatus> = ledger
         .members
         .iter()
         .enumerate()
         .filter(|(_, r)| r.state != MemberState::Removed)
         .map(|(i, r)| {
-            let dev = inner.device_any(i);
+            let dev = engine.device_any(i);
             let state = match (r.state, &dev) {
                 (MemberState::Removing, None) => "leaving (missing)",
                 (MemberState::Removing, Some(_)) => "leaving",
@@ -151,7 +151,7 @@ pub fn collect(inner: &Engine) -> PoolStatus {
     let member_bytes_written: u64 = members.iter().map(|m| m.counters.bytes_written).sum();
     let map_memory_bytes: u64 = volumes.iter().map(|v| v.map_memory_bytes).sum();
     let stored_blocks = ledger.stored_blocks;
-    let missing = inner.lost_members(&ledger);
+    let missing = engine.lost_members(&ledger);
     let fault = ledger
         .read_only_reason
         .as_ref()
@@ -194,7 +194,7 @@ pub fn collect(inner: &Engine) -> PoolStatus {
             .iter()
             .filter(|s| !matches!(s.state, SegState::Free | SegState::PendingFree { .. }))
             .count(),
-        cleaner: cleaner_status(inner, &ledger, member_bytes_written),
+        cleaner: cleaner_status(engine, &ledger, member_bytes_written),
         volumes,
         counters: ledger.counters,
         member_bytes_written,
@@ -211,8 +211,8 @@ pub fn collect(inner: &Engine) -> PoolStatus {
         } else {
             0.0
         },
-        recovery: inner.recovery_report.lock().clone(),
-        events: inner
+        recovery: engine.recovery_report.lock().clone(),
+        events: engine
             .stats
             .lock()
             .events
@@ -231,11 +231,11 @@ pub fn collect(inner: &Engine) -> PoolStatus {
 }
 
 fn cleaner_status(
-    inner: &Engine,
+    engine: &Engine,
     ledger: &super::ledger::Ledger,
     member_bytes: u64,
 ) -> CleanerStatus {
-    let mut stats = inner.stats.lock();
+    let mut stats = engine.stats.lock();
     let (user, relocated) = (
         ledger.counters.user_bytes_written,
         ledger.counters.relocated_blocks,
@@ -246,8 +246,8 @@ fn cleaner_status(
     let user_delta = user.saturating_sub(user0);
     CleanerStatus {
         state: stats.cleaner_state,
-        policy: inner.options.cleaner_policy,
-        discard: inner.options.discard,
+        policy: engine.options.cleaner_policy,
+        discard: engine.options.discard,
         segments_cleaned: stats.segments_cleaned,
         relocated_bytes: relocated * BLOCK_BYTES,
         discarded_bytes: stats.discarded_bytes,

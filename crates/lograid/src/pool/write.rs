@@ -5,11 +5,12 @@
 //! a full pool cannot hold. A conditional form replaces a block only if it
 //! did not change since it was read (for merges of sub-block writes).
 
+use super::ledger::check_writable;
 use super::ledger::Ledger;
 use super::log::AppendError;
 use super::overlay_table::Cond;
 use super::space::SpaceStalls;
-use super::{check_writable, Engine};
+use super::Engine;
 use crate::error::{Error, Result};
 use crate::format::row::{Entry, EntryKind, HeadId};
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};

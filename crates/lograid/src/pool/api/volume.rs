@@ -1,0 +1,145 @@
+//! The public API of one volume: read, write, FUA write, flush, trim,
+//! write-zeroes and block status. Checks alignment and range, runs each call
+//! guarded (a panic stops the pool writing), and hands it to the engine.
+
+use super::super::range::{self};
+use super::super::read::Allocation;
+use super::super::Engine;
+use super::SECTOR;
+use crate::error::{Error, Result};
+use crate::format::BLOCK_SIZE;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// A handle on one volume.
+#[derive(Clone)]
+pub struct Volume {
+    pub(crate) engine: Arc<Engine>,
+    pub(super) id: u32,
+    pub(super) name: String,
+}
+
+impl Volume {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+    pub fn size_bytes(&self) -> u64 {
+        self.engine
+            .ledger
+            .lock()
+            .volume(self.id)
+            .map(|v| v.size_bytes)
+            .unwrap_or(0)
+    }
+
+    /// Checks alignment and range; returns the volume size.
+    fn check(&self, offset: u64, length: u64) -> Result<()> {
+        if self.engine.closed.load(Ordering::Relaxed) {
+            return Err(Error::ReadOnly("pool is closed".into()));
+        }
+        if !offset.is_multiple_of(SECTOR) || !length.is_multiple_of(SECTOR) {
+            return Err(Error::Misaligned { offset, length });
+        }
+        let size = self
+            .engine
+            .ledger
+            .lock()
+            .volume(self.id)
+            .map(|v| v.size_bytes)
+            .ok_or_else(|| Error::NotFound(format!("volume '{}' was deleted", self.name)))?;
+        if offset.checked_add(length).is_none_or(|end| end > size) {
+            return Err(Error::OutOfRange {
+                volume: self.name.clone(),
+                offset,
+                length,
+                size,
+            });
+        }
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes at `offset` (both multiples of 512). Every
+    /// block is checked against its checksum and repaired from parity if it
+    /// does not match; a block that cannot be repaired fails the read.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check(offset, buf.len() as u64)?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let bs = BLOCK_SIZE as u64;
+        let first = offset / bs;
+        let last = (offset + buf.len() as u64 - 1) / bs;
+        let count = (last - first + 1) as usize;
+        let head = (offset % bs) as usize;
+        self.engine.guarded("read", || {
+            if head == 0 && buf.len().is_multiple_of(BLOCK_SIZE) {
+                return self.engine.read_blocks(self.id, &self.name, first, buf);
+            }
+            let mut tmp = vec![0u8; count * BLOCK_SIZE];
+            self.engine
+                .read_blocks(self.id, &self.name, first, &mut tmp)?;
+            buf.copy_from_slice(&tmp[head..head + buf.len()]);
+            Ok(())
+        })
+    }
+
+    /// Writes `data` at `offset` (multiples of 512). Acknowledged from memory
+    /// until the next flush, like a drive's write cache.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len() as u64)?;
+        self.engine.guarded("write", || {
+            self.engine.write(self.id, &self.name, offset, data)
+        })
+    }
+
+    /// Writes and makes the data durable before returning (FUA).
+    pub fn write_fua(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write(offset, data)?;
+        self.flush()
+    }
+
+    /// Makes every write acknowledged before this call durable.
+    pub fn flush(&self) -> Result<()> {
+        if self.engine.closed.load(Ordering::Relaxed) {
+            return Err(Error::ReadOnly("pool is closed".into()));
+        }
+        self.engine
+            .guarded("flush", || self.engine.flush_acknowledged())
+    }
+
+    /// Unmaps whole 4 KiB blocks inside the range (a hint: partial blocks at
+    /// the edges are left as they are). Trimmed blocks read as zero.
+    pub fn trim(&self, offset: u64, length: u64) -> Result<()> {
+        self.check(offset, length)?;
+        self.engine.guarded("trim", || {
+            self.engine
+                .range_op(self.id, &self.name, offset, length, range::RangeOp::Trim)
+        })
+    }
+
+    /// Makes the range read as zero. Partial blocks at the edges are
+    /// written with zeroes; whole blocks are unmapped (reported as holes),
+    /// or with `keep_allocated` become zero records (reported as allocated
+    /// zeroes, NBD's NO_HOLE). Neither stores a data block.
+    pub fn write_zeroes(&self, offset: u64, length: u64, keep_allocated: bool) -> Result<()> {
+        self.check(offset, length)?;
+        let mode = if keep_allocated {
+            range::RangeOp::ZeroAllocated
+        } else {
+            range::RangeOp::ZeroUnmapped
+        };
+        self.engine.guarded("write zeroes", || {
+            self.engine
+                .range_op(self.id, &self.name, offset, length, mode)
+        })
+    }
+
+    /// Allocation of [offset, offset+length) as runs (length, state).
+    pub fn block_status(&self, offset: u64, length: u64) -> Result<Vec<(u64, Allocation)>> {
+        self.check(offset, length)?;
+        Ok(self.engine.block_status(self.id, offset, length))
+    }
+}
