@@ -757,6 +757,22 @@ def parse_args(argv, stat_free=None):
     if a.device:
         ap.error("--device is not implemented: compare.py only uses member files it creates itself in a "
                  "private folder under --dir (give --dir to choose the disk)")
+    fill_defaults(ap, a)
+    check_limits(ap, a)
+    check_workloads_fit(ap, a)
+    a.exps = chosen_experiments(ap, a.experiments)
+    a.want_stacks = chosen_stacks(ap, a.stacks)
+    if a.bssplit and a.bsrange != "512-64k":
+        ap.error("give --bsrange or --bssplit, not both")
+    a.lograid = a.lograid or default_lograid()
+    if a.out is None:
+        a.out = os.path.join(HERE, "results", "compare-" + time.strftime("%Y-%m-%d"))
+    check_space(ap, a, stat_free(a.dir) if stat_free else None)
+    return a
+
+
+def fill_defaults(ap, a):
+    """Sizes parsed to bytes, and the defaults of what was not given (smaller with --quick)."""
     q = a.quick
     try:
         a.member_size = parse_size(a.member_size or ("1G" if q else "4G"))
@@ -774,6 +790,10 @@ def parse_args(argv, stat_free=None):
     a.c_files = a.c_files or (10240 if q else 102400)
     a.bonnie_mb = a.bonnie_mb or (256 if q else 2048)
     a.bonnie_files = a.bonnie_files or ("2:8192:4096:16" if q else "16:8192:4096:16")
+
+
+def check_limits(ap, a):
+    """The bounds of the counts and sizes that stand alone."""
     if a.members < 2:
         ap.error("--members must be at least 2 (got %d)" % a.members)
     if a.members > 16:
@@ -788,44 +808,55 @@ def parse_args(argv, stat_free=None):
         ap.error("--member-size must be at least 256M")
     if a.dirty_background_bytes >= a.dirty_bytes:
         ap.error("--dirty-background-bytes must be below --dirty-bytes")
+
+
+def check_workloads_fit(ap, a):
+    """A's file count (default: 4 x dirty bytes worth; at least 3 x, or the page cache
+    would hide the stack), and every workload on the smallest stack: the bare drive,
+    one member."""
     if a.a_files is None:
         a.a_files = max(1, math.ceil(4 * a.dirty_bytes / A_FILE_BYTES))
     if a.a_files * A_FILE_BYTES < 3 * a.dirty_bytes:
         ap.error("--a-files %d x 14 MiB = %s is less than 3 x --dirty-bytes (%s): the page cache would hide "
                  "the stack" % (a.a_files, human(a.a_files * A_FILE_BYTES), human(3 * a.dirty_bytes)))
-    # Everything must fit on the smallest stack: the bare drive, one member.
     room = a.member_size * 0.8
     for what, size in (("A (--a-files x 14 MiB)", a.a_files * A_FILE_BYTES), ("--b-size", a.b_size),
                        ("--d-size", a.d_size), ("bonnie++ -s", a.bonnie_mb * MiB)):
         if size > room:
             ap.error("%s = %s does not fit on one %s member (the bare drive) with room to spare; "
                      "raise --member-size or lower it" % (what, human(size), human(a.member_size)))
-    exps = [e.strip() for e in a.experiments.split(",") if e.strip()]
+
+
+def chosen_experiments(ap, text):
+    """--experiments as a list in run order; exits on an unknown name or none."""
+    exps = [e.strip() for e in text.split(",") if e.strip()]
     bad = [e for e in exps if e not in EXPERIMENTS]
     if bad or not exps:
         ap.error("unknown experiment(s) %s (have %s)" % (",".join(bad) or "(none)", ",".join(EXPERIMENTS)))
-    a.exps = [e for e in EXPERIMENTS if e in exps]
-    if a.stacks:
-        want = [s.strip() for s in a.stacks.split(",") if s.strip()]
-        bad = [s for s in want if s not in STACK_INFO]
-        if bad or not want:
-            ap.error("unknown stack(s) %s (have %s)" % (",".join(bad) or "(none)", ",".join(STACK_ORDER)))
-        a.want_stacks = want
-    else:
-        a.want_stacks = None
-    if a.bssplit and a.bsrange != "512-64k":
-        ap.error("give --bsrange or --bssplit, not both")
-    a.lograid = a.lograid or default_lograid()
-    if a.out is None:
-        a.out = os.path.join(HERE, "results", "compare-" + time.strftime("%Y-%m-%d"))
-    free = stat_free(a.dir) if stat_free else None
-    if free is not None:
-        need = a.members * a.member_size + HOST_MARGIN
-        if free < need:
-            ap.error("not enough space in %s: %.1f GiB free, the member files filled need %.1f GiB "
-                     "(%d x %s + %s margin)" % (a.dir, free / GiB, need / GiB, a.members, human(a.member_size),
-                                                human(HOST_MARGIN)))
-    return a
+    return [e for e in EXPERIMENTS if e in exps]
+
+
+def chosen_stacks(ap, text):
+    """--stacks as a list, or None for the default; exits on an unknown key or none."""
+    if not text:
+        return None
+    want = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in want if s not in STACK_INFO]
+    if bad or not want:
+        ap.error("unknown stack(s) %s (have %s)" % (",".join(bad) or "(none)", ",".join(STACK_ORDER)))
+    return want
+
+
+def check_space(ap, a, free):
+    """Exit if `free` bytes under --dir (None: not checked) cannot hold one stack's
+    member files filled, plus a margin."""
+    if free is None:
+        return
+    need = a.members * a.member_size + HOST_MARGIN
+    if free < need:
+        ap.error("not enough space in %s: %.1f GiB free, the member files filled need %.1f GiB "
+                 "(%d x %s + %s margin)" % (a.dir, free / GiB, need / GiB, a.members, human(a.member_size),
+                                            human(HOST_MARGIN)))
 
 
 def free_bytes(path):
@@ -836,7 +867,12 @@ def free_bytes(path):
 # ----- main --------------------------------------------------------------------------------
 
 class Context:
-    pass
+    """What every experiment gets: the options, the results folder and the 14 MiB of
+    random bytes that A writes."""
+
+    def __init__(self, a, out):
+        self.a, self.out = a, out
+        self.src14 = os.urandom(A_FILE_BYTES)
 
 
 def ensure_bonnie(a, notes):
@@ -855,26 +891,34 @@ def ensure_bonnie(a, notes):
     return bool(shutil.which("bonnie++"))
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    a = parse_args(argv, stat_free=free_bytes)
-    if a.self_test:
-        import unittest
-        suite = unittest.defaultTestLoader.discover(HERE, pattern="test_*.py")
-        ok = unittest.TextTestRunner(verbosity=1).run(suite).wasSuccessful()
-        return 0 if ok else 1
-    if a.report_only:
-        with open(os.path.join(a.report_only, "setup.json")) as f:
-            setup = json.load(f)
-        sys.stdout.write(write_report(a.report_only, setup, load_runs(a.report_only)))
-        return 0
+def self_test():
+    """Run the benchmark scripts' tests (bench/test_*.py); the exit status."""
+    import unittest
+    suite = unittest.defaultTestLoader.discover(HERE, pattern="test_*.py")
+    ok = unittest.TextTestRunner(verbosity=1).run(suite).wasSuccessful()
+    return 0 if ok else 1
+
+
+def report_only(folder):
+    """Rebuild the report of a results folder and print it; the exit status."""
+    with open(os.path.join(folder, "setup.json")) as f:
+        setup = json.load(f)
+    sys.stdout.write(write_report(folder, setup, load_runs(folder)))
+    return 0
+
+
+def check_host():
+    """Exit (through argparse) unless run as root with the tools every run needs."""
     if os.geteuid() != 0:
         build_parser().error("run as root (losetup, mkfs, mount, sysctl)")
     for tool in ("fio", "losetup", "mkfs.ext4", "mkfs.btrfs", "btrfs", "fstrim"):
         if not shutil.which(tool):
             build_parser().error("%s is not installed" % tool)
 
-    notes = []
+
+def choose_stacks(a):
+    """([stack keys to run], {skipped key: reason}): what this host has, narrowed to
+    --stacks (or without the opt-in stacks); exits if nothing is left to run."""
     keys, skipped = available_stacks(a.members)
     if a.want_stacks:
         for k in keys:
@@ -890,18 +934,29 @@ def main(argv=None):
         build_parser().error("no lograid binary: build it (cargo build --release -p lograid-cli) or give --lograid")
     if not keys:
         build_parser().error("no stack to run")
+    return keys, skipped
+
+
+def choose_experiments(a, notes):
+    """The experiments to run: --experiments, without bonnie++ if it cannot be had."""
     exps = list(a.exps)
     if "bonnie" in exps and not ensure_bonnie(a, notes):
         exps.remove("bonnie")
+    return exps
 
-    out = a.out
+
+def prepare_out(out):
+    """Create the results folder and its subfolders; exits if it already holds runs."""
     if glob.glob(os.path.join(out, "raw", "*.json")):
         build_parser().error("%s already holds results (raw/*.json): choose another --out or remove it" % out)
     for sub in ("raw", "fio", "bonnie", "logs"):
         os.makedirs(os.path.join(out, sub), exist_ok=True)
-    ctx = Context()
-    ctx.a, ctx.out = a, out
-    ctx.src14 = os.urandom(A_FILE_BYTES)
+
+
+def start_setup(ctx, argv, keys, skipped, exps, notes):
+    """setup.json's contents at the start: options, command, machine, the stacks (how
+    each is built) and what is skipped."""
+    a = ctx.a
     opts = {k: v for k, v in vars(a).items() if isinstance(v, (int, float, str, list, type(None)))}
     setup = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "options": opts,
              "command": "python3 bench/compare.py " + " ".join(argv),
@@ -911,26 +966,113 @@ def main(argv=None):
     for k in keys:
         proto = make_stack(ctx, k, "A", "probe")
         setup["stacks"].append({"key": k, "describe": proto.describe()})
+    return setup
 
-    def save_setup():
-        with open(os.path.join(out, "setup.json"), "w") as f:
-            json.dump(setup, f, indent=1)
-            f.write("\n")
-    save_setup()
-    for k, why in skipped.items():
+
+def save_setup(out, setup):
+    with open(os.path.join(out, "setup.json"), "w") as f:
+        json.dump(setup, f, indent=1)
+        f.write("\n")
+
+
+def log_skips(setup):
+    for k, why in setup["skipped"].items():
         log("skipping %s: %s" % (k, why))
     for k, per in setup["skipped_exps"].items():
         for e, why in per.items():
             log("skipping %s in %s: %s" % (k, e, why))
 
-    steps = plan(a.reps, exps, keys, skip=exp_skip)
-    # First guesses (seconds per step), from the full run on this machine; replaced by
-    # measured durations as steps finish.
-    priors = {"A": 2 * a.a_files * A_FILE_BYTES / 500e6 + 8,
-              "B": a.b_size / 500e6 + 4 * (a.b_seconds + 2.5) + 5,
-              "C": a.c_files / 7000 + 5, "bonnie": 10 + a.bonnie_mb / 200,
-              "D": 2 * a.d_size / 700e6 + 5}
-    eta = Eta(priors)
+
+def first_estimates(a):
+    """First guesses of the seconds per step of each experiment (from the full run on
+    this machine); the ETA replaces them by measured durations as steps finish."""
+    return {"A": 2 * a.a_files * A_FILE_BYTES / 500e6 + 8,
+            "B": a.b_size / 500e6 + 4 * (a.b_seconds + 2.5) + 5,
+            "C": a.c_files / 7000 + 5, "bonnie": 10 + a.bonnie_mb / 200,
+            "D": 2 * a.d_size / 700e6 + 5}
+
+
+def measure(ctx, stack, exp, tag):
+    """(metrics, details) of `exp` on a stack that is up; on path-ref after
+    --path-ref-warmup untimed runs of the same workload (their metrics in the details)."""
+    warm = []
+    for w in range(ctx.a.path_ref_warmup if isinstance(stack, PathRefStack) else 0):
+        log("  warm-up %d of %s (untimed)" % (w + 1, stack.name))
+        warm.append(EXP_FUNCS[exp](ctx, stack, "%s-warmup%d" % (tag, w + 1))[0])
+    metrics, details = EXP_FUNCS[exp](ctx, stack, tag)
+    if warm:
+        details["warmup_metrics"] = warm
+    return metrics, details
+
+
+def run_step(ctx, rep, exp, key):
+    """One experiment on one freshly built stack, torn down after; its record goes to
+    OUT/raw/TAG.json and is returned. A failed run is recorded and the run goes on; an
+    interruption is recorded and raised."""
+    tag = "%s-%s-r%d" % (exp, key, rep)
+    rec = {"exp": exp, "stack": key, "rep": rep, "started": time.strftime("%H:%M:%S"),
+           "load_before": loadavg(), "metrics": {}, "error": None}
+    t0 = time.time()
+    try:
+        stack = make_stack(ctx, key, exp, tag)
+        with stack:
+            rec["setup"] = {"describe": stack.describe(), "members": stack.member_names,
+                            "direct_io": stack.direct_io}
+            if isinstance(stack, (LograidStack, PathRefStack)):
+                rec["setup"]["volume_bytes"] = stack.volume_bytes
+            rec["metrics"], rec["details"] = measure(ctx, stack, exp, tag)
+    except Interrupted:
+        rec["error"] = "interrupted"
+        raise
+    except Exception as e:           # one failed run must not stop the others
+        rec["error"] = "%s: %s" % (type(e).__name__, e)
+        log("  FAILED %s: %s" % (tag, rec["error"]))
+    finally:
+        rec["seconds"] = round(time.time() - t0, 1)
+        rec["load_after"] = loadavg()
+        with open(os.path.join(ctx.out, "raw", tag + ".json"), "w") as f:
+            json.dump(rec, f, indent=1)
+            f.write("\n")
+    return rec
+
+
+def run_steps(steps, ctx, eta, t_start):
+    """Every step in turn, with progress and the ETA on stderr."""
+    for i, (rep, exp, key) in enumerate(steps):
+        log("[%d/%d] rep %d, %s, %s  (elapsed %s, ETA %s)" % (
+            i + 1, len(steps), rep, exp, label(key), fmt_duration(time.time() - t_start),
+            fmt_duration(eta.remaining(steps[i:]))))
+        rec = run_step(ctx, rep, exp, key)
+        eta.add(exp, key, rec["seconds"])
+
+
+def restore_sysctls(sysctls, notes, status):
+    """Put the kernel settings back; the exit status (1 if they could not be)."""
+    bad = sysctls.restore()
+    if bad:
+        notes.append("kernel settings not restored: %s" % ", ".join(bad))
+        status = status or 1
+    return status
+
+
+def finish_results(ctx, setup, t_start, status):
+    """Complete setup.json and write the report (printed if the run succeeded)."""
+    setup["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    setup["elapsed_seconds"] = round(time.time() - t_start)
+    setup["load"]["end"] = loadavg()
+    save_setup(ctx.out, setup)
+    md = write_report(ctx.out, setup, load_runs(ctx.out))
+    log("report: %s (%s elapsed)" % (os.path.join(ctx.out, "compare.md"), fmt_duration(time.time() - t_start)))
+    if status == 0:
+        sys.stdout.write(md)
+
+
+def run_all(ctx, setup, steps, exps, keys):
+    """Run the steps with vm.dirty_* lowered and SIGINT, SIGTERM and SIGHUP turned into
+    Interrupted (stacks torn down, what was measured kept); then restore both and write
+    the results. Returns the exit status (130 if interrupted)."""
+    a = ctx.a
+    eta = Eta(first_estimates(a))
     sysctls = Sysctls()
     t_start = time.time()
 
@@ -942,61 +1084,37 @@ def main(argv=None):
         sysctls.set_dirty(a.dirty_bytes, a.dirty_background_bytes)
         log("%d steps: %d repetition(s) x %s x %s; first estimate %s" % (
             len(steps), a.reps, ",".join(exps), ",".join(keys), fmt_duration(eta.remaining(steps))))
-        for i, (rep, exp, key) in enumerate(steps):
-            log("[%d/%d] rep %d, %s, %s  (elapsed %s, ETA %s)" % (
-                i + 1, len(steps), rep, exp, label(key), fmt_duration(time.time() - t_start),
-                fmt_duration(eta.remaining(steps[i:]))))
-            tag = "%s-%s-r%d" % (exp, key, rep)
-            rec = {"exp": exp, "stack": key, "rep": rep, "started": time.strftime("%H:%M:%S"),
-                   "load_before": loadavg(), "metrics": {}, "error": None}
-            t0 = time.time()
-            try:
-                stack = make_stack(ctx, key, exp, tag)
-                with stack:
-                    rec["setup"] = {"describe": stack.describe(), "members": stack.member_names,
-                                    "direct_io": stack.direct_io}
-                    if isinstance(stack, (LograidStack, PathRefStack)):
-                        rec["setup"]["volume_bytes"] = stack.volume_bytes
-                    warm = []
-                    for w in range(a.path_ref_warmup if isinstance(stack, PathRefStack) else 0):
-                        log("  warm-up %d of %s (untimed)" % (w + 1, stack.name))
-                        warm.append(EXP_FUNCS[exp](ctx, stack, "%s-warmup%d" % (tag, w + 1))[0])
-                    rec["metrics"], rec["details"] = EXP_FUNCS[exp](ctx, stack, tag)
-                    if warm:
-                        rec["details"]["warmup_metrics"] = warm
-            except Interrupted:
-                rec["error"] = "interrupted"
-                raise
-            except Exception as e:           # one failed run must not stop the others
-                rec["error"] = "%s: %s" % (type(e).__name__, e)
-                log("  FAILED %s: %s" % (tag, rec["error"]))
-            finally:
-                rec["seconds"] = round(time.time() - t0, 1)
-                rec["load_after"] = loadavg()
-                with open(os.path.join(out, "raw", tag + ".json"), "w") as f:
-                    json.dump(rec, f, indent=1)
-                    f.write("\n")
-            eta.add(exp, key, rec["seconds"])
+        run_steps(steps, ctx, eta, t_start)
     except Interrupted as e:
         log("interrupted (%s): stacks torn down; writing what was measured" % e)
-        notes.append("run interrupted (%s) before it finished" % e)
+        setup["notes"].append("run interrupted (%s) before it finished" % e)
         status = 130
     finally:
-        bad = sysctls.restore()
-        if bad:
-            notes.append("kernel settings not restored: %s" % ", ".join(bad))
-            status = status or 1
+        status = restore_sysctls(sysctls, setup["notes"], status)
         for s, h in old.items():
             signal.signal(s, h)
-        setup["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        setup["elapsed_seconds"] = round(time.time() - t_start)
-        setup["load"]["end"] = loadavg()
-        save_setup()
-        md = write_report(out, setup, load_runs(out))
-        log("report: %s (%s elapsed)" % (os.path.join(out, "compare.md"), fmt_duration(time.time() - t_start)))
-        if status == 0:
-            sys.stdout.write(md)
+        finish_results(ctx, setup, t_start, status)
     return status
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    a = parse_args(argv, stat_free=free_bytes)
+    if a.self_test:
+        return self_test()
+    if a.report_only:
+        return report_only(a.report_only)
+    check_host()
+    notes = []
+    keys, skipped = choose_stacks(a)
+    exps = choose_experiments(a, notes)
+    prepare_out(a.out)
+    ctx = Context(a, a.out)
+    setup = start_setup(ctx, argv, keys, skipped, exps, notes)
+    save_setup(ctx.out, setup)
+    log_skips(setup)
+    steps = plan(a.reps, exps, keys, skip=exp_skip)
+    return run_all(ctx, setup, steps, exps, keys)
 
 
 if __name__ == "__main__":

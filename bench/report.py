@@ -320,81 +320,109 @@ def fmt_duration(seconds):
 
 # ----- SVG --------------------------------------------------------------------------------
 
+# Chart layout, in pixels: panel width and height, left margin (axis labels), space
+# above a panel (its title) and below it (group labels).
+PANEL_W, PANEL_H, MARGIN_L, PANEL_TOP, PANEL_BOTTOM = 620, 250, 80, 40, 60
+
+
 def chart(runs, exp, title):
     """Grouped bars: one group per metric, one bar per stack (median), a whisker from
     min to max over the repetitions; one panel per unit."""
     panels = [p for p in CHARTS.get(exp, []) if any(
         metric_values(runs, exp, s, k) for s in stacks_in(runs) for k in p[2])]
     stacks = stacks_in([r for r in runs if r["exp"] == exp])
-    PW, PH, ML, MT, MB = 620, 250, 80, 40, 60
-    W = ML + PW + 200
-    H = 50 + max(len(panels), 1) * (MT + PH + MB)
+    W = MARGIN_L + PANEL_W + 200
+    H = 50 + max(len(panels), 1) * (PANEL_TOP + PANEL_H + PANEL_BOTTOM)
     svg = Svg(W, H)
     svg.text(W / 2, 26, title, size=15, anchor="middle", weight="bold")
     if not panels or not stacks:
         svg.text(W / 2, 70, "no data", anchor="middle")
         return svg.render()
-    for pi, (ptitle, unit, keys, logscale) in enumerate(panels):
-        x0, y0 = ML, 50 + pi * (MT + PH + MB) + MT
-        keys = [k for k in keys if any(metric_values(runs, exp, s, k) for s in stacks)]
-        cells = {(k, s): summarize(metric_values(runs, exp, s, k).values()) for k in keys for s in stacks}
-        top = max([c["max"] for c in cells.values() if c] + [1e-9])
-        if logscale:
-            low = min([c["min"] for c in cells.values() if c and c["min"] > 0] + [top])
-            lo_e, hi_e = math.floor(math.log10(low)), math.ceil(math.log10(top * 1.05))
-            if hi_e == lo_e:
-                hi_e += 1
-            yt = [10 ** e for e in range(lo_e, hi_e + 1)]
+    for pi, panel in enumerate(panels):
+        y0 = 50 + pi * (PANEL_TOP + PANEL_H + PANEL_BOTTOM) + PANEL_TOP
+        chart_panel(svg, runs, exp, stacks, panel, MARGIN_L, y0)
+    chart_legend(svg, stacks, MARGIN_L + PANEL_W + 20, 60)
+    return svg.render()
 
-            def ymap(v):
-                v = max(v, yt[0])
-                return y0 + PH - (math.log10(v) - lo_e) / (hi_e - lo_e) * PH
-        else:
-            yt = nice_ticks(0, top * 1.08, 5)
 
-            def ymap(v):
-                return y0 + PH - v / yt[-1] * PH
-        for v in yt:
-            y = ymap(v)
-            svg.line(x0, y, x0 + PW, y, "#e4e4e4")
-            svg.line(x0 - 4, y, x0, y)
-            svg.text(x0 - 7, y + 4, tick_label(v), size=11, anchor="end")
-        svg.text(x0 + PW / 2, y0 - 10, ptitle, size=13, anchor="middle", weight="bold")
-        svg.text(x0 - 58, y0 + PH / 2, unit, size=12, anchor="middle", rotate=-90)
-        gw = PW / max(len(keys), 1)
-        bw = min(34.0, gw * 0.8 / max(len(stacks), 1))
-        for gi, k in enumerate(keys):
-            gx = x0 + gi * gw + (gw - bw * len(stacks)) / 2
-            m = METRIC_BY_KEY.get((exp, k))
-            svg.text(x0 + gi * gw + gw / 2, y0 + PH + 18, m.label if m else k, size=12, anchor="middle")
-            for si, s in enumerate(stacks):
-                c = cells[(k, s)]
-                x = gx + si * bw
-                if not c:
-                    svg.text(x + bw / 2, y0 + PH - 4, "fast" if too_fast(runs, exp, s, k) else "n/a", size=8,
-                             anchor="middle", colour="#999")
-                    continue
-                yb, yv = ymap(yt[0]) if logscale else ymap(0), ymap(c["median"])
-                svg.add('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s</title></rect>'
-                        % (x + 1, min(yv, yb), bw - 2, abs(yb - yv), COLOURS.get(s, "#555"),
-                           escape("%s, %s: %s" % (label(s), m.label if m else k, fmt_cell(c, m.digits if m else 0)))))
-                if c["n"] > 1 and c["max"] > c["min"]:
-                    xm = x + bw / 2
-                    svg.line(xm, ymap(c["min"]), xm, ymap(c["max"]), "#222", 1.2)
-                    svg.line(xm - 4, ymap(c["min"]), xm + 4, ymap(c["min"]), "#222", 1.2)
-                    svg.line(xm - 4, ymap(c["max"]), xm + 4, ymap(c["max"]), "#222", 1.2)
-                svg.text(x + bw / 2, min(yv, ymap(c["max"])) - 4, fmt_compact(c["median"], m.digits if m else 0),
-                         size=8, anchor="middle", colour="#333")
-        svg.add('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" stroke="#222"/>'
-                % (x0, y0, PW, PH))
-    lx, ly = ML + PW + 20, 60
+def y_scale(cells, logscale, y0):
+    """(ticks, value -> y) of a panel at y0 that shows the summaries `cells`: powers of
+    ten on a log scale, else round steps from 0."""
+    top = max([c["max"] for c in cells.values() if c] + [1e-9])
+    if logscale:
+        low = min([c["min"] for c in cells.values() if c and c["min"] > 0] + [top])
+        lo_e, hi_e = math.floor(math.log10(low)), math.ceil(math.log10(top * 1.05))
+        if hi_e == lo_e:
+            hi_e += 1
+        yt = [10 ** e for e in range(lo_e, hi_e + 1)]
+
+        def ymap(v):
+            v = max(v, yt[0])
+            return y0 + PANEL_H - (math.log10(v) - lo_e) / (hi_e - lo_e) * PANEL_H
+    else:
+        yt = nice_ticks(0, top * 1.08, 5)
+
+        def ymap(v):
+            return y0 + PANEL_H - v / yt[-1] * PANEL_H
+    return yt, ymap
+
+
+def chart_panel(svg, runs, exp, stacks, panel, x0, y0):
+    """One panel (title, unit, metric keys, log scale) with its top left corner at
+    (x0, y0): grid, axis, and a group of bars per metric."""
+    ptitle, unit, keys, logscale = panel
+    keys = [k for k in keys if any(metric_values(runs, exp, s, k) for s in stacks)]
+    cells = {(k, s): summarize(metric_values(runs, exp, s, k).values()) for k in keys for s in stacks}
+    yt, ymap = y_scale(cells, logscale, y0)
+    for v in yt:
+        y = ymap(v)
+        svg.line(x0, y, x0 + PANEL_W, y, "#e4e4e4")
+        svg.line(x0 - 4, y, x0, y)
+        svg.text(x0 - 7, y + 4, tick_label(v), size=11, anchor="end")
+    svg.text(x0 + PANEL_W / 2, y0 - 10, ptitle, size=13, anchor="middle", weight="bold")
+    svg.text(x0 - 58, y0 + PANEL_H / 2, unit, size=12, anchor="middle", rotate=-90)
+    gw = PANEL_W / max(len(keys), 1)
+    bw = min(34.0, gw * 0.8 / max(len(stacks), 1))
+    base = ymap(yt[0]) if logscale else ymap(0)
+    for gi, k in enumerate(keys):
+        gx = x0 + gi * gw + (gw - bw * len(stacks)) / 2
+        m = METRIC_BY_KEY.get((exp, k))
+        svg.text(x0 + gi * gw + gw / 2, y0 + PANEL_H + 18, m.label if m else k, size=12, anchor="middle")
+        for si, s in enumerate(stacks):
+            x = gx + si * bw
+            if not cells[(k, s)]:
+                svg.text(x + bw / 2, y0 + PANEL_H - 4, "fast" if too_fast(runs, exp, s, k) else "n/a", size=8,
+                         anchor="middle", colour="#999")
+                continue
+            chart_bar(svg, s, m.label if m else k, m.digits if m else 0, cells[(k, s)], x, bw, base, ymap)
+    svg.add('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" stroke="#222"/>'
+            % (x0, y0, PANEL_W, PANEL_H))
+
+
+def chart_bar(svg, stack, metric_label, digits, c, x, bw, base, ymap):
+    """One stack's bar at x, bw wide, from y `base` to its median; a whisker from min
+    to max if they differ; the median above it."""
+    yb, yv = base, ymap(c["median"])
+    svg.add('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s</title></rect>'
+            % (x + 1, min(yv, yb), bw - 2, abs(yb - yv), COLOURS.get(stack, "#555"),
+               escape("%s, %s: %s" % (label(stack), metric_label, fmt_cell(c, digits)))))
+    if c["n"] > 1 and c["max"] > c["min"]:
+        xm = x + bw / 2
+        svg.line(xm, ymap(c["min"]), xm, ymap(c["max"]), "#222", 1.2)
+        svg.line(xm - 4, ymap(c["min"]), xm + 4, ymap(c["min"]), "#222", 1.2)
+        svg.line(xm - 4, ymap(c["max"]), xm + 4, ymap(c["max"]), "#222", 1.2)
+    svg.text(x + bw / 2, min(yv, ymap(c["max"])) - 4, fmt_compact(c["median"], digits),
+             size=8, anchor="middle", colour="#333")
+
+
+def chart_legend(svg, stacks, lx, ly):
+    """The colour of each stack, from (lx, ly) down."""
     svg.text(lx, ly, "stack (bar: median;", size=11, weight="bold")
     svg.text(lx, ly + 14, "whisker: min-max)", size=11, weight="bold")
     for i, s in enumerate(stacks):
         y = ly + 36 + i * 20
         svg.add('<rect x="%.1f" y="%.1f" width="14" height="12" fill="%s"/>' % (lx, y - 10, COLOURS.get(s, "#555")))
         svg.text(lx + 20, y, label(s), size=12)
-    return svg.render()
 
 
 # ----- report ------------------------------------------------------------------------------
@@ -409,6 +437,27 @@ def load_runs(out):
 
 def write_report(out, setup, runs):
     """Write compare.md and the SVG charts into `out`; returns the markdown."""
+    L = report_head(setup, runs)
+    head = headline_table(runs)
+    if head:
+        L += ["## lograid P=1 against btrfs raid5", "", head]
+    for exp in EXPERIMENTS:
+        if any(r["exp"] == exp for r in runs):
+            L += experiment_section(out, setup, runs, exp)
+    L += problems_section(setup, runs)
+    L += ["## Versions", ""]
+    for k, v in sorted(((setup.get("machine") or {}).get("versions") or {}).items()):
+        L.append("- %s: %s" % (k, v if v else "not installed"))
+    L.append("")
+    md = "\n".join(L)
+    with open(os.path.join(out, "compare.md"), "w") as f:
+        f.write(md)
+    return md
+
+
+def report_head(setup, runs):
+    """The report's lines up to the headline: date, machine, load, setup, the stacks
+    (how each is built, which are skipped and why) and how to read the figures."""
     a = setup.get("options", {})
     mach = setup.get("machine", {})
     L = ["# lograid beside its peers (bench/compare.py)", ""]
@@ -429,8 +478,20 @@ def write_report(out, setup, runs):
                  human(a.get("dirty_bytes")), human(a.get("dirty_background_bytes")),
                  fmt_duration(setup.get("elapsed_seconds", 0))))
     L.append("")
-    L.append("| stack | how it is built |")
-    L.append("|---|---|")
+    L += stacks_table(setup)
+    L.append("")
+    L.append("Figures are median (min–max) over the repetitions; ratios are computed within each "
+             "repetition (the stacks of one repetition ran back to back) and then summarised the same way. "
+             "WA = bytes written to the member loop devices (`/sys/block/loopN/stat` field 7 x 512) during "
+             "the phase and the sync after it / bytes the workload wrote.")
+    L.append("")
+    return L
+
+
+def stacks_table(setup):
+    """Markdown lines: how each stack is built, which were skipped and which did not
+    run some experiments, with the reasons."""
+    L = ["| stack | how it is built |", "|---|---|"]
     for s in setup.get("stacks", []):
         L.append("| %s | %s |" % (label(s["key"]), s["describe"]))
     for k, why in sorted((setup.get("skipped") or {}).items()):
@@ -438,49 +499,42 @@ def write_report(out, setup, runs):
     for k, per in sorted((setup.get("skipped_exps") or {}).items()):
         for why, exps_ in group_reasons(per):
             L.append("| %s | not run in %s: %s |" % (label(k), ", ".join(exps_), why))
-    L.append("")
-    L.append("Figures are median (min–max) over the repetitions; ratios are computed within each "
-             "repetition (the stacks of one repetition ran back to back) and then summarised the same way. "
-             "WA = bytes written to the member loop devices (`/sys/block/loopN/stat` field 7 x 512) during "
-             "the phase and the sync after it / bytes the workload wrote.")
-    L.append("")
-    head = headline_table(runs)
-    if head:
-        L += ["## lograid P=1 against btrfs raid5", "", head]
-    for exp in EXPERIMENTS:
-        ers = [r for r in runs if r["exp"] == exp]
-        if not ers:
-            continue
-        L += ["## " + EXP_TITLES[exp], "", exp_description(exp, a), ""]
-        not_here = [(k, per[exp]) for k, per in sorted((setup.get("skipped_exps") or {}).items()) if exp in per]
-        if not_here:
-            L += ["Not run here: %s." % "; ".join("%s (%s)" % (label(k), why) for k, why in not_here), ""]
-        L += ["![%s](%s.svg)" % (EXP_TITLES[exp], exp), ""]
-        L += [absolute_table(runs, exp)]
-        if exp == "B":
-            L += [engine_note(runs)]
-        if exp == "A":
-            L += [cpu_table(runs)]
-        rt = ratio_table(runs, exp)
-        if rt:
-            L += ["Ratios (per repetition, then median (min–max)):", "", rt]
-        with open(os.path.join(out, exp + ".svg"), "w") as f:
-            f.write(chart(runs, exp, EXP_TITLES[exp]))
+    return L
+
+
+def experiment_section(out, setup, runs, exp):
+    """The lines of one experiment's section (what it does, who skipped it, its chart,
+    absolute figures, notes, ratios); writes its chart into `out`."""
+    a = setup.get("options", {})
+    L = ["## " + EXP_TITLES[exp], "", exp_description(exp, a), ""]
+    not_here = [(k, per[exp]) for k, per in sorted((setup.get("skipped_exps") or {}).items()) if exp in per]
+    if not_here:
+        L += ["Not run here: %s." % "; ".join("%s (%s)" % (label(k), why) for k, why in not_here), ""]
+    L += ["![%s](%s.svg)" % (EXP_TITLES[exp], exp), ""]
+    L += [absolute_table(runs, exp)]
+    if exp == "B":
+        L += [engine_note(runs)]
+    if exp == "A":
+        L += [cpu_table(runs)]
+    rt = ratio_table(runs, exp)
+    if rt:
+        L += ["Ratios (per repetition, then median (min–max)):", "", rt]
+    with open(os.path.join(out, exp + ".svg"), "w") as f:
+        f.write(chart(runs, exp, EXP_TITLES[exp]))
+    return L
+
+
+def problems_section(setup, runs):
+    """The notes of the run and the failed runs, if any."""
     errs = [r for r in runs if r.get("error")]
     notes = list(setup.get("notes") or [])
-    if errs or notes:
-        L += ["## Problems and notes", ""]
-        L += ["- %s" % n for n in notes]
-        L += ["- %s on %s, repetition %d: %s" % (r["exp"], label(r["stack"]), r["rep"], r["error"]) for r in errs]
-        L.append("")
-    L += ["## Versions", ""]
-    for k, v in sorted((mach.get("versions") or {}).items()):
-        L.append("- %s: %s" % (k, v if v else "not installed"))
+    if not errs and not notes:
+        return []
+    L = ["## Problems and notes", ""]
+    L += ["- %s" % n for n in notes]
+    L += ["- %s on %s, repetition %d: %s" % (r["exp"], label(r["stack"]), r["rep"], r["error"]) for r in errs]
     L.append("")
-    md = "\n".join(L)
-    with open(os.path.join(out, "compare.md"), "w") as f:
-        f.write(md)
-    return md
+    return L
 
 
 CPU_PHASES = [("manyfiles", "many files"), ("bigfile", "big file")]
