@@ -6,11 +6,15 @@ devices, a few seconds.
 """
 
 import contextlib
+import glob
 import io
+import json
 import os
+import signal
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
@@ -261,6 +265,165 @@ class SysctlRestore(unittest.TestCase):
         s = FakeSysctls({k: "1" for k in compare.Sysctls.KEYS})
         self.assertEqual(s.restore(), [])
         self.assertEqual(s.writes, [])
+
+
+class ChooseStacks(unittest.TestCase):
+    """Which stacks run: what the host has, narrowed by --stacks, opt-in stacks only
+    when named."""
+
+    HAVE = (["lograid-p1", "btrfs-raid5", "bare", "ram-ext4"], {"zfs-raidz1": "zfs-fuse is not installed"})
+
+    def choose(self, argv):
+        a = compare.parse_args(argv + ["--lograid", "/bin/true"])
+        with mock.patch.object(compare, "available_stacks", lambda members: (list(self.HAVE[0]),
+                                                                             dict(self.HAVE[1]))):
+            return compare.choose_stacks(a)
+
+    def test_default_leaves_out_the_opt_in_stacks(self):
+        keys, skipped = self.choose([])
+        self.assertEqual(keys, ["lograid-p1", "btrfs-raid5", "bare"])
+        self.assertIn("named in --stacks", skipped["ram-ext4"])
+
+    def test_named_stacks(self):
+        keys, skipped = self.choose(["--stacks", "ram-ext4,btrfs-raid5,zfs-raidz1,btrfs-raid6"])
+        self.assertEqual(keys, ["btrfs-raid5", "ram-ext4"])
+        self.assertEqual(skipped["lograid-p1"], "not in --stacks")
+        self.assertEqual(skipped["zfs-raidz1"], "zfs-fuse is not installed")
+        self.assertEqual(skipped["btrfs-raid6"], "not available")
+
+    def test_lograid_needs_its_binary(self):
+        a = compare.parse_args(["--lograid", "/nonexistent/lograid"])
+        err = io.StringIO()
+        with mock.patch.object(compare, "available_stacks", lambda members: (["lograid-p1"], {})), \
+                contextlib.redirect_stderr(err), self.assertRaises(SystemExit):
+            compare.choose_stacks(a)
+        self.assertIn("no lograid binary", err.getvalue())
+
+
+class FakeStack:
+    """Stands in for a stacks.py stack: comes up and goes down, and says so."""
+
+    def __init__(self, key, events):
+        self.name, self.events = key, events
+        self.member_names, self.direct_io = ["m0", "m1"], True
+
+    def describe(self):
+        return "fake " + self.name
+
+    def __enter__(self):
+        self.events.append(("up", self.name))
+        return self
+
+    def __exit__(self, *exc):
+        self.events.append(("down", self.name))
+        return False
+
+
+class MainLoop(unittest.TestCase):
+    """main() from the options to the report, with fake stacks, experiments and kernel
+    settings: the steps run in order, each stack is torn down, every run is recorded,
+    the settings and signal handlers are put back, and the report is written."""
+
+    SYSCTLS = {"vm/dirty_bytes": "0", "vm/dirty_background_bytes": "0",
+               "vm/dirty_ratio": "20", "vm/dirty_background_ratio": "10"}
+
+    def run_main(self, out, experiment, stderr=None):
+        self.events = []
+        self.sysctls = FakeSysctls(self.SYSCTLS)
+        fakes = {e: experiment for e in compare.EXPERIMENTS}
+        argv = ["--quick", "--reps", "2", "--stacks", "bare,btrfs-raid5", "--experiments", "A,B", "--out", out]
+        stdout = io.StringIO()
+        with contextlib.ExitStack() as patches:
+            patches.enter_context(mock.patch("os.geteuid", return_value=0))
+            patches.enter_context(mock.patch("shutil.which", return_value="/bin/true"))
+            patches.enter_context(mock.patch.object(compare, "free_bytes", lambda _: 1 << 50))
+            patches.enter_context(mock.patch.object(compare, "available_stacks",
+                                                    lambda members: (["btrfs-raid5", "bare"], {})))
+            patches.enter_context(mock.patch.object(compare, "machine_details",
+                                                    lambda a: {"summary": "test", "versions": {}}))
+            patches.enter_context(mock.patch.object(compare, "make_stack",
+                                                    lambda ctx, key, exp, tag: FakeStack(key, self.events)))
+            patches.enter_context(mock.patch.object(compare, "EXP_FUNCS", fakes))
+            patches.enter_context(mock.patch.object(compare, "Sysctls", lambda: self.sysctls))
+            patches.enter_context(contextlib.redirect_stderr(stderr or io.StringIO()))
+            patches.enter_context(contextlib.redirect_stdout(stdout))
+            status = compare.main(argv)
+        with open(os.path.join(out, "setup.json")) as f:
+            setup = json.load(f)
+        runs = {}
+        for p in glob.glob(os.path.join(out, "raw", "*.json")):
+            with open(p) as f:
+                runs[os.path.basename(p)[:-len(".json")]] = json.load(f)
+        return status, setup, runs, stdout.getvalue()
+
+    def check_restored(self):
+        self.assertEqual(self.sysctls.values, self.SYSCTLS)
+        self.assertIs(signal.getsignal(signal.SIGTERM), self.handler)
+
+    def setUp(self):
+        self.handler = signal.getsignal(signal.SIGTERM)
+
+    def test_every_step_runs_and_is_reported(self):
+        def experiment(ctx, stack, tag):
+            return {"manyfiles_MBps": 100.0, "rand4k-qd32_iops": 5.0}, {"tag": tag}
+        with tempfile.TemporaryDirectory() as out:
+            status, setup, runs, stdout = self.run_main(out, experiment)
+            self.assertEqual(status, 0)
+            self.assertEqual(sorted(runs), ["A-bare-r1", "A-bare-r2", "A-btrfs-raid5-r1", "A-btrfs-raid5-r2",
+                                            "B-bare-r1", "B-bare-r2", "B-btrfs-raid5-r1", "B-btrfs-raid5-r2"])
+            rec = runs["A-bare-r2"]
+            self.assertEqual((rec["exp"], rec["stack"], rec["rep"], rec["error"]), ("A", "bare", 2, None))
+            self.assertEqual(rec["details"], {"tag": "A-bare-r2"})
+            self.assertEqual(rec["setup"]["describe"], "fake bare")
+            # The stacks in table order, rotated by one in repetition 2; every one torn down.
+            ups = [name for what, name in self.events if what == "up"]
+            self.assertEqual(ups, ["btrfs-raid5", "bare"] * 2 + ["bare", "btrfs-raid5"] * 2)
+            self.assertEqual(len([1 for what, _ in self.events if what == "down"]), 8)
+            self.assertEqual([s["key"] for s in setup["stacks"]], ["btrfs-raid5", "bare"])
+            self.assertIn("finished", setup)
+            self.assertIn("end", setup["load"])
+            self.assertEqual(setup["options"]["exps"], ["A", "B"])
+            self.assertTrue(os.path.exists(os.path.join(out, "compare.md")))
+            self.assertTrue(stdout.startswith("# lograid beside its peers"))
+            self.check_restored()
+
+    def test_a_failed_run_is_recorded_and_the_others_go_on(self):
+        def experiment(ctx, stack, tag):
+            if tag == "B-bare-r1":
+                raise RuntimeError("mkfs failed")
+            return {"manyfiles_MBps": 100.0}, {}
+        with tempfile.TemporaryDirectory() as out:
+            status, setup, runs, stdout = self.run_main(out, experiment)
+            self.assertEqual(status, 0)
+            self.assertEqual(len(runs), 8)
+            self.assertEqual(runs["B-bare-r1"]["error"], "RuntimeError: mkfs failed")
+            self.assertEqual(runs["B-bare-r1"]["metrics"], {})
+            self.assertIn("mkfs failed", stdout)
+            self.check_restored()
+
+    def test_an_interruption_keeps_what_was_measured(self):
+        def experiment(ctx, stack, tag):
+            if tag == "A-bare-r1":
+                raise compare.Interrupted("signal 15")
+            return {"manyfiles_MBps": 100.0}, {}
+        with tempfile.TemporaryDirectory() as out:
+            status, setup, runs, stdout = self.run_main(out, experiment)
+            self.assertEqual(status, 130)
+            self.assertEqual(sorted(runs), ["A-bare-r1", "A-btrfs-raid5-r1"])
+            self.assertEqual(runs["A-bare-r1"]["error"], "interrupted")
+            self.assertIn("run interrupted (signal 15) before it finished", setup["notes"])
+            self.assertEqual(stdout, "")
+            self.assertTrue(os.path.exists(os.path.join(out, "compare.md")))
+            self.check_restored()
+
+    def test_an_existing_results_folder_is_refused(self):
+        with tempfile.TemporaryDirectory() as out:
+            os.makedirs(os.path.join(out, "raw"))
+            open(os.path.join(out, "raw", "A-bare-r1.json"), "w").close()
+            err = io.StringIO()
+            with self.assertRaises(SystemExit):
+                self.run_main(out, None, stderr=err)
+            self.assertIn("already holds results", err.getvalue())
 
 
 if __name__ == "__main__":

@@ -197,5 +197,41 @@ class CpuTable(unittest.TestCase):
         self.assertEqual(report.cpu_table(RUNS), "")           # runs without CPU details: no table
 
 
+class Sections(unittest.TestCase):
+    """The parts of the report and of a chart on their own."""
+
+    def test_stacks_table(self):
+        setup = {"stacks": [{"key": "lograid-p1", "describe": "lograid create"}],
+                 "skipped": {"zfs-raidz1": "zfs-fuse is not installed"},
+                 "skipped_exps": {"path-ref": {"B": "no attach path", "D": "no attach path"}}}
+        self.assertEqual(report.stacks_table(setup), [
+            "| stack | how it is built |", "|---|---|",
+            "| lograid P=1 | lograid create |",
+            "| zfs-fuse raidz1 | skipped: zfs-fuse is not installed |",
+            "| attach path over nbdkit memory | not run in B, D: no attach path |"])
+
+    def test_problems_section(self):
+        self.assertEqual(report.problems_section({"notes": []}, RUNS[:3]), [])
+        lines = report.problems_section({"notes": ["bonnie++ is not installed"]}, RUNS)
+        self.assertEqual(lines, ["## Problems and notes", "", "- bonnie++ is not installed",
+                                 "- A on btrfs raid0, repetition 2: RuntimeError: mkfs failed", ""])
+
+    def test_linear_scale(self):
+        cells = {("m", "s"): report.summarize([40.0, 90.0])}
+        ticks, ymap = report.y_scale(cells, False, 100)
+        self.assertEqual(ticks[0], 0)
+        self.assertGreaterEqual(ticks[-1], 90.0)
+        self.assertEqual(ymap(0), 100 + report.PANEL_H)
+        self.assertEqual(ymap(ticks[-1]), 100)
+
+    def test_log_scale(self):
+        cells = {("m", "a"): report.summarize([300.0]), ("m", "b"): report.summarize([45000.0]), ("m", "c"): None}
+        ticks, ymap = report.y_scale(cells, True, 0)
+        self.assertEqual(ticks, [100, 1000, 10000, 100000])
+        self.assertEqual(ymap(100), report.PANEL_H)
+        self.assertEqual(ymap(1), report.PANEL_H)              # below the lowest tick: at the bottom
+        self.assertAlmostEqual(ymap(100000), 0)
+
+
 if __name__ == "__main__":
     unittest.main()
