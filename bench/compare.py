@@ -16,11 +16,11 @@ under --dir, every member a `losetup --direct-io=on` loop device):
 
   lograid-p1, lograid-p0 (and lograid-p2 with >= 4 members): `lograid create`,
       `lograid serve --socket` in the work folder; for the filesystem
-      experiments (A, C, bonnie) ext4 on the volume attached as a loop device
-      (--lograid-attach fuse, the default: the server's own FUSE file,
-      `serve --fuse` + `attach --file`; nbdfuse: `attach --socket`, nbdfuse
-      over NBD), for the block experiments (B, D) fio's nbd engine straight to
-      the server;
+      experiments (many-files, small-files, bonnie) ext4 on the volume attached
+      as a loop device (--lograid-attach fuse, the default: the server's own
+      FUSE file, `serve --fuse` + `attach --file`; nbdfuse: `attach --socket`,
+      nbdfuse over NBD), for the block experiments (random-writes,
+      degraded-reads) fio's nbd engine straight to the server;
   btrfs-raid5 (-m raid1), btrfs-raid0 (and btrfs-raid6 -m raid1c3 with >= 4);
   zfs-raidz1, zfs-stripe: zfs-fuse, only where installed (else skipped, noted);
   bare: ext4 on one loop device;
@@ -28,35 +28,41 @@ under --dir, every member a `losetup --direct-io=on` loop device):
       it (a reference; the loop's copy into tmpfs costs CPU, so not a ceiling);
   path-ref: no members; nbdkit's memory plugin attached exactly as lograid is
       (`lograid attach` + ext4): the ceiling of the attach path itself, for the
-      filesystem experiments only (B and D use no attach path: skipped there).
+      filesystem experiments only (random-writes and degraded-reads use no
+      attach path: skipped there).
 
 Experiments (every stack freshly built for each experiment and repetition; the
 stacks of one repetition run back to back, in an order rotated per repetition):
 
-  A  --a-files files of 14 MiB into one directory, then one file of the same
-     total, each timed including the final syncfs (total >= 3 x vm.dirty_bytes,
-     which is lowered to --dirty-bytes for the whole run and restored after);
-     before each phase the caches are dropped and the guest's free page
-     reporting is let finish (settle_memory), so no stack starts on memory
-     that the one before it happened to leave warm; --a-memory warm then
-     writes and deletes --a-warm-bytes in tmpfs, so that every stack's phase
-     starts on recently used memory instead (as on a machine with no balloon);
-  B  fio random writes, O_DIRECT: 512 B-64 KiB (--bsrange, or --bssplit) at
-     QD 1, 10, 100 and 4 KiB at QD 32, --b-seconds each, into a --b-size file
-     laid out first (lograid: the first --b-size of the volume); write
-     amplification = bytes written to the member loop devices during fio and the
-     sync after it / bytes fio wrote;
-  C  --c-files files of 4 and 8 KiB created, copied (cp -a --reflink=never) and
-     deleted, each phase timed including syncfs;
+  many-files  --many-files-count files of 14 MiB into one directory, then one
+     file of the same total, each timed including the final syncfs (total >= 3 x
+     vm.dirty_bytes, which is lowered to --dirty-bytes for the whole run and
+     restored after); before each phase the caches are dropped and the guest's
+     free page reporting is let finish (settle_memory), so no stack starts on
+     memory that the one before it happened to leave warm;
+     --many-files-memory warm then writes and deletes --many-files-warm-bytes
+     in tmpfs, so that every stack's phase starts on recently used memory
+     instead (as on a machine with no balloon);
+  random-writes  fio random writes, O_DIRECT: 512 B-64 KiB (--bsrange, or
+     --bssplit) at QD 1, 10, 100 and 4 KiB at QD 32, --random-writes-seconds
+     each, into a --random-writes-size file laid out first (lograid: the first
+     --random-writes-size of the volume); write amplification = bytes written
+     to the member loop devices during fio and the sync after it / bytes fio
+     wrote;
+  small-files  --small-files-count files of 4 and 8 KiB created, copied
+     (cp -a --reflink=never) and deleted, each phase timed including syncfs;
   bonnie  one bonnie++ run per stack (first repetition only);
-  D  sequential 1 MiB reads (QD16, O_DIRECT) of --d-size written just before,
-     healthy, then with P members' loop devices detached (btrfs: mount -o
-     degraded,ro; lograid: serve --read-only on the remaining members).
+  degraded-reads  sequential 1 MiB reads (QD16, O_DIRECT) of
+     --degraded-reads-size written just before, healthy, then with P members'
+     loop devices detached (btrfs: mount -o degraded,ro; lograid: serve
+     --read-only on the remaining members).
 
 Results go to --out: raw/ (one JSON per run), fio/ (fio's final reports),
 bonnie/, logs/ (lograid server logs), setup.json (machine, versions, options),
 compare.md (absolute figures and ratios, median (min-max) over repetitions) and
-one SVG chart per experiment. `--report-only DIR` rebuilds the report from DIR.
+one SVG chart per experiment (EXPERIMENT.svg). `--report-only DIR` rebuilds the
+report from DIR, also from a folder written when the experiments were letters
+(A, B, C, D).
 
 Run as root:   python3 bench/compare.py [--reps 3] [--member-size 4G]
 Smoke test:    python3 bench/compare.py --quick --out /tmp/compare-quick
@@ -79,24 +85,29 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from report import (A_FILE_BYTES, B_TESTS, EXPERIMENTS, GiB, MiB, STACK_INFO, STACK_ORDER,  # noqa: E402
-                    bonnie_too_fast, fmt_duration, fmt_num, human, label, load_runs, parse_bonnie_csv,
-                    write_report)
+from report import (EXPERIMENTS, GiB, MANY_FILES_FILE_BYTES, MiB, RANDOM_WRITE_TESTS,  # noqa: E402
+                    STACK_INFO, STACK_ORDER, bonnie_too_fast, fmt_duration, fmt_num, human, label, load_runs,
+                    load_setup, parse_bonnie_csv, write_report)
 from stacks import (BtrfsStack, Ext4Stack, Interrupted, LograidStack, PathRefStack,  # noqa: E402
                     ZfsFuseStack, HOST_MARGIN, RECOMMENDED_METADATA, log, machine_cpu_seconds, parse_size, run)
 from steady import fio_json_objects, loadavg, machine_string  # noqa: E402
 
 # Where ram-ext4 keeps its one member file: tmpfs, so the ext4 under test has no disk
-# under it at all (and where --a-memory warm touches memory).
+# under it at all (and where --many-files-memory warm touches memory).
 RAM_DIR = "/dev/shm"
 # Stacks left out unless --stacks names them (ram-ext4 holds up to a member's size of
 # RAM while it runs).
 OPT_IN_STACKS = ["ram-ext4"]
 
+# The experiments that write to a block device, not to a filesystem: lograid's volume
+# through fio's nbd engine, the other stacks through a file in their filesystem.
+BLOCK_EXPERIMENTS = ("random-writes", "degraded-reads")
+
 # Experiments a stack does not run, and why (reported beside the skipped stacks).
 EXP_SKIPS = {
-    "path-ref": {e: "B and D do not use the attach path (lograid goes through fio's nbd engine there, "
-                    "the others through their filesystem), so its ceiling does not apply" for e in ("B", "D")},
+    "path-ref": {e: "random-writes and degraded-reads do not use the attach path (lograid goes through "
+                    "fio's nbd engine there, the others through their filesystem), so its ceiling does not "
+                    "apply" for e in BLOCK_EXPERIMENTS},
 }
 
 
@@ -342,10 +353,10 @@ def cpu_delta(before, after):
             for k in before}
 
 
-def exp_a(ctx, stack, tag):
-    n, buf = ctx.a.a_files, ctx.src14
+def exp_many_files(ctx, stack, tag):
+    n, buf = ctx.a.many_files_count, ctx.src14
     total = n * len(buf)
-    d = os.path.join(stack.mountpoint, "expA")
+    d = os.path.join(stack.mountpoint, "many-files")
     os.mkdir(d)
     stack.sync()
     m, det = {}, {"files": n, "file_bytes": len(buf), "total_bytes": total}
@@ -354,10 +365,10 @@ def exp_a(ctx, stack, tag):
         for i in range(n):
             with open(os.path.join(d, "f%d" % i), "wb", buffering=0) as f:
                 f.write(buf)
-    det["memory"] = ctx.a.a_memory
+    det["memory"] = ctx.a.many_files_memory
     det["settle_seconds"] = [round(settle_memory(), 1)]
-    if ctx.a.a_memory == "warm":
-        det["warm_seconds"] = [round(warm_memory(ctx.a.a_warm_bytes), 1)]
+    if ctx.a.many_files_memory == "warm":
+        det["warm_seconds"] = [round(warm_memory(ctx.a.many_files_warm_bytes), 1)]
     c0 = cpu_snapshot(stack)
     secs, write_part, dev = timed_phase(stack, many)
     det["manyfiles_cpu_s"] = cpu_delta(c0, cpu_snapshot(stack))
@@ -365,8 +376,8 @@ def exp_a(ctx, stack, tag):
     m["manyfiles_wa"] = round(dev / total, 4) if dev is not None else None
     det.update(manyfiles_seconds=round(secs, 3), manyfiles_write_part_seconds=round(write_part, 3),
                manyfiles_member_bytes=dev)
-    log("  A %s: %d x 14 MiB in %.1f s = %.0f MB/s, WA %s" % (stack.name, n, secs, m["manyfiles_MBps"],
-                                                            fmt_num(m["manyfiles_wa"], 2)))
+    log("  many-files %s: %d x 14 MiB in %.1f s = %.0f MB/s, WA %s" % (
+        stack.name, n, secs, m["manyfiles_MBps"], fmt_num(m["manyfiles_wa"], 2)))
     t0 = time.time()
     shutil.rmtree(d)
     stack.sync()
@@ -379,8 +390,8 @@ def exp_a(ctx, stack, tag):
             for _ in range(n):
                 f.write(buf)
     det["settle_seconds"].append(round(settle_memory(), 1))
-    if ctx.a.a_memory == "warm":
-        det["warm_seconds"].append(round(warm_memory(ctx.a.a_warm_bytes), 1))
+    if ctx.a.many_files_memory == "warm":
+        det["warm_seconds"].append(round(warm_memory(ctx.a.many_files_warm_bytes), 1))
     c0 = cpu_snapshot(stack)
     secs, write_part, dev = timed_phase(stack, big)
     det["bigfile_cpu_s"] = cpu_delta(c0, cpu_snapshot(stack))
@@ -388,8 +399,8 @@ def exp_a(ctx, stack, tag):
     m["bigfile_wa"] = round(dev / total, 4) if dev is not None else None
     det.update(bigfile_seconds=round(secs, 3), bigfile_write_part_seconds=round(write_part, 3),
                bigfile_member_bytes=dev)
-    log("  A %s: one file of %.2f GB in %.1f s = %.0f MB/s, WA %s" % (stack.name, total / 1e9, secs,
-                                                                    m["bigfile_MBps"], fmt_num(m["bigfile_wa"], 2)))
+    log("  many-files %s: one file of %.2f GB in %.1f s = %.0f MB/s, WA %s" % (
+        stack.name, total / 1e9, secs, m["bigfile_MBps"], fmt_num(m["bigfile_wa"], 2)))
     shutil.rmtree(d)
     stack.sync()
     return m, det
@@ -403,18 +414,18 @@ def engine_counters(stack, after):
     return st["member_bytes_written"], st["counters"]["user_bytes_written"]
 
 
-def exp_b(ctx, stack, tag):
+def exp_random_writes(ctx, stack, tag):
     a = ctx.a
-    size = a.b_size
-    target = fio_target(stack, "fio-B.dat")
+    size = a.random_writes_size
+    target = fio_target(stack, "random-writes.dat")
     common = ["--size=%d" % size, "--randrepeat=0", "--group_reporting"]
     run_fio(ctx, stack, ["--name=layout", "--rw=write", "--bs=1M", "--iodepth=8", "--end_fsync=1"]
             + target + common, tag + "-layout", timeout=1800)
     stack.sync()
-    m, det = {}, {"size_bytes": size, "seconds_per_test": a.b_seconds,
+    m, det = {}, {"size_bytes": size, "seconds_per_test": a.random_writes_seconds,
                   "sizes": ("bssplit=" + a.bssplit) if a.bssplit else ("bsrange=" + a.bsrange)}
     is_lograid = isinstance(stack, LograidStack)
-    for name, lab, bs, qd in B_TESTS:
+    for name, lab, bs, qd in RANDOM_WRITE_TESTS:
         if bs:
             sizes = ["--bs=" + bs]
         elif a.bssplit:
@@ -424,9 +435,9 @@ def exp_b(ctx, stack, tag):
         eng0 = engine_counters(stack, time.time()) if is_lograid else None
         b0 = stack.member_bytes_written()
         job = run_fio(ctx, stack, ["--name=" + name, "--rw=randwrite", "--iodepth=%d" % qd, "--time_based",
-                                   "--runtime=%d" % a.b_seconds, "--end_fsync=1",
+                                   "--runtime=%d" % a.random_writes_seconds, "--end_fsync=1",
                                    "--percentile_list=50:99:99.9"] + sizes + target + common,
-                      tag + "-" + name, timeout=a.b_seconds + 900)
+                      tag + "-" + name, timeout=a.random_writes_seconds + 900)
         stack.sync()
         dev = stack.member_bytes_written() - b0
         w = job["write"]
@@ -444,8 +455,8 @@ def exp_b(ctx, stack, tag):
                 if d["engine_user_bytes"]:
                     d["engine_wa"] = round(d["engine_member_bytes"] / d["engine_user_bytes"], 4)
         det[name] = d
-        log("  B %s %s: %.0f IOPS, %.1f MB/s, WA %.2f" % (stack.name, name, w["iops"], w["bw_bytes"] / 1e6,
-                                                         m[name + "_wa"] or 0))
+        log("  random-writes %s %s: %.0f IOPS, %.1f MB/s, WA %.2f" % (
+            stack.name, name, w["iops"], w["bw_bytes"] / 1e6, m[name + "_wa"] or 0))
     return m, det
 
 
@@ -462,9 +473,9 @@ def make_small_files(d, count):
         os.close(fd)
 
 
-def exp_c(ctx, stack, tag):
-    count = ctx.a.c_files
-    d = os.path.join(stack.mountpoint, "expC")
+def exp_small_files(ctx, stack, tag):
+    count = ctx.a.small_files_count
+    d = os.path.join(stack.mountpoint, "small-files")
     os.mkdir(d)
     stack.sync()
     app = count // 2 * 4096 + (count - count // 2) * 8192
@@ -479,7 +490,7 @@ def exp_c(ctx, stack, tag):
         if name != "delete":
             m[name + "_wa"] = round(dev / app, 4) if dev is not None else None
         det[name] = {"seconds": round(secs, 3), "member_bytes": dev}
-        log("  C %s %s: %d files in %.1f s = %.0f files/s, %s MiB to members" % (
+        log("  small-files %s %s: %d files in %.1f s = %.0f files/s, %s MiB to members" % (
             stack.name, name, count, secs, count / secs, "-" if dev is None else "%.0f" % (dev / MiB)))
     run(["rm", "-rf", d])
     stack.sync()
@@ -516,10 +527,10 @@ def exp_bonnie(ctx, stack, tag):
                "csv": "bonnie/%s.csv" % stack.name, "too_fast": bonnie_too_fast(out)}
 
 
-def exp_d(ctx, stack, tag):
+def exp_degraded_reads(ctx, stack, tag):
     a = ctx.a
-    size = a.d_size
-    target = fio_target(stack, "fio-D.dat")
+    size = a.degraded_reads_size
+    target = fio_target(stack, "degraded-reads.dat")
     common = ["--size=%d" % size, "--bs=1M", "--iodepth=16"]
     run_fio(ctx, stack, ["--name=write", "--rw=write", "--end_fsync=1"] + target + common, tag + "-write",
             timeout=1800)
@@ -536,7 +547,7 @@ def exp_d(ctx, stack, tag):
                        "runtime_s": r["runtime"] / 1000.0}
         return round(r["bw_bytes"] / 1e6, 1)
     m["healthy_MBps"] = read("healthy")
-    log("  D %s healthy: %.0f MB/s" % (stack.name, m["healthy_MBps"]))
+    log("  degraded-reads %s healthy: %.0f MB/s" % (stack.name, m["healthy_MBps"]))
     p = stack.parity
     if p == 0:
         det["degraded"] = "no parity: a failed member loses data"
@@ -547,12 +558,13 @@ def exp_d(ctx, stack, tag):
         det["failed_members"] = p
         m["degraded_MBps"] = read("degraded")
         m["degraded_ratio"] = round(m["degraded_MBps"] / m["healthy_MBps"], 3) if m["healthy_MBps"] else None
-        log("  D %s with %d member(s) missing: %.0f MB/s (%.2f x healthy)" % (
+        log("  degraded-reads %s with %d member(s) missing: %.0f MB/s (%.2f x healthy)" % (
             stack.name, p, m["degraded_MBps"], m["degraded_ratio"] or 0))
     return m, det
 
 
-EXP_FUNCS = {"A": exp_a, "B": exp_b, "C": exp_c, "bonnie": exp_bonnie, "D": exp_d}
+EXP_FUNCS = {"many-files": exp_many_files, "random-writes": exp_random_writes, "small-files": exp_small_files,
+             "bonnie": exp_bonnie, "degraded-reads": exp_degraded_reads}
 
 
 # ----- stacks ----------------------------------------------------------------------------
@@ -603,7 +615,7 @@ def make_stack(ctx, key, exp, tag):
     if family == "lograid":
         return LograidStack(parity, a.members, a.member_size, a.dir, a.lograid, chunk=a.lograid_chunk,
                             attach=a.lograid_attach,
-                            filesystem=exp not in ("B", "D"),
+                            filesystem=exp not in BLOCK_EXPERIMENTS,
                             log_dir=os.path.join(ctx.out, "logs", tag))
     if family == "btrfs":
         profile = {0: "raid0", 1: "raid5", 2: "raid6"}[parity]
@@ -700,12 +712,13 @@ def build_parser():
                     help="smoke test: 1 repetition, 1G members and small workloads (a few minutes)")
     ap.add_argument("--stacks", default=None, help="comma-separated subset of: " + ",".join(STACK_ORDER))
     ap.add_argument("--experiments", default=",".join(EXPERIMENTS),
-                    help="comma-separated subset of A,B,C,bonnie,D (default all)")
+                    help="comma-separated subset of %s (default all)" % ",".join(EXPERIMENTS))
     ap.add_argument("--lograid", default=None, help="lograid binary (default target/release/lograid, "
                                                     "/work/target-bench/release/lograid, or PATH)")
     ap.add_argument("--lograid-chunk", default=None, help="lograid create --chunk (default: lograid's)")
     ap.add_argument("--lograid-attach", default="fuse", choices=list(LograidStack.ATTACH),
-                    help="how lograid's volume becomes a loop device for A, C and bonnie: fuse (default; "
+                    help="how lograid's volume becomes a loop device for many-files, small-files and bonnie: "
+                         "fuse (default; "
                          "`serve --fuse` + `attach --file`) or nbdfuse (`attach --socket`)")
     ap.add_argument("--path-ref-allocator", default="sparse", choices=list(PathRefStack.ALLOCATORS),
                     help="path-ref: nbdkit memory plugin allocator (default sparse, nbdkit's own default; "
@@ -721,26 +734,32 @@ def build_parser():
     ap.add_argument("--dirty-bytes", default=None, help="vm.dirty_bytes during the run (default 512M; --quick 64M)")
     ap.add_argument("--dirty-background-bytes", default=None,
                     help="vm.dirty_background_bytes (default a quarter of --dirty-bytes)")
-    ap.add_argument("--a-files", type=int, default=None,
-                    help="A: number of 14 MiB files (default: 4 x dirty bytes worth; at least 3 x)")
-    ap.add_argument("--a-memory", default="cold", choices=["cold", "warm"],
-                    help="A: the memory each timed phase starts on (default cold: caches dropped and the "
-                         "guest's free page reporting settled; warm: then --a-warm-bytes written to and "
+    ap.add_argument("--many-files-count", type=int, default=None,
+                    help="many-files: number of 14 MiB files (default: 4 x dirty bytes worth; at least 3 x)")
+    ap.add_argument("--many-files-memory", default="cold", choices=["cold", "warm"],
+                    help="many-files: the memory each timed phase starts on (default cold: caches dropped "
+                         "and the guest's free page reporting settled; warm: then --many-files-warm-bytes "
+                         "written to and "
                          "deleted from tmpfs, so the page cache gets recently used memory, as on a machine "
                          "without a memory balloon)")
-    ap.add_argument("--a-warm-bytes", default="6G", help="A, --a-memory warm: how much memory to touch (default 6G)")
-    ap.add_argument("--b-size", default=None, help="B: file (or volume range) size (default 2G; --quick 256M)")
-    ap.add_argument("--b-seconds", type=int, default=None, help="B: seconds per test (default 10; --quick 3)")
-    ap.add_argument("--bsrange", default="512-64k", help="B: mixed sizes, fio bsrange (default 512-64k, "
+    ap.add_argument("--many-files-warm-bytes", default="6G",
+                    help="many-files, --many-files-memory warm: how much memory to touch (default 6G)")
+    ap.add_argument("--random-writes-size", default=None,
+                    help="random-writes: file (or volume range) size (default 2G; --quick 256M)")
+    ap.add_argument("--random-writes-seconds", type=int, default=None,
+                    help="random-writes: seconds per test (default 10; --quick 3)")
+    ap.add_argument("--bsrange", default="512-64k", help="random-writes: mixed sizes, fio bsrange (default 512-64k, "
                                                          "as ../shared/bench/exp_b_randwrite.sh)")
-    ap.add_argument("--bssplit", default=None, help="B: mixed sizes as fio bssplit instead (e.g. "
+    ap.add_argument("--bssplit", default=None, help="random-writes: mixed sizes as fio bssplit instead (e.g. "
                                                     "512/10:4k/40:16k/30:64k/20)")
-    ap.add_argument("--c-files", type=int, default=None, help="C: number of files (default 102400; --quick 10240)")
+    ap.add_argument("--small-files-count", type=int, default=None,
+                    help="small-files: number of files (default 102400; --quick 10240)")
     ap.add_argument("--bonnie-mb", type=int, default=None, help="bonnie++ -s in MiB (default 2048; --quick 256)")
     ap.add_argument("--bonnie-files", default=None, help="bonnie++ -n (default 16:8192:4096:16; --quick 2:8192:4096:16)")
     ap.add_argument("--bonnie-timeout", type=int, default=900, help="seconds (default 900)")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get install bonnie++ if missing")
-    ap.add_argument("--d-size", default=None, help="D: bytes written then read (default 2G; --quick 256M)")
+    ap.add_argument("--degraded-reads-size", default=None,
+                    help="degraded-reads: bytes written then read (default 2G; --quick 256M)")
     ap.add_argument("--device", action="append", default=[], help="(not implemented) use real block devices")
     ap.add_argument("--report-only", metavar="DIR", default=None, help="rebuild the report of DIR and exit")
     ap.add_argument("--self-test", action="store_true", help="run bench/test_*.py (no root) and exit")
@@ -779,15 +798,15 @@ def fill_defaults(ap, a):
         a.dirty_bytes = parse_size(a.dirty_bytes or ("64M" if q else "512M"))
         a.dirty_background_bytes = parse_size(a.dirty_background_bytes) if a.dirty_background_bytes \
             else a.dirty_bytes // 4
-        a.a_warm_bytes = parse_size(a.a_warm_bytes)
-        a.b_size = parse_size(a.b_size or ("256M" if q else "2G"))
-        a.d_size = parse_size(a.d_size or ("256M" if q else "2G"))
+        a.many_files_warm_bytes = parse_size(a.many_files_warm_bytes)
+        a.random_writes_size = parse_size(a.random_writes_size or ("256M" if q else "2G"))
+        a.degraded_reads_size = parse_size(a.degraded_reads_size or ("256M" if q else "2G"))
         a.lograid_chunk = a.lograid_chunk and str(parse_size(a.lograid_chunk))
     except ValueError as e:
         ap.error(str(e))
     a.reps = a.reps if a.reps is not None else (1 if q else 3)
-    a.b_seconds = a.b_seconds or (3 if q else 10)
-    a.c_files = a.c_files or (10240 if q else 102400)
+    a.random_writes_seconds = a.random_writes_seconds or (3 if q else 10)
+    a.small_files_count = a.small_files_count or (10240 if q else 102400)
     a.bonnie_mb = a.bonnie_mb or (256 if q else 2048)
     a.bonnie_files = a.bonnie_files or ("2:8192:4096:16" if q else "16:8192:4096:16")
 
@@ -802,8 +821,8 @@ def check_limits(ap, a):
         ap.error("--reps must be at least 1")
     if a.path_ref_warmup < 0:
         ap.error("--path-ref-warmup must be at least 0")
-    if a.b_seconds < 1:
-        ap.error("--b-seconds must be at least 1")
+    if a.random_writes_seconds < 1:
+        ap.error("--random-writes-seconds must be at least 1")
     if a.member_size < 256 * MiB:
         ap.error("--member-size must be at least 256M")
     if a.dirty_background_bytes >= a.dirty_bytes:
@@ -811,17 +830,19 @@ def check_limits(ap, a):
 
 
 def check_workloads_fit(ap, a):
-    """A's file count (default: 4 x dirty bytes worth; at least 3 x, or the page cache
-    would hide the stack), and every workload on the smallest stack: the bare drive,
-    one member."""
-    if a.a_files is None:
-        a.a_files = max(1, math.ceil(4 * a.dirty_bytes / A_FILE_BYTES))
-    if a.a_files * A_FILE_BYTES < 3 * a.dirty_bytes:
-        ap.error("--a-files %d x 14 MiB = %s is less than 3 x --dirty-bytes (%s): the page cache would hide "
-                 "the stack" % (a.a_files, human(a.a_files * A_FILE_BYTES), human(3 * a.dirty_bytes)))
+    """many-files' file count (default: 4 x dirty bytes worth; at least 3 x, or the page
+    cache would hide the stack), and every workload on the smallest stack: the bare
+    drive, one member."""
+    if a.many_files_count is None:
+        a.many_files_count = max(1, math.ceil(4 * a.dirty_bytes / MANY_FILES_FILE_BYTES))
+    many_files_bytes = a.many_files_count * MANY_FILES_FILE_BYTES
+    if many_files_bytes < 3 * a.dirty_bytes:
+        ap.error("--many-files-count %d x 14 MiB = %s is less than 3 x --dirty-bytes (%s): the page cache "
+                 "would hide the stack" % (a.many_files_count, human(many_files_bytes), human(3 * a.dirty_bytes)))
     room = a.member_size * 0.8
-    for what, size in (("A (--a-files x 14 MiB)", a.a_files * A_FILE_BYTES), ("--b-size", a.b_size),
-                       ("--d-size", a.d_size), ("bonnie++ -s", a.bonnie_mb * MiB)):
+    for what, size in (("many-files (--many-files-count x 14 MiB)", many_files_bytes),
+                       ("--random-writes-size", a.random_writes_size), ("--degraded-reads-size", a.degraded_reads_size),
+                       ("bonnie++ -s", a.bonnie_mb * MiB)):
         if size > room:
             ap.error("%s = %s does not fit on one %s member (the bare drive) with room to spare; "
                      "raise --member-size or lower it" % (what, human(size), human(a.member_size)))
@@ -868,11 +889,11 @@ def free_bytes(path):
 
 class Context:
     """What every experiment gets: the options, the results folder and the 14 MiB of
-    random bytes that A writes."""
+    random bytes that many-files writes."""
 
     def __init__(self, a, out):
         self.a, self.out = a, out
-        self.src14 = os.urandom(A_FILE_BYTES)
+        self.src14 = os.urandom(MANY_FILES_FILE_BYTES)
 
 
 def ensure_bonnie(a, notes):
@@ -900,10 +921,9 @@ def self_test():
 
 
 def report_only(folder):
-    """Rebuild the report of a results folder and print it; the exit status."""
-    with open(os.path.join(folder, "setup.json")) as f:
-        setup = json.load(f)
-    sys.stdout.write(write_report(folder, setup, load_runs(folder)))
+    """Rebuild the report of a results folder (old ones with the experiments as
+    letters too) and print it; the exit status."""
+    sys.stdout.write(write_report(folder, load_setup(folder), load_runs(folder)))
     return 0
 
 
@@ -964,7 +984,7 @@ def start_setup(ctx, argv, keys, skipped, exps, notes):
              "notes": notes,
              "load": {"start": loadavg()}, "stacks": []}
     for k in keys:
-        proto = make_stack(ctx, k, "A", "probe")
+        proto = make_stack(ctx, k, "many-files", "probe")
         setup["stacks"].append({"key": k, "describe": proto.describe()})
     return setup
 
@@ -986,10 +1006,10 @@ def log_skips(setup):
 def first_estimates(a):
     """First guesses of the seconds per step of each experiment (from the full run on
     this machine); the ETA replaces them by measured durations as steps finish."""
-    return {"A": 2 * a.a_files * A_FILE_BYTES / 500e6 + 8,
-            "B": a.b_size / 500e6 + 4 * (a.b_seconds + 2.5) + 5,
-            "C": a.c_files / 7000 + 5, "bonnie": 10 + a.bonnie_mb / 200,
-            "D": 2 * a.d_size / 700e6 + 5}
+    return {"many-files": 2 * a.many_files_count * MANY_FILES_FILE_BYTES / 500e6 + 8,
+            "random-writes": a.random_writes_size / 500e6 + 4 * (a.random_writes_seconds + 2.5) + 5,
+            "small-files": a.small_files_count / 7000 + 5, "bonnie": 10 + a.bonnie_mb / 200,
+            "degraded-reads": 2 * a.degraded_reads_size / 700e6 + 5}
 
 
 def measure(ctx, stack, exp, tag):

@@ -23,18 +23,29 @@ from steady_report import Svg, nice_ticks, tick_label
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
-A_FILE_BYTES = 14 * MiB
-EXPERIMENTS = ["A", "B", "C", "bonnie", "D"]
+# The experiments, in run and report order, named by what they measure.
+EXPERIMENTS = ["many-files", "random-writes", "small-files", "bonnie", "degraded-reads"]
 EXP_TITLES = {
-    "A": "A: many 14 MiB files vs one big file",
-    "B": "B: random writes (O_DIRECT)",
-    "C": "C: small files (4 and 8 KiB)",
-    "bonnie": "bonnie++ (one run per stack)",
-    "D": "D: sequential read, healthy and with P members failed",
+    "many-files": "many-files: many 14 MiB files vs one big file",
+    "random-writes": "random-writes: random writes (O_DIRECT)",
+    "small-files": "small-files: small files (4 and 8 KiB)",
+    "bonnie": "bonnie: bonnie++ (one run per stack)",
+    "degraded-reads": "degraded-reads: sequential read, healthy and with P members failed",
 }
-# B's tests: (name, label, block sizes (None: the --bsrange/--bssplit mix), queue depth)
-B_TESTS = [("mixed-qd1", "mixed QD1", None, 1), ("mixed-qd10", "mixed QD10", None, 10),
-           ("mixed-qd100", "mixed QD100", None, 100), ("rand4k-qd32", "4 KiB QD32", "4k", 32)]
+# Results folders written before the experiments had names call them by letters (in
+# each run's "exp" and file name, in setup.json's options and skipped experiments);
+# loading maps them to the names.
+OLD_EXPERIMENT_NAMES = {"A": "many-files", "B": "random-writes", "C": "small-files", "D": "degraded-reads"}
+OLD_OPTION_NAMES = {"a_files": "many_files_count", "a_memory": "many_files_memory",
+                    "a_warm_bytes": "many_files_warm_bytes", "b_size": "random_writes_size",
+                    "b_seconds": "random_writes_seconds", "c_files": "small_files_count",
+                    "d_size": "degraded_reads_size"}
+
+# The size of each file many-files writes.
+MANY_FILES_FILE_BYTES = 14 * MiB
+# random-writes' tests: (name, label, block sizes (None: the --bsrange/--bssplit mix), queue depth)
+RANDOM_WRITE_TESTS = [("mixed-qd1", "mixed QD1", None, 1), ("mixed-qd10", "mixed QD10", None, 10),
+                      ("mixed-qd100", "mixed QD100", None, 100), ("rand4k-qd32", "4 KiB QD32", "4k", 32)]
 
 
 # Stacks, in table order: key -> (label, family, parity).
@@ -79,21 +90,21 @@ class Metric:
 
 
 def _metrics():
-    m = [Metric("A", "manyfiles_MBps", "many 14 MiB files", "MB/s"),
-         Metric("A", "bigfile_MBps", "one big file", "MB/s"),
-         Metric("A", "manyfiles_wa", "many files WA", "x", False, 2),
-         Metric("A", "bigfile_wa", "big file WA", "x", False, 2)]
-    for name, label, _, _ in B_TESTS:
-        m.append(Metric("B", name + "_iops", label, "IOPS"))
-    for name, label, _, _ in B_TESTS:
-        m.append(Metric("B", name + "_MBps", label, "MB/s", True, 1))
-    for name, label, _, _ in B_TESTS:
-        m.append(Metric("B", name + "_wa", label + " WA", "x", False, 2))
-    m += [Metric("C", "create_fps", "create", "files/s"),
-          Metric("C", "copy_fps", "copy", "files/s"),
-          Metric("C", "delete_fps", "delete", "files/s"),
-          Metric("C", "create_wa", "create WA", "x", False, 2),
-          Metric("C", "copy_wa", "copy WA", "x", False, 2),
+    m = [Metric("many-files", "manyfiles_MBps", "many 14 MiB files", "MB/s"),
+         Metric("many-files", "bigfile_MBps", "one big file", "MB/s"),
+         Metric("many-files", "manyfiles_wa", "many files WA", "x", False, 2),
+         Metric("many-files", "bigfile_wa", "big file WA", "x", False, 2)]
+    for name, label, _, _ in RANDOM_WRITE_TESTS:
+        m.append(Metric("random-writes", name + "_iops", label, "IOPS"))
+    for name, label, _, _ in RANDOM_WRITE_TESTS:
+        m.append(Metric("random-writes", name + "_MBps", label, "MB/s", True, 1))
+    for name, label, _, _ in RANDOM_WRITE_TESTS:
+        m.append(Metric("random-writes", name + "_wa", label + " WA", "x", False, 2))
+    m += [Metric("small-files", "create_fps", "create", "files/s"),
+          Metric("small-files", "copy_fps", "copy", "files/s"),
+          Metric("small-files", "delete_fps", "delete", "files/s"),
+          Metric("small-files", "create_wa", "create WA", "x", False, 2),
+          Metric("small-files", "copy_wa", "copy WA", "x", False, 2),
           Metric("bonnie", "block_write_KBps", "block write", "KB/s"),
           Metric("bonnie", "rewrite_KBps", "rewrite", "KB/s"),
           Metric("bonnie", "block_read_KBps", "block read", "KB/s"),
@@ -102,9 +113,9 @@ def _metrics():
           Metric("bonnie", "seq_delete_per_s", "seq delete", "/s"),
           Metric("bonnie", "rand_create_per_s", "random create", "/s"),
           Metric("bonnie", "rand_delete_per_s", "random delete", "/s"),
-          Metric("D", "healthy_MBps", "healthy", "MB/s"),
-          Metric("D", "degraded_MBps", "P members failed", "MB/s"),
-          Metric("D", "degraded_ratio", "degraded / healthy", "x", True, 2)]
+          Metric("degraded-reads", "healthy_MBps", "healthy", "MB/s"),
+          Metric("degraded-reads", "degraded_MBps", "P members failed", "MB/s"),
+          Metric("degraded-reads", "degraded_ratio", "degraded / healthy", "x", True, 2)]
     return m
 
 
@@ -113,24 +124,31 @@ METRIC_BY_KEY = {(m.exp, m.key): m for m in METRICS}
 
 # Charts: per experiment, panels of (title, unit, metric keys, log scale).
 CHARTS = {
-    "A": [("MB/s including the final sync", "MB/s", ["manyfiles_MBps", "bigfile_MBps"], False),
-          ("write amplification at the members", "x", ["manyfiles_wa", "bigfile_wa"], False)],
-    "B": [("IOPS (log scale)", "IOPS", [t[0] + "_iops" for t in B_TESTS], True),
-          ("write amplification at the members", "x", [t[0] + "_wa" for t in B_TESTS], False)],
-    "C": [("files/s including the final sync", "files/s", ["create_fps", "copy_fps", "delete_fps"], False),
-          ("write amplification at the members", "x", ["create_wa", "copy_wa"], False)],
-    "bonnie": [("block I/O, KB/s", "KB/s", ["block_write_KBps", "rewrite_KBps"], False),
-               ("file operations per second", "/s", ["seq_create_per_s", "rand_create_per_s",
-                                                     "rand_delete_per_s"], False)],
-    "D": [("sequential 1 MiB reads, MB/s", "MB/s", ["healthy_MBps", "degraded_MBps"], False)],
+    "many-files": [
+        ("MB/s including the final sync", "MB/s", ["manyfiles_MBps", "bigfile_MBps"], False),
+        ("write amplification at the members", "x", ["manyfiles_wa", "bigfile_wa"], False)],
+    "random-writes": [
+        ("IOPS (log scale)", "IOPS", [t[0] + "_iops" for t in RANDOM_WRITE_TESTS], True),
+        ("write amplification at the members", "x", [t[0] + "_wa" for t in RANDOM_WRITE_TESTS], False)],
+    "small-files": [
+        ("files/s including the final sync", "files/s", ["create_fps", "copy_fps", "delete_fps"], False),
+        ("write amplification at the members", "x", ["create_wa", "copy_wa"], False)],
+    "bonnie": [
+        ("block I/O, KB/s", "KB/s", ["block_write_KBps", "rewrite_KBps"], False),
+        ("file operations per second", "/s", ["seq_create_per_s", "rand_create_per_s", "rand_delete_per_s"], False)],
+    "degraded-reads": [
+        ("sequential 1 MiB reads, MB/s", "MB/s", ["healthy_MBps", "degraded_MBps"], False)],
 }
 
 # The headline: lograid P=1 against btrfs raid5.
-HEADLINE = [("A", "manyfiles_MBps"), ("A", "bigfile_MBps"), ("B", "rand4k-qd32_iops"),
-            ("B", "mixed-qd1_iops"), ("B", "mixed-qd10_iops"), ("B", "mixed-qd100_iops"),
-            ("C", "create_fps"), ("C", "copy_fps"), ("C", "delete_fps"),
-            ("A", "manyfiles_wa"), ("B", "rand4k-qd32_wa"), ("B", "mixed-qd10_wa"), ("C", "create_wa"),
-            ("D", "healthy_MBps"), ("D", "degraded_MBps"), ("D", "degraded_ratio")]
+HEADLINE = [("many-files", "manyfiles_MBps"), ("many-files", "bigfile_MBps"),
+            ("random-writes", "rand4k-qd32_iops"), ("random-writes", "mixed-qd1_iops"),
+            ("random-writes", "mixed-qd10_iops"), ("random-writes", "mixed-qd100_iops"),
+            ("small-files", "create_fps"), ("small-files", "copy_fps"), ("small-files", "delete_fps"),
+            ("many-files", "manyfiles_wa"), ("random-writes", "rand4k-qd32_wa"), ("random-writes", "mixed-qd10_wa"),
+            ("small-files", "create_wa"),
+            ("degraded-reads", "healthy_MBps"), ("degraded-reads", "degraded_MBps"),
+            ("degraded-reads", "degraded_ratio")]
 
 
 # ----- statistics and tables (pure functions; see test_report.py) --------------------------
@@ -267,7 +285,7 @@ def headline_table(runs, num="lograid-p1", den="btrfs-raid5"):
         if a is None and b is None:
             continue
         q = summarize(rep_ratios(runs, exp, key, num, den))
-        lines.append("| %s %s (%s) | %s | %s | %s | %s |" % (
+        lines.append("| %s: %s (%s) | %s | %s | %s | %s |" % (
             exp, m.label, m.unit, fmt_cell(a, m.digits), fmt_cell(b, m.digits), fmt_ratio(q),
             "higher" if m.higher else "lower"))
         rows += 1
@@ -427,12 +445,43 @@ def chart_legend(svg, stacks, lx, ly):
 
 # ----- report ------------------------------------------------------------------------------
 
+def experiment_name(exp):
+    """The name of an experiment, also of one an old results folder calls by its letter."""
+    return OLD_EXPERIMENT_NAMES.get(exp, exp)
+
+
 def load_runs(out):
+    """The runs of a results folder (OUT/raw/*.json, in file name order), each with its
+    experiment by name."""
     runs = []
     for p in sorted(glob.glob(os.path.join(out, "raw", "*.json"))):
         with open(p) as f:
-            runs.append(json.load(f))
+            run = json.load(f)
+        run["exp"] = experiment_name(run["exp"])
+        runs.append(run)
     return runs
+
+
+def upgrade_setup(setup):
+    """setup.json's contents with the experiments (and the options named after them)
+    by name, also from an old results folder that has letters; a new dict."""
+    setup = dict(setup)
+    opts = {OLD_OPTION_NAMES.get(k, k): v for k, v in (setup.get("options") or {}).items()}
+    if isinstance(opts.get("exps"), list):
+        opts["exps"] = [experiment_name(e) for e in opts["exps"]]
+    if isinstance(opts.get("experiments"), str):
+        opts["experiments"] = ",".join(experiment_name(e.strip()) for e in opts["experiments"].split(","))
+    setup["options"] = opts
+    if setup.get("skipped_exps"):
+        setup["skipped_exps"] = {k: {experiment_name(e): why for e, why in per.items()}
+                                 for k, per in setup["skipped_exps"].items()}
+    return setup
+
+
+def load_setup(out):
+    """OUT/setup.json, with the experiments by name (see upgrade_setup)."""
+    with open(os.path.join(out, "setup.json")) as f:
+        return upgrade_setup(json.load(f))
 
 
 def write_report(out, setup, runs):
@@ -512,9 +561,9 @@ def experiment_section(out, setup, runs, exp):
         L += ["Not run here: %s." % "; ".join("%s (%s)" % (label(k), why) for k, why in not_here), ""]
     L += ["![%s](%s.svg)" % (EXP_TITLES[exp], exp), ""]
     L += [absolute_table(runs, exp)]
-    if exp == "B":
+    if exp == "random-writes":
         L += [engine_note(runs)]
-    if exp == "A":
+    if exp == "many-files":
         L += [cpu_table(runs)]
     rt = ratio_table(runs, exp)
     if rt:
@@ -542,9 +591,9 @@ CPU_WHO = [("server", "NBD server"), ("nbdfuse", "nbdfuse"), ("machine", "whole 
 
 
 def cpu_table(runs):
-    """Markdown: CPU seconds per GB written in each phase of A (median (min-max)), for
+    """Markdown: CPU seconds per GB written in each phase of many-files (median (min-max)), for
     the NBD server, nbdfuse and the whole machine (which includes other work)."""
-    stacks = stacks_in([r for r in runs if r["exp"] == "A"])
+    stacks = stacks_in([r for r in runs if r["exp"] == "many-files"])
     rows = []
     for phase, plabel in CPU_PHASES:
         for who, wlabel in CPU_WHO:
@@ -554,7 +603,7 @@ def cpu_table(runs):
                 for r in runs:
                     d = r.get("details") or {}
                     c = (d.get(phase + "_cpu_s") or {}).get(who)
-                    if r["exp"] == "A" and r["stack"] == s and c is not None and d.get("total_bytes"):
+                    if r["exp"] == "many-files" and r["stack"] == s and c is not None and d.get("total_bytes"):
                         vals.append(c / (d["total_bytes"] / 1e9))
                 any_ = any_ or bool(vals)
                 cells.append(fmt_cell(summarize(vals), 2))
@@ -585,9 +634,9 @@ def engine_note(runs):
     same = total = 0
     per_stack = {}
     for r in runs:
-        if r["exp"] != "B" or not r["stack"].startswith("lograid") or not r.get("details"):
+        if r["exp"] != "random-writes" or not r["stack"].startswith("lograid") or not r.get("details"):
             continue
-        for name, _, _, _ in B_TESTS:
+        for name, _, _, _ in RANDOM_WRITE_TESTS:
             d = r["details"].get(name)
             if not isinstance(d, dict) or "engine_member_bytes" not in d:
                 continue
@@ -615,7 +664,7 @@ def human(n):
 
 
 def exp_description(exp, a):
-    if exp == "A":
+    if exp == "many-files":
         return ("%d files of 14 MiB (%s, %.1f x vm.dirty_bytes) written into one directory, then one file "
                 "of the same total; MB/s include the final syncfs; before each phase the caches are dropped and "
                 "the guest's free page reporting is let finish, so every stack starts on the same (cold) "
@@ -624,36 +673,37 @@ def exp_description(exp, a):
                 "memory: ext4 on `lograid attach` of nbdkit's memory plugin (RAM: the path's own ceiling; "
                 "no members, so no WA; %d untimed run(s) of the workload first); ext4 on RAM: ext4 on a loop "
                 "device over a tmpfs file (no disk at all; the loop copies into tmpfs, so not a ceiling)." % (
-                    a.get("a_files", 0), human(a.get("a_files", 0) * A_FILE_BYTES),
-                    a.get("a_files", 0) * A_FILE_BYTES / max(a.get("dirty_bytes") or 1, 1),
-                    "" if a.get("a_memory", "cold") != "warm" else
-                    (", then %s is written to tmpfs and deleted (--a-memory warm), so the phase's page "
-                     "cache gets recently used memory" % human(a.get("a_warm_bytes") or 0)),
+                    a.get("many_files_count", 0), human(a.get("many_files_count", 0) * MANY_FILES_FILE_BYTES),
+                    a.get("many_files_count", 0) * MANY_FILES_FILE_BYTES / max(a.get("dirty_bytes") or 1, 1),
+                    "" if a.get("many_files_memory", "cold") != "warm" else
+                    (", then %s is written to tmpfs and deleted (--many-files-memory warm), so the phase's "
+                     "page cache gets recently used memory" % human(a.get("many_files_warm_bytes") or 0)),
                     "its own FUSE file" if a.get("lograid_attach", "nbdfuse") == "fuse" else "nbdfuse",
                     a.get("path_ref_warmup", 0)))
-    if exp == "B":
+    if exp == "random-writes":
         return ("fio randwrite, O_DIRECT, %s (mixed) and 4 KiB, %d s per test, into a %s file laid out first "
                 "(lograid: the first %s of the volume through fio's nbd engine; others: libaio on a file in "
                 "the filesystem); end_fsync=1. IOPS and MB/s are fio's; WA includes the sync after fio. "
                 "lograid writes a partly covered 4 KiB block whole, so its WA per fio byte for mixed sizes "
                 "is above its per-block figure (`engine_wa` in raw/)." % (
                     ("bssplit " + a["bssplit"]) if a.get("bssplit") else ("bsrange " + a.get("bsrange", "?")),
-                    a.get("b_seconds", 0), human(a.get("b_size")), human(a.get("b_size"))))
-    if exp == "C":
+                    a.get("random_writes_seconds", 0), human(a.get("random_writes_size")),
+                    human(a.get("random_writes_size"))))
+    if exp == "small-files":
         return ("%d files, half 4 KiB and half 8 KiB, in 100 directories: created, copied "
                 "(`cp -a --reflink=never`), the originals deleted (`rm -rf`); each phase timed including "
-                "syncfs. Filesystems as in A." % a.get("c_files", 0))
+                "syncfs. Filesystems as in many-files." % a.get("small_files_count", 0))
     if exp == "bonnie":
         return ("`bonnie++ -s %d -r %d -n %s -f -u root`, once per stack (repetition 1). With this much RAM "
                 "its read and rewrite figures come largely from the page cache; block write and the file "
                 "operations are the meaningful ones; \"too fast\" is bonnie++'s +++++ (under its timer's "
-                "resolution; \"fast\" in the chart). Filesystems as in A." % (
+                "resolution; \"fast\" in the chart). Filesystems as in many-files." % (
                     a.get("bonnie_mb", 0), a.get("bonnie_mb", 0) // 2, a.get("bonnie_files", "?")))
-    if exp == "D":
+    if exp == "degraded-reads":
         return ("%s written sequentially (1 MiB, QD16, O_DIRECT), page cache dropped, read back the same "
                 "way; then P member loop devices detached and read again (btrfs: unmount, `mount -o "
                 "degraded,ro` on the rest; lograid: server stopped and started `--read-only` on the "
                 "remaining members: the pool opens degraded). lograid through fio's nbd engine, the "
                 "others from a file in their filesystem. Stacks without parity have no degraded figure." % (
-                    human(a.get("d_size"))))
+                    human(a.get("degraded_reads_size"))))
     return ""

@@ -19,24 +19,24 @@ from unittest import mock
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
 import report  # noqa: E402
-from test_report import PATH_REF_RUNS, run_rec  # noqa: E402
+from test_report import PATH_REF_RUNS, run_rec, write_old_results_folder  # noqa: E402
 
 
 class Planning(unittest.TestCase):
     def test_plan_interleaves_and_rotates(self):
-        steps = compare.plan(2, ["A", "bonnie"], ["s1", "s2", "s3"])
-        self.assertEqual(steps[:3], [(1, "A", "s1"), (1, "A", "s2"), (1, "A", "s3")])
+        steps = compare.plan(2, ["many-files", "bonnie"], ["s1", "s2", "s3"])
+        self.assertEqual(steps[:3], [(1, "many-files", "s1"), (1, "many-files", "s2"), (1, "many-files", "s3")])
         self.assertEqual([s for _, e, s in steps if e == "bonnie"], ["s1", "s2", "s3"])   # rep 1 only
         self.assertEqual([s for r, e, s in steps if r == 2], ["s2", "s3", "s1"])
 
     def test_eta(self):
-        eta = compare.Eta({"A": 100, "B": 50})
-        steps = [(1, "A", "x"), (1, "A", "y"), (1, "B", "x")]
+        eta = compare.Eta({"many-files": 100, "random-writes": 50})
+        steps = [(1, "many-files", "x"), (1, "many-files", "y"), (1, "random-writes", "x")]
         self.assertEqual(eta.remaining(steps), 250)
-        eta.add("A", "x", 10)
-        self.assertEqual(eta.remaining(steps), 10 + 10 + 50)      # y: mean of A so far
-        eta.add("A", "y", 30)
-        self.assertEqual(eta.estimate("A", "z"), 20)
+        eta.add("many-files", "x", 10)
+        self.assertEqual(eta.remaining(steps), 10 + 10 + 50)      # y: mean of many-files so far
+        eta.add("many-files", "y", 30)
+        self.assertEqual(eta.estimate("many-files", "z"), 20)
 
     def test_available_stacks(self):
         keys, skipped = compare.available_stacks(3, zfs_check=lambda: (False, "zfs-fuse is not installed"),
@@ -69,9 +69,9 @@ class PathRef(unittest.TestCase):
         self.assertIn("path-ref", keys)
 
     def test_skips_block_experiments(self):
-        for exp in ("B", "D"):
+        for exp in ("random-writes", "degraded-reads"):
             self.assertIn("attach path", compare.exp_skip("path-ref", exp))
-        for exp in ("A", "C", "bonnie"):
+        for exp in ("many-files", "small-files", "bonnie"):
             self.assertIsNone(compare.exp_skip("path-ref", exp))
         for key in ("lograid-p1", "btrfs-raid5", "bare"):
             for exp in compare.EXPERIMENTS:
@@ -79,23 +79,28 @@ class PathRef(unittest.TestCase):
 
     def test_plan_leaves_out_skipped_pairs(self):
         stacks = ["lograid-p1", "path-ref", "btrfs-raid5"]
-        steps = compare.plan(2, ["A", "B", "C", "D"], stacks, skip=compare.exp_skip)
+        exps = ["many-files", "random-writes", "small-files", "degraded-reads"]
+        steps = compare.plan(2, exps, stacks, skip=compare.exp_skip)
         ref = [(r, e) for r, e, s in steps if s == "path-ref"]
-        self.assertEqual(ref, [(1, "A"), (1, "C"), (2, "A"), (2, "C")])
-        self.assertEqual(len([1 for _, e, _ in steps if e == "B"]), 4)          # the other two, twice
-        # Rotation is that of the full list: rep 2 starts with path-ref in A, with btrfs in B.
-        self.assertEqual([s for r, e, s in steps if r == 2 and e == "A"], ["path-ref", "btrfs-raid5", "lograid-p1"])
-        self.assertEqual([s for r, e, s in steps if r == 2 and e == "B"], ["btrfs-raid5", "lograid-p1"])
-        self.assertEqual(compare.plan(2, ["A"], stacks), compare.plan(2, ["A"], stacks, skip=compare.exp_skip))
+        self.assertEqual(ref, [(1, "many-files"), (1, "small-files"), (2, "many-files"), (2, "small-files")])
+        self.assertEqual(len([1 for _, e, _ in steps if e == "random-writes"]), 4)          # the other two, twice
+        # Rotation is that of the full list: rep 2 starts with path-ref in many-files, with btrfs
+        # in random-writes.
+        self.assertEqual([s for r, e, s in steps if r == 2 and e == "many-files"],
+                         ["path-ref", "btrfs-raid5", "lograid-p1"])
+        self.assertEqual([s for r, e, s in steps if r == 2 and e == "random-writes"], ["btrfs-raid5", "lograid-p1"])
+        self.assertEqual(compare.plan(2, ["many-files"], stacks),
+                         compare.plan(2, ["many-files"], stacks, skip=compare.exp_skip))
 
     def test_exp_skips_and_grouping(self):
-        per = compare.exp_skips(["lograid-p1", "path-ref"], ["A", "B", "C", "D"])
+        per = compare.exp_skips(["lograid-p1", "path-ref"],
+                                ["many-files", "random-writes", "small-files", "degraded-reads"])
         self.assertEqual(list(per), ["path-ref"])
-        self.assertEqual(sorted(per["path-ref"]), ["B", "D"])
+        self.assertEqual(sorted(per["path-ref"]), ["degraded-reads", "random-writes"])
         groups = report.group_reasons(per["path-ref"])
         self.assertEqual(len(groups), 1)
-        self.assertEqual(groups[0][1], ["B", "D"])
-        self.assertEqual(compare.exp_skips(["path-ref"], ["A"]), {})
+        self.assertEqual(groups[0][1], ["random-writes", "degraded-reads"])
+        self.assertEqual(compare.exp_skips(["path-ref"], ["many-files"]), {})
 
     def test_size_is_the_raw_member_size(self):
         self.assertEqual(compare.path_ref_size(3, 4 << 30), 12 << 30)
@@ -103,19 +108,21 @@ class PathRef(unittest.TestCase):
 
     def test_report_names_the_skip(self):
         with tempfile.TemporaryDirectory() as d:
-            setup = {"options": {"members": 3, "member_size": 4 << 30, "reps": 2, "a_files": 150,
+            setup = {"options": {"members": 3, "member_size": 4 << 30, "reps": 2, "many_files_count": 150,
                                  "dirty_bytes": 512 << 20, "dirty_background_bytes": 128 << 20},
                      "stacks": [{"key": "path-ref", "describe": "nbdkit memory"}], "skipped": {},
                      "skipped_exps": compare.exp_skips(["path-ref"], compare.EXPERIMENTS),
                      "machine": {"summary": "test", "versions": {}}}
-            runs = self.RUNS + [run_rec("B", "lograid-p1", 1, **{"rand4k-qd32_iops": 5.0})]
+            runs = self.RUNS + [run_rec("random-writes", "lograid-p1", 1, **{"rand4k-qd32_iops": 5.0})]
             md = report.write_report(d, setup, runs)
-            self.assertEqual(md.count("| attach path over nbdkit memory | not run in B, D: "), 1)
-            b = md[md.index("## B:"):]
-            self.assertIn("Not run here: attach path over nbdkit memory (B and D do not use", b)
-            a = md[md.index("## A:"):md.index("## B:")]
+            self.assertEqual(md.count("| attach path over nbdkit memory | not run in random-writes, degraded-reads: "),
+                             1)
+            b = md[md.index("## random-writes:"):]
+            self.assertIn("Not run here: attach path over nbdkit memory (random-writes and degraded-reads do not "
+                          "use", b)
+            a = md[md.index("## many-files:"):md.index("## random-writes:")]
             self.assertNotIn("Not run here", a)
-            with open(os.path.join(d, "A.svg")) as f:
+            with open(os.path.join(d, "many-files.svg")) as f:
                 svg = f.read()
             self.assertIn(report.COLOURS["path-ref"], svg)
             self.assertIn("attach path over nbdkit memory", svg)
@@ -140,24 +147,24 @@ class Arguments(unittest.TestCase):
         a = compare.parse_args([])
         self.assertEqual((a.members, a.member_size, a.reps), (3, 4 << 30, 3))
         self.assertEqual(a.dirty_bytes, 512 << 20)
-        self.assertGreaterEqual(a.a_files * compare.A_FILE_BYTES, 3 * a.dirty_bytes)
+        self.assertGreaterEqual(a.many_files_count * compare.MANY_FILES_FILE_BYTES, 3 * a.dirty_bytes)
         self.assertEqual(a.exps, compare.EXPERIMENTS)
         self.assertEqual((a.path_ref_allocator, a.path_ref_warmup), ("sparse", 0))
         self.assertTrue(a.out.endswith(os.path.join("results", "compare-" + __import__("time").strftime("%Y-%m-%d"))))
 
     def test_quick(self):
         a = compare.parse_args(["--quick"])
-        self.assertEqual((a.reps, a.member_size, a.b_seconds), (1, 1 << 30, 3))
-        self.assertGreaterEqual(a.a_files * compare.A_FILE_BYTES, 3 * a.dirty_bytes)
+        self.assertEqual((a.reps, a.member_size, a.random_writes_seconds), (1, 1 << 30, 3))
+        self.assertGreaterEqual(a.many_files_count * compare.MANY_FILES_FILE_BYTES, 3 * a.dirty_bytes)
 
     def test_errors(self):
         self.assertIn("--device is not implemented", self.parse_error(["--device", "/dev/sdb"]))
         self.assertIn("--members must be at least 2", self.parse_error(["--members", "1"]))
         self.assertIn("unknown stack", self.parse_error(["--stacks", "lograid-p1,md-raid5"]))
-        self.assertIn("unknown experiment", self.parse_error(["--experiments", "A,Z"]))
-        self.assertIn("less than 3 x --dirty-bytes", self.parse_error(["--a-files", "10"]))
+        self.assertIn("unknown experiment", self.parse_error(["--experiments", "many-files,Z"]))
+        self.assertIn("less than 3 x --dirty-bytes", self.parse_error(["--many-files-count", "10"]))
         self.assertIn("bad size", self.parse_error(["--member-size", "lots"]))
-        self.assertIn("does not fit", self.parse_error(["--member-size", "1G", "--b-size", "2G"]))
+        self.assertIn("does not fit", self.parse_error(["--member-size", "1G", "--random-writes-size", "2G"]))
         self.assertIn("--reps must be at least 1", self.parse_error(["--reps", "0"]))
         self.assertIn("not enough space", self.parse_error([], free=5 << 30))
         self.assertIn("not both", self.parse_error(["--bsrange", "4k-64k", "--bssplit", "4k/100"]))
@@ -331,7 +338,8 @@ class MainLoop(unittest.TestCase):
         self.events = []
         self.sysctls = FakeSysctls(self.SYSCTLS)
         fakes = {e: experiment for e in compare.EXPERIMENTS}
-        argv = ["--quick", "--reps", "2", "--stacks", "bare,btrfs-raid5", "--experiments", "A,B", "--out", out]
+        argv = ["--quick", "--reps", "2", "--stacks", "bare,btrfs-raid5", "--experiments", "many-files,random-writes",
+                "--out", out]
         stdout = io.StringIO()
         with contextlib.ExitStack() as patches:
             patches.enter_context(mock.patch("os.geteuid", return_value=0))
@@ -369,11 +377,11 @@ class MainLoop(unittest.TestCase):
         with tempfile.TemporaryDirectory() as out:
             status, setup, runs, stdout = self.run_main(out, experiment)
             self.assertEqual(status, 0)
-            self.assertEqual(sorted(runs), ["A-bare-r1", "A-bare-r2", "A-btrfs-raid5-r1", "A-btrfs-raid5-r2",
-                                            "B-bare-r1", "B-bare-r2", "B-btrfs-raid5-r1", "B-btrfs-raid5-r2"])
-            rec = runs["A-bare-r2"]
-            self.assertEqual((rec["exp"], rec["stack"], rec["rep"], rec["error"]), ("A", "bare", 2, None))
-            self.assertEqual(rec["details"], {"tag": "A-bare-r2"})
+            self.assertEqual(sorted(runs), ["%s-%s-r%d" % (e, s, r) for e in ("many-files", "random-writes")
+                                            for s in ("bare", "btrfs-raid5") for r in (1, 2)])
+            rec = runs["many-files-bare-r2"]
+            self.assertEqual((rec["exp"], rec["stack"], rec["rep"], rec["error"]), ("many-files", "bare", 2, None))
+            self.assertEqual(rec["details"], {"tag": "many-files-bare-r2"})
             self.assertEqual(rec["setup"]["describe"], "fake bare")
             # The stacks in table order, rotated by one in repetition 2; every one torn down.
             ups = [name for what, name in self.events if what == "up"]
@@ -382,35 +390,35 @@ class MainLoop(unittest.TestCase):
             self.assertEqual([s["key"] for s in setup["stacks"]], ["btrfs-raid5", "bare"])
             self.assertIn("finished", setup)
             self.assertIn("end", setup["load"])
-            self.assertEqual(setup["options"]["exps"], ["A", "B"])
+            self.assertEqual(setup["options"]["exps"], ["many-files", "random-writes"])
             self.assertTrue(os.path.exists(os.path.join(out, "compare.md")))
             self.assertTrue(stdout.startswith("# lograid beside its peers"))
             self.check_restored()
 
     def test_a_failed_run_is_recorded_and_the_others_go_on(self):
         def experiment(ctx, stack, tag):
-            if tag == "B-bare-r1":
+            if tag == "random-writes-bare-r1":
                 raise RuntimeError("mkfs failed")
             return {"manyfiles_MBps": 100.0}, {}
         with tempfile.TemporaryDirectory() as out:
             status, setup, runs, stdout = self.run_main(out, experiment)
             self.assertEqual(status, 0)
             self.assertEqual(len(runs), 8)
-            self.assertEqual(runs["B-bare-r1"]["error"], "RuntimeError: mkfs failed")
-            self.assertEqual(runs["B-bare-r1"]["metrics"], {})
+            self.assertEqual(runs["random-writes-bare-r1"]["error"], "RuntimeError: mkfs failed")
+            self.assertEqual(runs["random-writes-bare-r1"]["metrics"], {})
             self.assertIn("mkfs failed", stdout)
             self.check_restored()
 
     def test_an_interruption_keeps_what_was_measured(self):
         def experiment(ctx, stack, tag):
-            if tag == "A-bare-r1":
+            if tag == "many-files-bare-r1":
                 raise compare.Interrupted("signal 15")
             return {"manyfiles_MBps": 100.0}, {}
         with tempfile.TemporaryDirectory() as out:
             status, setup, runs, stdout = self.run_main(out, experiment)
             self.assertEqual(status, 130)
-            self.assertEqual(sorted(runs), ["A-bare-r1", "A-btrfs-raid5-r1"])
-            self.assertEqual(runs["A-bare-r1"]["error"], "interrupted")
+            self.assertEqual(sorted(runs), ["many-files-bare-r1", "many-files-btrfs-raid5-r1"])
+            self.assertEqual(runs["many-files-bare-r1"]["error"], "interrupted")
             self.assertIn("run interrupted (signal 15) before it finished", setup["notes"])
             self.assertEqual(stdout, "")
             self.assertTrue(os.path.exists(os.path.join(out, "compare.md")))
@@ -419,11 +427,25 @@ class MainLoop(unittest.TestCase):
     def test_an_existing_results_folder_is_refused(self):
         with tempfile.TemporaryDirectory() as out:
             os.makedirs(os.path.join(out, "raw"))
-            open(os.path.join(out, "raw", "A-bare-r1.json"), "w").close()
+            open(os.path.join(out, "raw", "many-files-bare-r1.json"), "w").close()
             err = io.StringIO()
             with self.assertRaises(SystemExit):
                 self.run_main(out, None, stderr=err)
             self.assertIn("already holds results", err.getvalue())
+
+
+class ReportOnly(unittest.TestCase):
+    def test_an_old_results_folder(self):
+        """--report-only reads a folder written when the experiments were letters."""
+        with tempfile.TemporaryDirectory() as d:
+            write_old_results_folder(d)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(compare.main(["--report-only", d]), 0)
+            self.assertTrue(os.path.exists(os.path.join(d, "many-files.svg")))
+        md = out.getvalue()
+        self.assertIn("## random-writes: random writes (O_DIRECT)", md)
+        self.assertIn("![random-writes: random writes (O_DIRECT)](random-writes.svg)", md)
 
 
 if __name__ == "__main__":
