@@ -2,22 +2,25 @@
 """lograid beside its peers, in one command: many files, random writes, small files,
 bonnie++ and degraded reads, on the same member files, interleaved and repeated.
 
-This script owns the *comparison*: which stacks, which experiments in which
-order, the measurements, and the report. Building and tearing down each stack
-is bench/stacks.py's job; the workloads are those of ../shared/bench
-(exp_a_manyfiles.sh, exp_b_randwrite.sh, exp_c_smallfiles.sh, exp_bonnie.sh),
-re-implemented here so that one process owns every mount, device and setting.
+This script owns the *run* of a comparison: the options, which stacks and
+experiments in which order, the kernel settings and memory state around them,
+the workloads and their measurements, and the results folder. Building and
+tearing down each stack is bench/stacks.py's job; the report (tables, charts,
+compare.md, reading a results folder back) is bench/report.py's. The
+workloads are those of ../shared/bench (exp_a_manyfiles.sh, exp_b_randwrite.sh,
+exp_c_smallfiles.sh, exp_bonnie.sh), re-implemented here so that one process
+owns every mount, device and setting.
 
 Stacks (each on --members sparse files of --member-size in a private folder
 under --dir, every member a `losetup --direct-io=on` loop device):
 
   lograid-p1, lograid-p0 (and lograid-p2 with >= 4 members): `lograid create`,
       `lograid serve --socket` in the work folder; for the filesystem
-      experiments (A, C, bonnie) ext4 on the volume attached as a loop device
-      (--lograid-attach fuse, the default: the server's own FUSE file,
-      `serve --fuse` + `attach --file`; nbdfuse: `attach --socket`, nbdfuse
-      over NBD), for the block experiments (B, D) fio's nbd engine straight to
-      the server;
+      experiments (many-files, small-files, bonnie) ext4 on the volume attached
+      as a loop device (--lograid-attach fuse, the default: the server's own
+      FUSE file, `serve --fuse` + `attach --file`; nbdfuse: `attach --socket`,
+      nbdfuse over NBD), for the block experiments (random-writes,
+      degraded-reads) fio's nbd engine straight to the server;
   btrfs-raid5 (-m raid1), btrfs-raid0 (and btrfs-raid6 -m raid1c3 with >= 4);
   zfs-raidz1, zfs-stripe: zfs-fuse, only where installed (else skipped, noted);
   bare: ext4 on one loop device;
@@ -25,35 +28,41 @@ under --dir, every member a `losetup --direct-io=on` loop device):
       it (a reference; the loop's copy into tmpfs costs CPU, so not a ceiling);
   path-ref: no members; nbdkit's memory plugin attached exactly as lograid is
       (`lograid attach` + ext4): the ceiling of the attach path itself, for the
-      filesystem experiments only (B and D use no attach path: skipped there).
+      filesystem experiments only (random-writes and degraded-reads use no
+      attach path: skipped there).
 
 Experiments (every stack freshly built for each experiment and repetition; the
 stacks of one repetition run back to back, in an order rotated per repetition):
 
-  A  --a-files files of 14 MiB into one directory, then one file of the same
-     total, each timed including the final syncfs (total >= 3 x vm.dirty_bytes,
-     which is lowered to --dirty-bytes for the whole run and restored after);
-     before each phase the caches are dropped and the guest's free page
-     reporting is let finish (settle_memory), so no stack starts on memory
-     that the one before it happened to leave warm; --a-memory warm then
-     writes and deletes --a-warm-bytes in tmpfs, so that every stack's phase
-     starts on recently used memory instead (as on a machine with no balloon);
-  B  fio random writes, O_DIRECT: 512 B-64 KiB (--bsrange, or --bssplit) at
-     QD 1, 10, 100 and 4 KiB at QD 32, --b-seconds each, into a --b-size file
-     laid out first (lograid: the first --b-size of the volume); write
-     amplification = bytes written to the member loop devices during fio and the
-     sync after it / bytes fio wrote;
-  C  --c-files files of 4 and 8 KiB created, copied (cp -a --reflink=never) and
-     deleted, each phase timed including syncfs;
+  many-files  --many-files-count files of 14 MiB into one directory, then one
+     file of the same total, each timed including the final syncfs (total >= 3 x
+     vm.dirty_bytes, which is lowered to --dirty-bytes for the whole run and
+     restored after); before each phase the caches are dropped and the guest's
+     free page reporting is let finish (settle_memory), so no stack starts on
+     memory that the one before it happened to leave warm;
+     --many-files-memory warm then writes and deletes --many-files-warm-bytes
+     in tmpfs, so that every stack's phase starts on recently used memory
+     instead (as on a machine with no balloon);
+  random-writes  fio random writes, O_DIRECT: 512 B-64 KiB (--bsrange, or
+     --bssplit) at QD 1, 10, 100 and 4 KiB at QD 32, --random-writes-seconds
+     each, into a --random-writes-size file laid out first (lograid: the first
+     --random-writes-size of the volume); write amplification = bytes written
+     to the member loop devices during fio and the sync after it / bytes fio
+     wrote;
+  small-files  --small-files-count files of 4 and 8 KiB created, copied
+     (cp -a --reflink=never) and deleted, each phase timed including syncfs;
   bonnie  one bonnie++ run per stack (first repetition only);
-  D  sequential 1 MiB reads (QD16, O_DIRECT) of --d-size written just before,
-     healthy, then with P members' loop devices detached (btrfs: mount -o
-     degraded,ro; lograid: serve --read-only on the remaining members).
+  degraded-reads  sequential 1 MiB reads (QD16, O_DIRECT) of
+     --degraded-reads-size written just before, healthy, then with P members'
+     loop devices detached (btrfs: mount -o degraded,ro; lograid: serve
+     --read-only on the remaining members).
 
 Results go to --out: raw/ (one JSON per run), fio/ (fio's final reports),
 bonnie/, logs/ (lograid server logs), setup.json (machine, versions, options),
 compare.md (absolute figures and ratios, median (min-max) over repetitions) and
-one SVG chart per experiment. `--report-only DIR` rebuilds the report from DIR.
+one SVG chart per experiment (EXPERIMENT.svg). `--report-only DIR` rebuilds the
+report from DIR, also from a folder written when the experiments were letters
+(A, B, C, D).
 
 Run as root:   python3 bench/compare.py [--reps 3] [--member-size 4G]
 Smoke test:    python3 bench/compare.py --quick --out /tmp/compare-quick
@@ -73,317 +82,38 @@ import subprocess
 import sys
 import tempfile
 import time
-from xml.sax.saxutils import escape
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from report import (EXPERIMENTS, GiB, MANY_FILES_FILE_BYTES, MiB, RANDOM_WRITE_TESTS,  # noqa: E402
+                    STACK_INFO, STACK_ORDER, bonnie_too_fast, fmt_duration, fmt_num, human, label, load_runs,
+                    load_setup, parse_bonnie_csv, write_report)
 from stacks import (BtrfsStack, Ext4Stack, Interrupted, LograidStack, PathRefStack,  # noqa: E402
                     ZfsFuseStack, HOST_MARGIN, RECOMMENDED_METADATA, log, machine_cpu_seconds, parse_size, run)
 from steady import fio_json_objects, loadavg, machine_string  # noqa: E402
-from steady_report import Svg, nice_ticks, tick_label  # noqa: E402
-
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
-A_FILE_BYTES = 14 * MiB
-EXPERIMENTS = ["A", "B", "C", "bonnie", "D"]
-EXP_TITLES = {
-    "A": "A: many 14 MiB files vs one big file",
-    "B": "B: random writes (O_DIRECT)",
-    "C": "C: small files (4 and 8 KiB)",
-    "bonnie": "bonnie++ (one run per stack)",
-    "D": "D: sequential read, healthy and with P members failed",
-}
-# B's tests: (name, label, block sizes (None: the --bsrange/--bssplit mix), queue depth)
-B_TESTS = [("mixed-qd1", "mixed QD1", None, 1), ("mixed-qd10", "mixed QD10", None, 10),
-           ("mixed-qd100", "mixed QD100", None, 100), ("rand4k-qd32", "4 KiB QD32", "4k", 32)]
-
-# Stacks, in table order: key -> (label, family, parity).
-STACK_INFO = {
-    "lograid-p1": ("lograid P=1", "lograid", 1),
-    "lograid-p0": ("lograid P=0", "lograid", 0),
-    "lograid-p2": ("lograid P=2", "lograid", 2),
-    "btrfs-raid5": ("btrfs raid5", "btrfs", 1),
-    "btrfs-raid0": ("btrfs raid0", "btrfs", 0),
-    "btrfs-raid6": ("btrfs raid6", "btrfs", 2),
-    "zfs-raidz1": ("zfs-fuse raidz1", "zfs", 1),
-    "zfs-stripe": ("zfs-fuse stripe", "zfs", 0),
-    "bare": ("bare ext4", "bare", 0),
-    "ram-ext4": ("ext4 on RAM", "bare", 0),
-    "path-ref": ("attach path over nbdkit memory", "ref", 0),
-}
-STACK_ORDER = list(STACK_INFO)
-COLOURS = {"lograid-p1": "#1f77b4", "lograid-p0": "#9ecae1", "lograid-p2": "#08306b",
-           "btrfs-raid5": "#d62728", "btrfs-raid0": "#ff9896", "btrfs-raid6": "#7f0000",
-           "zfs-raidz1": "#2ca02c", "zfs-stripe": "#98df8a", "bare": "#7f7f7f",
-           "ram-ext4": "#bcbd22", "path-ref": "#9467bd"}
 
 # Where ram-ext4 keeps its one member file: tmpfs, so the ext4 under test has no disk
-# under it at all (and where --a-memory warm touches memory).
+# under it at all (and where --many-files-memory warm touches memory).
 RAM_DIR = "/dev/shm"
 # Stacks left out unless --stacks names them (ram-ext4 holds up to a member's size of
 # RAM while it runs).
 OPT_IN_STACKS = ["ram-ext4"]
 
-# Ratio columns: (numerator, denominator). Parity over its own stripe, then lograid
-# P=1 (and P=2) over each peer.
-STRIPE_PAIRS = [("lograid-p1", "lograid-p0"), ("lograid-p2", "lograid-p0"),
-                ("btrfs-raid5", "btrfs-raid0"), ("btrfs-raid6", "btrfs-raid0"),
-                ("zfs-raidz1", "zfs-stripe")]
-PEER_PAIRS = [("lograid-p1", "btrfs-raid5"), ("lograid-p1", "btrfs-raid0"), ("lograid-p1", "zfs-raidz1"),
-              ("lograid-p1", "zfs-stripe"), ("lograid-p1", "bare"), ("lograid-p2", "btrfs-raid6"),
-              ("lograid-p1", "ram-ext4"), ("bare", "btrfs-raid5"), ("ram-ext4", "btrfs-raid5")]
-# Against the attach path alone (path-ref): how much of its ceiling lograid reaches,
-# and where a peer stands beside that ceiling.
-REF_PAIRS = [("lograid-p1", "path-ref"), ("lograid-p0", "path-ref"), ("btrfs-raid5", "path-ref")]
+# The experiments that write to a block device, not to a filesystem: lograid's volume
+# through fio's nbd engine, the other stacks through a file in their filesystem.
+BLOCK_EXPERIMENTS = ("random-writes", "degraded-reads")
 
 # Experiments a stack does not run, and why (reported beside the skipped stacks).
 EXP_SKIPS = {
-    "path-ref": {e: "B and D do not use the attach path (lograid goes through fio's nbd engine there, "
-                    "the others through their filesystem), so its ceiling does not apply" for e in ("B", "D")},
+    "path-ref": {e: "random-writes and degraded-reads do not use the attach path (lograid goes through "
+                    "fio's nbd engine there, the others through their filesystem), so its ceiling does not "
+                    "apply" for e in BLOCK_EXPERIMENTS},
 }
 
 
 def exp_skip(key, exp):
     """Why `key` does not run experiment `exp`, or None if it does."""
     return EXP_SKIPS.get(key, {}).get(exp)
-
-
-class Metric:
-    """One figure of an experiment: key in a run's "metrics", label, unit, and
-    whether higher is better (throughput) or lower (write amplification)."""
-
-    def __init__(self, exp, key, label, unit, higher=True, digits=0):
-        self.exp, self.key, self.label, self.unit, self.higher, self.digits = exp, key, label, unit, higher, digits
-
-
-def _metrics():
-    m = [Metric("A", "manyfiles_MBps", "many 14 MiB files", "MB/s"),
-         Metric("A", "bigfile_MBps", "one big file", "MB/s"),
-         Metric("A", "manyfiles_wa", "many files WA", "x", False, 2),
-         Metric("A", "bigfile_wa", "big file WA", "x", False, 2)]
-    for name, label, _, _ in B_TESTS:
-        m.append(Metric("B", name + "_iops", label, "IOPS"))
-    for name, label, _, _ in B_TESTS:
-        m.append(Metric("B", name + "_MBps", label, "MB/s", True, 1))
-    for name, label, _, _ in B_TESTS:
-        m.append(Metric("B", name + "_wa", label + " WA", "x", False, 2))
-    m += [Metric("C", "create_fps", "create", "files/s"),
-          Metric("C", "copy_fps", "copy", "files/s"),
-          Metric("C", "delete_fps", "delete", "files/s"),
-          Metric("C", "create_wa", "create WA", "x", False, 2),
-          Metric("C", "copy_wa", "copy WA", "x", False, 2),
-          Metric("bonnie", "block_write_KBps", "block write", "KB/s"),
-          Metric("bonnie", "rewrite_KBps", "rewrite", "KB/s"),
-          Metric("bonnie", "block_read_KBps", "block read", "KB/s"),
-          Metric("bonnie", "seeks_per_s", "random seeks", "/s"),
-          Metric("bonnie", "seq_create_per_s", "seq create", "/s"),
-          Metric("bonnie", "seq_delete_per_s", "seq delete", "/s"),
-          Metric("bonnie", "rand_create_per_s", "random create", "/s"),
-          Metric("bonnie", "rand_delete_per_s", "random delete", "/s"),
-          Metric("D", "healthy_MBps", "healthy", "MB/s"),
-          Metric("D", "degraded_MBps", "P members failed", "MB/s"),
-          Metric("D", "degraded_ratio", "degraded / healthy", "x", True, 2)]
-    return m
-
-
-METRICS = _metrics()
-METRIC_BY_KEY = {(m.exp, m.key): m for m in METRICS}
-
-# Charts: per experiment, panels of (title, unit, metric keys, log scale).
-CHARTS = {
-    "A": [("MB/s including the final sync", "MB/s", ["manyfiles_MBps", "bigfile_MBps"], False),
-          ("write amplification at the members", "x", ["manyfiles_wa", "bigfile_wa"], False)],
-    "B": [("IOPS (log scale)", "IOPS", [t[0] + "_iops" for t in B_TESTS], True),
-          ("write amplification at the members", "x", [t[0] + "_wa" for t in B_TESTS], False)],
-    "C": [("files/s including the final sync", "files/s", ["create_fps", "copy_fps", "delete_fps"], False),
-          ("write amplification at the members", "x", ["create_wa", "copy_wa"], False)],
-    "bonnie": [("block I/O, KB/s", "KB/s", ["block_write_KBps", "rewrite_KBps"], False),
-               ("file operations per second", "/s", ["seq_create_per_s", "rand_create_per_s",
-                                                     "rand_delete_per_s"], False)],
-    "D": [("sequential 1 MiB reads, MB/s", "MB/s", ["healthy_MBps", "degraded_MBps"], False)],
-}
-
-# The headline: lograid P=1 against btrfs raid5.
-HEADLINE = [("A", "manyfiles_MBps"), ("A", "bigfile_MBps"), ("B", "rand4k-qd32_iops"),
-            ("B", "mixed-qd1_iops"), ("B", "mixed-qd10_iops"), ("B", "mixed-qd100_iops"),
-            ("C", "create_fps"), ("C", "copy_fps"), ("C", "delete_fps"),
-            ("A", "manyfiles_wa"), ("B", "rand4k-qd32_wa"), ("B", "mixed-qd10_wa"), ("C", "create_wa"),
-            ("D", "healthy_MBps"), ("D", "degraded_MBps"), ("D", "degraded_ratio")]
-
-
-# ----- statistics and tables (pure functions; see test_compare.py) -------------------------
-
-def summarize(values):
-    """min / median / max / n of the numbers in `values` (None skipped); None if none."""
-    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not vals:
-        return None
-    return {"min": min(vals), "median": statistics.median(vals), "max": max(vals), "n": len(vals)}
-
-
-def metric_values(runs, exp, stack, key):
-    """{rep: value} of one metric of one stack (runs without it are left out)."""
-    out = {}
-    for r in runs:
-        if r["exp"] == exp and r["stack"] == stack:
-            v = (r.get("metrics") or {}).get(key)
-            if v is not None:
-                out[r["rep"]] = v
-    return out
-
-
-def rep_ratios(runs, exp, key, num, den):
-    """Ratio num/den of a metric within each repetition that has both (the stacks of
-    one repetition ran back to back, so these are the noise-robust figures)."""
-    a, b = metric_values(runs, exp, num, key), metric_values(runs, exp, den, key)
-    return [a[r] / b[r] for r in sorted(set(a) & set(b)) if b[r]]
-
-
-def fmt_num(v, digits=0):
-    """A number for a table: thousands separators; 2 significant digits below 10
-    when digits == 0."""
-    if v is None:
-        return "-"
-    if digits == 0 and abs(v) < 10 and v != int(v):
-        return "%.2g" % v if abs(v) >= 1 else "%.2f" % v
-    return "{:,.{}f}".format(v, digits)
-
-
-def fmt_compact(v, digits=0):
-    """A short number for a bar label: 43k, 9.4k, 712, 1.52."""
-    if v is None:
-        return "-"
-    if abs(v) >= 1e6:
-        return "%.3gM" % (v / 1e6)
-    if abs(v) >= 1e4:
-        return "%.0fk" % (v / 1e3)
-    if abs(v) >= 1e3:
-        return "%.1fk" % (v / 1e3)
-    return fmt_num(v, digits)
-
-
-def fmt_cell(summary, digits=0):
-    """'median (min-max)', or the value alone for one repetition; '-' for none."""
-    if summary is None:
-        return "-"
-    med = fmt_num(summary["median"], digits)
-    if summary["n"] == 1 or summary["min"] == summary["max"]:
-        return med
-    return "%s (%s–%s)" % (med, fmt_num(summary["min"], digits), fmt_num(summary["max"], digits))
-
-
-def fmt_ratio(summary):
-    if summary is None:
-        return "-"
-    if summary["n"] == 1 or summary["min"] == summary["max"]:
-        return "%.2f" % summary["median"]
-    return "%.2f (%.2f–%.2f)" % (summary["median"], summary["min"], summary["max"])
-
-
-def stacks_in(runs):
-    """Stack keys that have runs, in table order."""
-    have = {r["stack"] for r in runs}
-    return [s for s in STACK_ORDER if s in have] + sorted(have - set(STACK_ORDER))
-
-
-def label(stack):
-    return STACK_INFO.get(stack, (stack,))[0]
-
-
-def absolute_table(runs, exp):
-    """Markdown: one row per metric of `exp`, one column per stack, median (min-max)."""
-    stacks = stacks_in([r for r in runs if r["exp"] == exp])
-    if not stacks:
-        return ""
-    lines = ["| metric | " + " | ".join(label(s) for s in stacks) + " |",
-             "|---|" + "--:|" * len(stacks)]
-    for m in METRICS:
-        if m.exp != exp:
-            continue
-        cells = [fmt_cell(summarize(metric_values(runs, exp, s, m.key).values()), m.digits) for s in stacks]
-        cells = ["too fast" if c == "-" and too_fast(runs, exp, s, m.key) else c for c, s in zip(cells, stacks)]
-        if all(c == "-" for c in cells):
-            continue
-        lines.append("| %s (%s) | %s |" % (m.label, m.unit, " | ".join(cells)))
-    return "\n".join(lines) + "\n"
-
-
-def ratio_pairs(runs, exp):
-    """The ratio columns that apply: both stacks have runs of `exp`."""
-    have = {r["stack"] for r in runs if r["exp"] == exp}
-    return [p for p in STRIPE_PAIRS + PEER_PAIRS + REF_PAIRS if p[0] in have and p[1] in have]
-
-
-def ratio_table(runs, exp):
-    """Markdown: one row per metric, one column per pair, per-repetition ratios as
-    median (min-max)."""
-    pairs = ratio_pairs(runs, exp)
-    if not pairs:
-        return ""
-    lines = ["| metric | " + " | ".join("%s / %s" % (label(a), label(b)) for a, b in pairs) + " |",
-             "|---|" + "--:|" * len(pairs)]
-    for m in METRICS:
-        if m.exp != exp:
-            continue
-        cells = [fmt_ratio(summarize(rep_ratios(runs, exp, m.key, a, b))) for a, b in pairs]
-        if all(c == "-" for c in cells):
-            continue
-        lines.append("| %s (%s) | %s |" % (m.label, "lower is better" if not m.higher else m.unit,
-                                           " | ".join(cells)))
-    return "\n".join(lines) + "\n"
-
-
-def headline_table(runs, num="lograid-p1", den="btrfs-raid5"):
-    """Markdown: the key figures of `num` against `den`, absolute and as ratios."""
-    lines = ["| figure | %s | %s | %s / %s | better |" % (label(num), label(den), label(num), label(den)),
-             "|---|--:|--:|--:|---|"]
-    rows = 0
-    for exp, key in HEADLINE:
-        m = METRIC_BY_KEY[(exp, key)]
-        a = summarize(metric_values(runs, exp, num, key).values())
-        b = summarize(metric_values(runs, exp, den, key).values())
-        if a is None and b is None:
-            continue
-        q = summarize(rep_ratios(runs, exp, key, num, den))
-        lines.append("| %s %s (%s) | %s | %s | %s | %s |" % (
-            exp, m.label, m.unit, fmt_cell(a, m.digits), fmt_cell(b, m.digits), fmt_ratio(q),
-            "higher" if m.higher else "lower"))
-        rows += 1
-    return "\n".join(lines) + "\n" if rows else ""
-
-
-BONNIE_FIELDS = {"block_write_KBps": 11, "rewrite_KBps": 13, "block_read_KBps": 17, "seeks_per_s": 19,
-                 "seq_create_per_s": 26, "seq_read_per_s": 28, "seq_delete_per_s": 30,
-                 "rand_create_per_s": 32, "rand_read_per_s": 34, "rand_delete_per_s": 36}
-
-
-def bonnie_too_fast(text):
-    """The bonnie++ figures reported as '+++++' (too fast to measure)."""
-    line = next((ln for ln in text.splitlines() if ln.count(",") > 30), None)
-    if line is None:
-        return []
-    f = line.split(",")
-    return sorted(k for k, i in BONNIE_FIELDS.items() if i < len(f) and f[i].startswith("+"))
-
-
-def parse_bonnie_csv(text):
-    """bonnie++ 1.98+/2.x CSV line -> metrics (None for '+++++' or missing fields)."""
-    line = next((ln for ln in text.splitlines() if ln.count(",") > 30), None)
-    if line is None:
-        return {}
-    f = line.split(",")
-
-    def num(i):
-        try:
-            return float(f[i]) if f[i].strip() and "+" not in f[i] else None
-        except (IndexError, ValueError):
-            return None
-    return {k: num(i) for k, i in BONNIE_FIELDS.items()}
-
-
-def too_fast(runs, exp, stack, key):
-    """Whether a run of `stack` reported `key` as too fast to measure (bonnie++'s '+++++')."""
-    return any(r["exp"] == exp and r["stack"] == stack and key in ((r.get("details") or {}).get("too_fast") or [])
-               for r in runs)
 
 
 class Eta:
@@ -405,15 +135,6 @@ class Eta:
 
     def remaining(self, steps):
         return sum(self.estimate(e, s) for _, e, s in steps)
-
-
-def fmt_duration(seconds):
-    seconds = int(round(seconds))
-    if seconds >= 3600:
-        return "%dh%02dm" % (seconds // 3600, seconds % 3600 // 60)
-    if seconds >= 60:
-        return "%dm%02ds" % (seconds // 60, seconds % 60)
-    return "%ds" % seconds
 
 
 def plan(reps, exps, stacks, skip=None):
@@ -632,10 +353,10 @@ def cpu_delta(before, after):
             for k in before}
 
 
-def exp_a(ctx, stack, tag):
-    n, buf = ctx.a.a_files, ctx.src14
+def exp_many_files(ctx, stack, tag):
+    n, buf = ctx.a.many_files_count, ctx.src14
     total = n * len(buf)
-    d = os.path.join(stack.mountpoint, "expA")
+    d = os.path.join(stack.mountpoint, "many-files")
     os.mkdir(d)
     stack.sync()
     m, det = {}, {"files": n, "file_bytes": len(buf), "total_bytes": total}
@@ -644,10 +365,10 @@ def exp_a(ctx, stack, tag):
         for i in range(n):
             with open(os.path.join(d, "f%d" % i), "wb", buffering=0) as f:
                 f.write(buf)
-    det["memory"] = ctx.a.a_memory
+    det["memory"] = ctx.a.many_files_memory
     det["settle_seconds"] = [round(settle_memory(), 1)]
-    if ctx.a.a_memory == "warm":
-        det["warm_seconds"] = [round(warm_memory(ctx.a.a_warm_bytes), 1)]
+    if ctx.a.many_files_memory == "warm":
+        det["warm_seconds"] = [round(warm_memory(ctx.a.many_files_warm_bytes), 1)]
     c0 = cpu_snapshot(stack)
     secs, write_part, dev = timed_phase(stack, many)
     det["manyfiles_cpu_s"] = cpu_delta(c0, cpu_snapshot(stack))
@@ -655,8 +376,8 @@ def exp_a(ctx, stack, tag):
     m["manyfiles_wa"] = round(dev / total, 4) if dev is not None else None
     det.update(manyfiles_seconds=round(secs, 3), manyfiles_write_part_seconds=round(write_part, 3),
                manyfiles_member_bytes=dev)
-    log("  A %s: %d x 14 MiB in %.1f s = %.0f MB/s, WA %s" % (stack.name, n, secs, m["manyfiles_MBps"],
-                                                            fmt_num(m["manyfiles_wa"], 2)))
+    log("  many-files %s: %d x 14 MiB in %.1f s = %.0f MB/s, WA %s" % (
+        stack.name, n, secs, m["manyfiles_MBps"], fmt_num(m["manyfiles_wa"], 2)))
     t0 = time.time()
     shutil.rmtree(d)
     stack.sync()
@@ -669,8 +390,8 @@ def exp_a(ctx, stack, tag):
             for _ in range(n):
                 f.write(buf)
     det["settle_seconds"].append(round(settle_memory(), 1))
-    if ctx.a.a_memory == "warm":
-        det["warm_seconds"].append(round(warm_memory(ctx.a.a_warm_bytes), 1))
+    if ctx.a.many_files_memory == "warm":
+        det["warm_seconds"].append(round(warm_memory(ctx.a.many_files_warm_bytes), 1))
     c0 = cpu_snapshot(stack)
     secs, write_part, dev = timed_phase(stack, big)
     det["bigfile_cpu_s"] = cpu_delta(c0, cpu_snapshot(stack))
@@ -678,8 +399,8 @@ def exp_a(ctx, stack, tag):
     m["bigfile_wa"] = round(dev / total, 4) if dev is not None else None
     det.update(bigfile_seconds=round(secs, 3), bigfile_write_part_seconds=round(write_part, 3),
                bigfile_member_bytes=dev)
-    log("  A %s: one file of %.2f GB in %.1f s = %.0f MB/s, WA %s" % (stack.name, total / 1e9, secs,
-                                                                    m["bigfile_MBps"], fmt_num(m["bigfile_wa"], 2)))
+    log("  many-files %s: one file of %.2f GB in %.1f s = %.0f MB/s, WA %s" % (
+        stack.name, total / 1e9, secs, m["bigfile_MBps"], fmt_num(m["bigfile_wa"], 2)))
     shutil.rmtree(d)
     stack.sync()
     return m, det
@@ -693,18 +414,18 @@ def engine_counters(stack, after):
     return st["member_bytes_written"], st["counters"]["user_bytes_written"]
 
 
-def exp_b(ctx, stack, tag):
+def exp_random_writes(ctx, stack, tag):
     a = ctx.a
-    size = a.b_size
-    target = fio_target(stack, "fio-B.dat")
+    size = a.random_writes_size
+    target = fio_target(stack, "random-writes.dat")
     common = ["--size=%d" % size, "--randrepeat=0", "--group_reporting"]
     run_fio(ctx, stack, ["--name=layout", "--rw=write", "--bs=1M", "--iodepth=8", "--end_fsync=1"]
             + target + common, tag + "-layout", timeout=1800)
     stack.sync()
-    m, det = {}, {"size_bytes": size, "seconds_per_test": a.b_seconds,
+    m, det = {}, {"size_bytes": size, "seconds_per_test": a.random_writes_seconds,
                   "sizes": ("bssplit=" + a.bssplit) if a.bssplit else ("bsrange=" + a.bsrange)}
     is_lograid = isinstance(stack, LograidStack)
-    for name, lab, bs, qd in B_TESTS:
+    for name, lab, bs, qd in RANDOM_WRITE_TESTS:
         if bs:
             sizes = ["--bs=" + bs]
         elif a.bssplit:
@@ -714,9 +435,9 @@ def exp_b(ctx, stack, tag):
         eng0 = engine_counters(stack, time.time()) if is_lograid else None
         b0 = stack.member_bytes_written()
         job = run_fio(ctx, stack, ["--name=" + name, "--rw=randwrite", "--iodepth=%d" % qd, "--time_based",
-                                   "--runtime=%d" % a.b_seconds, "--end_fsync=1",
+                                   "--runtime=%d" % a.random_writes_seconds, "--end_fsync=1",
                                    "--percentile_list=50:99:99.9"] + sizes + target + common,
-                      tag + "-" + name, timeout=a.b_seconds + 900)
+                      tag + "-" + name, timeout=a.random_writes_seconds + 900)
         stack.sync()
         dev = stack.member_bytes_written() - b0
         w = job["write"]
@@ -734,8 +455,8 @@ def exp_b(ctx, stack, tag):
                 if d["engine_user_bytes"]:
                     d["engine_wa"] = round(d["engine_member_bytes"] / d["engine_user_bytes"], 4)
         det[name] = d
-        log("  B %s %s: %.0f IOPS, %.1f MB/s, WA %.2f" % (stack.name, name, w["iops"], w["bw_bytes"] / 1e6,
-                                                         m[name + "_wa"] or 0))
+        log("  random-writes %s %s: %.0f IOPS, %.1f MB/s, WA %.2f" % (
+            stack.name, name, w["iops"], w["bw_bytes"] / 1e6, m[name + "_wa"] or 0))
     return m, det
 
 
@@ -752,9 +473,9 @@ def make_small_files(d, count):
         os.close(fd)
 
 
-def exp_c(ctx, stack, tag):
-    count = ctx.a.c_files
-    d = os.path.join(stack.mountpoint, "expC")
+def exp_small_files(ctx, stack, tag):
+    count = ctx.a.small_files_count
+    d = os.path.join(stack.mountpoint, "small-files")
     os.mkdir(d)
     stack.sync()
     app = count // 2 * 4096 + (count - count // 2) * 8192
@@ -769,7 +490,7 @@ def exp_c(ctx, stack, tag):
         if name != "delete":
             m[name + "_wa"] = round(dev / app, 4) if dev is not None else None
         det[name] = {"seconds": round(secs, 3), "member_bytes": dev}
-        log("  C %s %s: %d files in %.1f s = %.0f files/s, %s MiB to members" % (
+        log("  small-files %s %s: %d files in %.1f s = %.0f files/s, %s MiB to members" % (
             stack.name, name, count, secs, count / secs, "-" if dev is None else "%.0f" % (dev / MiB)))
     run(["rm", "-rf", d])
     stack.sync()
@@ -806,10 +527,10 @@ def exp_bonnie(ctx, stack, tag):
                "csv": "bonnie/%s.csv" % stack.name, "too_fast": bonnie_too_fast(out)}
 
 
-def exp_d(ctx, stack, tag):
+def exp_degraded_reads(ctx, stack, tag):
     a = ctx.a
-    size = a.d_size
-    target = fio_target(stack, "fio-D.dat")
+    size = a.degraded_reads_size
+    target = fio_target(stack, "degraded-reads.dat")
     common = ["--size=%d" % size, "--bs=1M", "--iodepth=16"]
     run_fio(ctx, stack, ["--name=write", "--rw=write", "--end_fsync=1"] + target + common, tag + "-write",
             timeout=1800)
@@ -826,7 +547,7 @@ def exp_d(ctx, stack, tag):
                        "runtime_s": r["runtime"] / 1000.0}
         return round(r["bw_bytes"] / 1e6, 1)
     m["healthy_MBps"] = read("healthy")
-    log("  D %s healthy: %.0f MB/s" % (stack.name, m["healthy_MBps"]))
+    log("  degraded-reads %s healthy: %.0f MB/s" % (stack.name, m["healthy_MBps"]))
     p = stack.parity
     if p == 0:
         det["degraded"] = "no parity: a failed member loses data"
@@ -837,12 +558,13 @@ def exp_d(ctx, stack, tag):
         det["failed_members"] = p
         m["degraded_MBps"] = read("degraded")
         m["degraded_ratio"] = round(m["degraded_MBps"] / m["healthy_MBps"], 3) if m["healthy_MBps"] else None
-        log("  D %s with %d member(s) missing: %.0f MB/s (%.2f x healthy)" % (
+        log("  degraded-reads %s with %d member(s) missing: %.0f MB/s (%.2f x healthy)" % (
             stack.name, p, m["degraded_MBps"], m["degraded_ratio"] or 0))
     return m, det
 
 
-EXP_FUNCS = {"A": exp_a, "B": exp_b, "C": exp_c, "bonnie": exp_bonnie, "D": exp_d}
+EXP_FUNCS = {"many-files": exp_many_files, "random-writes": exp_random_writes, "small-files": exp_small_files,
+             "bonnie": exp_bonnie, "degraded-reads": exp_degraded_reads}
 
 
 # ----- stacks ----------------------------------------------------------------------------
@@ -893,7 +615,7 @@ def make_stack(ctx, key, exp, tag):
     if family == "lograid":
         return LograidStack(parity, a.members, a.member_size, a.dir, a.lograid, chunk=a.lograid_chunk,
                             attach=a.lograid_attach,
-                            filesystem=exp not in ("B", "D"),
+                            filesystem=exp not in BLOCK_EXPERIMENTS,
                             log_dir=os.path.join(ctx.out, "logs", tag))
     if family == "btrfs":
         profile = {0: "raid0", 1: "raid5", 2: "raid6"}[parity]
@@ -969,293 +691,6 @@ def machine_details(a):
     return d
 
 
-# ----- SVG --------------------------------------------------------------------------------
-
-def chart(runs, exp, title):
-    """Grouped bars: one group per metric, one bar per stack (median), a whisker from
-    min to max over the repetitions; one panel per unit."""
-    panels = [p for p in CHARTS.get(exp, []) if any(
-        metric_values(runs, exp, s, k) for s in stacks_in(runs) for k in p[2])]
-    stacks = stacks_in([r for r in runs if r["exp"] == exp])
-    PW, PH, ML, MT, MB = 620, 250, 80, 40, 60
-    W = ML + PW + 200
-    H = 50 + max(len(panels), 1) * (MT + PH + MB)
-    svg = Svg(W, H)
-    svg.text(W / 2, 26, title, size=15, anchor="middle", weight="bold")
-    if not panels or not stacks:
-        svg.text(W / 2, 70, "no data", anchor="middle")
-        return svg.render()
-    for pi, (ptitle, unit, keys, logscale) in enumerate(panels):
-        x0, y0 = ML, 50 + pi * (MT + PH + MB) + MT
-        keys = [k for k in keys if any(metric_values(runs, exp, s, k) for s in stacks)]
-        cells = {(k, s): summarize(metric_values(runs, exp, s, k).values()) for k in keys for s in stacks}
-        top = max([c["max"] for c in cells.values() if c] + [1e-9])
-        if logscale:
-            low = min([c["min"] for c in cells.values() if c and c["min"] > 0] + [top])
-            lo_e, hi_e = math.floor(math.log10(low)), math.ceil(math.log10(top * 1.05))
-            if hi_e == lo_e:
-                hi_e += 1
-            yt = [10 ** e for e in range(lo_e, hi_e + 1)]
-
-            def ymap(v):
-                v = max(v, yt[0])
-                return y0 + PH - (math.log10(v) - lo_e) / (hi_e - lo_e) * PH
-        else:
-            yt = nice_ticks(0, top * 1.08, 5)
-
-            def ymap(v):
-                return y0 + PH - v / yt[-1] * PH
-        for v in yt:
-            y = ymap(v)
-            svg.line(x0, y, x0 + PW, y, "#e4e4e4")
-            svg.line(x0 - 4, y, x0, y)
-            svg.text(x0 - 7, y + 4, tick_label(v), size=11, anchor="end")
-        svg.text(x0 + PW / 2, y0 - 10, ptitle, size=13, anchor="middle", weight="bold")
-        svg.text(x0 - 58, y0 + PH / 2, unit, size=12, anchor="middle", rotate=-90)
-        gw = PW / max(len(keys), 1)
-        bw = min(34.0, gw * 0.8 / max(len(stacks), 1))
-        for gi, k in enumerate(keys):
-            gx = x0 + gi * gw + (gw - bw * len(stacks)) / 2
-            m = METRIC_BY_KEY.get((exp, k))
-            svg.text(x0 + gi * gw + gw / 2, y0 + PH + 18, m.label if m else k, size=12, anchor="middle")
-            for si, s in enumerate(stacks):
-                c = cells[(k, s)]
-                x = gx + si * bw
-                if not c:
-                    svg.text(x + bw / 2, y0 + PH - 4, "fast" if too_fast(runs, exp, s, k) else "n/a", size=8,
-                             anchor="middle", colour="#999")
-                    continue
-                yb, yv = ymap(yt[0]) if logscale else ymap(0), ymap(c["median"])
-                svg.add('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s</title></rect>'
-                        % (x + 1, min(yv, yb), bw - 2, abs(yb - yv), COLOURS.get(s, "#555"),
-                           escape("%s, %s: %s" % (label(s), m.label if m else k, fmt_cell(c, m.digits if m else 0)))))
-                if c["n"] > 1 and c["max"] > c["min"]:
-                    xm = x + bw / 2
-                    svg.line(xm, ymap(c["min"]), xm, ymap(c["max"]), "#222", 1.2)
-                    svg.line(xm - 4, ymap(c["min"]), xm + 4, ymap(c["min"]), "#222", 1.2)
-                    svg.line(xm - 4, ymap(c["max"]), xm + 4, ymap(c["max"]), "#222", 1.2)
-                svg.text(x + bw / 2, min(yv, ymap(c["max"])) - 4, fmt_compact(c["median"], m.digits if m else 0),
-                         size=8, anchor="middle", colour="#333")
-        svg.add('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" stroke="#222"/>'
-                % (x0, y0, PW, PH))
-    lx, ly = ML + PW + 20, 60
-    svg.text(lx, ly, "stack (bar: median;", size=11, weight="bold")
-    svg.text(lx, ly + 14, "whisker: min-max)", size=11, weight="bold")
-    for i, s in enumerate(stacks):
-        y = ly + 36 + i * 20
-        svg.add('<rect x="%.1f" y="%.1f" width="14" height="12" fill="%s"/>' % (lx, y - 10, COLOURS.get(s, "#555")))
-        svg.text(lx + 20, y, label(s), size=12)
-    return svg.render()
-
-
-# ----- report ------------------------------------------------------------------------------
-
-def load_runs(out):
-    runs = []
-    for p in sorted(glob.glob(os.path.join(out, "raw", "*.json"))):
-        with open(p) as f:
-            runs.append(json.load(f))
-    return runs
-
-
-def report(out, setup, runs):
-    """Write compare.md and the SVG charts into `out`; returns the markdown."""
-    a = setup.get("options", {})
-    mach = setup.get("machine", {})
-    L = ["# lograid beside its peers (bench/compare.py)", ""]
-    L.append("Date: %s to %s. Machine: %s; kernel %s; member files on %s (%s)." % (
-        setup.get("started", "?"), setup.get("finished", "(unfinished)"), mach.get("summary", "?"),
-        mach.get("kernel", "?"), (mach.get("dir") or {}).get("mount", "?"), mach.get("disk", "?")))
-    loads = summarize([r["load_before"][0] for r in runs if r.get("load_before")])
-    if loads:
-        L.append("Load average (1 min) before each run: median %.1f (%.1f–%.1f) on %s CPUs; other work "
-                 "shares this machine, so trust the within-repetition ratios more than absolute figures." % (
-                     loads["median"], loads["min"], loads["max"], mach.get("cpus", "?")))
-    L.append("")
-    L.append("Setup: %d member files of %s per stack (sparse, `losetup --direct-io=on`), %d repetition(s), "
-             "stacks interleaved within each repetition (order rotated per repetition), every stack "
-             "built fresh for every experiment. vm.dirty_bytes %s, vm.dirty_background_bytes %s during the "
-             "run (restored after). Elapsed: %s." % (
-                 a.get("members", 0), human(a.get("member_size")), a.get("reps", 0),
-                 human(a.get("dirty_bytes")), human(a.get("dirty_background_bytes")),
-                 fmt_duration(setup.get("elapsed_seconds", 0))))
-    L.append("")
-    L.append("| stack | how it is built |")
-    L.append("|---|---|")
-    for s in setup.get("stacks", []):
-        L.append("| %s | %s |" % (label(s["key"]), s["describe"]))
-    for k, why in sorted((setup.get("skipped") or {}).items()):
-        L.append("| %s | skipped: %s |" % (label(k), why))
-    for k, per in sorted((setup.get("skipped_exps") or {}).items()):
-        for why, exps_ in group_reasons(per):
-            L.append("| %s | not run in %s: %s |" % (label(k), ", ".join(exps_), why))
-    L.append("")
-    L.append("Figures are median (min–max) over the repetitions; ratios are computed within each "
-             "repetition (the stacks of one repetition ran back to back) and then summarised the same way. "
-             "WA = bytes written to the member loop devices (`/sys/block/loopN/stat` field 7 x 512) during "
-             "the phase and the sync after it / bytes the workload wrote.")
-    L.append("")
-    head = headline_table(runs)
-    if head:
-        L += ["## lograid P=1 against btrfs raid5", "", head]
-    for exp in EXPERIMENTS:
-        ers = [r for r in runs if r["exp"] == exp]
-        if not ers:
-            continue
-        L += ["## " + EXP_TITLES[exp], "", exp_description(exp, a), ""]
-        not_here = [(k, per[exp]) for k, per in sorted((setup.get("skipped_exps") or {}).items()) if exp in per]
-        if not_here:
-            L += ["Not run here: %s." % "; ".join("%s (%s)" % (label(k), why) for k, why in not_here), ""]
-        L += ["![%s](%s.svg)" % (EXP_TITLES[exp], exp), ""]
-        L += [absolute_table(runs, exp)]
-        if exp == "B":
-            L += [engine_note(runs)]
-        if exp == "A":
-            L += [cpu_table(runs)]
-        rt = ratio_table(runs, exp)
-        if rt:
-            L += ["Ratios (per repetition, then median (min–max)):", "", rt]
-        with open(os.path.join(out, exp + ".svg"), "w") as f:
-            f.write(chart(runs, exp, EXP_TITLES[exp]))
-    errs = [r for r in runs if r.get("error")]
-    notes = list(setup.get("notes") or [])
-    if errs or notes:
-        L += ["## Problems and notes", ""]
-        L += ["- %s" % n for n in notes]
-        L += ["- %s on %s, repetition %d: %s" % (r["exp"], label(r["stack"]), r["rep"], r["error"]) for r in errs]
-        L.append("")
-    L += ["## Versions", ""]
-    for k, v in sorted((mach.get("versions") or {}).items()):
-        L.append("- %s: %s" % (k, v if v else "not installed"))
-    L.append("")
-    md = "\n".join(L)
-    with open(os.path.join(out, "compare.md"), "w") as f:
-        f.write(md)
-    return md
-
-
-CPU_PHASES = [("manyfiles", "many files"), ("bigfile", "big file")]
-CPU_WHO = [("server", "NBD server"), ("nbdfuse", "nbdfuse"), ("machine", "whole machine")]
-
-
-def cpu_table(runs):
-    """Markdown: CPU seconds per GB written in each phase of A (median (min-max)), for
-    the NBD server, nbdfuse and the whole machine (which includes other work)."""
-    stacks = stacks_in([r for r in runs if r["exp"] == "A"])
-    rows = []
-    for phase, plabel in CPU_PHASES:
-        for who, wlabel in CPU_WHO:
-            cells, any_ = [], False
-            for s in stacks:
-                vals = []
-                for r in runs:
-                    d = r.get("details") or {}
-                    c = (d.get(phase + "_cpu_s") or {}).get(who)
-                    if r["exp"] == "A" and r["stack"] == s and c is not None and d.get("total_bytes"):
-                        vals.append(c / (d["total_bytes"] / 1e9))
-                any_ = any_ or bool(vals)
-                cells.append(fmt_cell(summarize(vals), 2))
-            if any_:
-                rows.append("| %s: %s | %s |" % (plabel, wlabel, " | ".join(cells)))
-    if not rows:
-        return ""
-    return ("CPU seconds per GB written, phase including its sync (`/proc/PID/stat` of the NBD server "
-            "and of the attach's nbdfuse; whole machine from `/proc/stat`, other work included; kernel "
-            "threads doing the loop and FUSE work count only there; on a machine kept busy by other work "
-            "it is close to the CPUs x the phase's seconds, so it does not attribute anything):\n\n"
-            "| phase: process | " + " | ".join(label(s) for s in stacks) + " |\n"
-            "|---|" + "--:|" * len(stacks) + "\n" + "\n".join(rows) + "\n")
-
-
-def group_reasons(per_exp):
-    """{exp: reason} -> [(reason, [exps in experiment order])], one entry per reason."""
-    out = {}
-    for e in EXPERIMENTS + sorted(set(per_exp) - set(EXPERIMENTS)):
-        if e in per_exp:
-            out.setdefault(per_exp[e], []).append(e)
-    return list(out.items())
-
-
-def engine_note(runs):
-    """How lograid's own member counters compare with the loop devices', and its WA
-    per engine block (whole 4 KiB blocks) beside the WA per fio byte."""
-    same = total = 0
-    per_stack = {}
-    for r in runs:
-        if r["exp"] != "B" or not r["stack"].startswith("lograid") or not r.get("details"):
-            continue
-        for name, _, _, _ in B_TESTS:
-            d = r["details"].get(name)
-            if not isinstance(d, dict) or "engine_member_bytes" not in d:
-                continue
-            total += 1
-            same += d["engine_member_bytes"] == d["member_bytes"]
-            if d.get("engine_wa") is not None:
-                per_stack.setdefault((r["stack"], name), []).append(d["engine_wa"])
-    if not total:
-        return ""
-    parts = ["%s %s %s" % (label(s), n, fmt_cell(summarize(v), 2)) for (s, n), v in sorted(per_stack.items())]
-    return ("lograid's own member counters (`lograid status --json`, published by the server) equalled the "
-            "loop devices' in %d of %d tests. Its WA per engine block (member bytes / the engine's "
-            "`user_bytes_written`, which counts partly written 4 KiB blocks whole): %s.\n" % (
-                same, total, "; ".join(parts)))
-
-
-def human(n):
-    if not n:
-        return "-"
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= size:
-            v = n / size
-            return ("%d %s" % (v, unit)) if v == int(v) else ("%.1f %s" % (v, unit))
-    return "%d B" % n
-
-
-def exp_description(exp, a):
-    if exp == "A":
-        return ("%d files of 14 MiB (%s, %.1f x vm.dirty_bytes) written into one directory, then one file "
-                "of the same total; MB/s include the final syncfs; before each phase the caches are dropped and "
-                "the guest's free page reporting is let finish, so every stack starts on the same (cold) "
-                "memory%s. lograid: ext4 on `lograid attach` "
-                "(%s + loop); btrfs, zfs: their own filesystem; bare: ext4; attach path over nbdkit "
-                "memory: ext4 on `lograid attach` of nbdkit's memory plugin (RAM: the path's own ceiling; "
-                "no members, so no WA; %d untimed run(s) of the workload first); ext4 on RAM: ext4 on a loop "
-                "device over a tmpfs file (no disk at all; the loop copies into tmpfs, so not a ceiling)." % (
-                    a.get("a_files", 0), human(a.get("a_files", 0) * A_FILE_BYTES),
-                    a.get("a_files", 0) * A_FILE_BYTES / max(a.get("dirty_bytes") or 1, 1),
-                    "" if a.get("a_memory", "cold") != "warm" else
-                    (", then %s is written to tmpfs and deleted (--a-memory warm), so the phase's page "
-                     "cache gets recently used memory" % human(a.get("a_warm_bytes") or 0)),
-                    "its own FUSE file" if a.get("lograid_attach", "nbdfuse") == "fuse" else "nbdfuse",
-                    a.get("path_ref_warmup", 0)))
-    if exp == "B":
-        return ("fio randwrite, O_DIRECT, %s (mixed) and 4 KiB, %d s per test, into a %s file laid out first "
-                "(lograid: the first %s of the volume through fio's nbd engine; others: libaio on a file in "
-                "the filesystem); end_fsync=1. IOPS and MB/s are fio's; WA includes the sync after fio. "
-                "lograid writes a partly covered 4 KiB block whole, so its WA per fio byte for mixed sizes "
-                "is above its per-block figure (`engine_wa` in raw/)." % (
-                    ("bssplit " + a["bssplit"]) if a.get("bssplit") else ("bsrange " + a.get("bsrange", "?")),
-                    a.get("b_seconds", 0), human(a.get("b_size")), human(a.get("b_size"))))
-    if exp == "C":
-        return ("%d files, half 4 KiB and half 8 KiB, in 100 directories: created, copied "
-                "(`cp -a --reflink=never`), the originals deleted (`rm -rf`); each phase timed including "
-                "syncfs. Filesystems as in A." % a.get("c_files", 0))
-    if exp == "bonnie":
-        return ("`bonnie++ -s %d -r %d -n %s -f -u root`, once per stack (repetition 1). With this much RAM "
-                "its read and rewrite figures come largely from the page cache; block write and the file "
-                "operations are the meaningful ones; \"too fast\" is bonnie++'s +++++ (under its timer's "
-                "resolution; \"fast\" in the chart). Filesystems as in A." % (
-                    a.get("bonnie_mb", 0), a.get("bonnie_mb", 0) // 2, a.get("bonnie_files", "?")))
-    if exp == "D":
-        return ("%s written sequentially (1 MiB, QD16, O_DIRECT), page cache dropped, read back the same "
-                "way; then P member loop devices detached and read again (btrfs: unmount, `mount -o "
-                "degraded,ro` on the rest; lograid: server stopped and started `--read-only` on the "
-                "remaining members: the pool opens degraded). lograid through fio's nbd engine, the "
-                "others from a file in their filesystem. Stacks without parity have no degraded figure." % (
-                    human(a.get("d_size"))))
-    return ""
-
-
 # ----- arguments ---------------------------------------------------------------------------
 
 def default_lograid():
@@ -1277,12 +712,13 @@ def build_parser():
                     help="smoke test: 1 repetition, 1G members and small workloads (a few minutes)")
     ap.add_argument("--stacks", default=None, help="comma-separated subset of: " + ",".join(STACK_ORDER))
     ap.add_argument("--experiments", default=",".join(EXPERIMENTS),
-                    help="comma-separated subset of A,B,C,bonnie,D (default all)")
+                    help="comma-separated subset of %s (default all)" % ",".join(EXPERIMENTS))
     ap.add_argument("--lograid", default=None, help="lograid binary (default target/release/lograid, "
                                                     "/work/target-bench/release/lograid, or PATH)")
     ap.add_argument("--lograid-chunk", default=None, help="lograid create --chunk (default: lograid's)")
     ap.add_argument("--lograid-attach", default="fuse", choices=list(LograidStack.ATTACH),
-                    help="how lograid's volume becomes a loop device for A, C and bonnie: fuse (default; "
+                    help="how lograid's volume becomes a loop device for many-files, small-files and bonnie: "
+                         "fuse (default; "
                          "`serve --fuse` + `attach --file`) or nbdfuse (`attach --socket`)")
     ap.add_argument("--path-ref-allocator", default="sparse", choices=list(PathRefStack.ALLOCATORS),
                     help="path-ref: nbdkit memory plugin allocator (default sparse, nbdkit's own default; "
@@ -1298,29 +734,35 @@ def build_parser():
     ap.add_argument("--dirty-bytes", default=None, help="vm.dirty_bytes during the run (default 512M; --quick 64M)")
     ap.add_argument("--dirty-background-bytes", default=None,
                     help="vm.dirty_background_bytes (default a quarter of --dirty-bytes)")
-    ap.add_argument("--a-files", type=int, default=None,
-                    help="A: number of 14 MiB files (default: 4 x dirty bytes worth; at least 3 x)")
-    ap.add_argument("--a-memory", default="cold", choices=["cold", "warm"],
-                    help="A: the memory each timed phase starts on (default cold: caches dropped and the "
-                         "guest's free page reporting settled; warm: then --a-warm-bytes written to and "
+    ap.add_argument("--many-files-count", type=int, default=None,
+                    help="many-files: number of 14 MiB files (default: 4 x dirty bytes worth; at least 3 x)")
+    ap.add_argument("--many-files-memory", default="cold", choices=["cold", "warm"],
+                    help="many-files: the memory each timed phase starts on (default cold: caches dropped "
+                         "and the guest's free page reporting settled; warm: then --many-files-warm-bytes "
+                         "written to and "
                          "deleted from tmpfs, so the page cache gets recently used memory, as on a machine "
                          "without a memory balloon)")
-    ap.add_argument("--a-warm-bytes", default="6G", help="A, --a-memory warm: how much memory to touch (default 6G)")
-    ap.add_argument("--b-size", default=None, help="B: file (or volume range) size (default 2G; --quick 256M)")
-    ap.add_argument("--b-seconds", type=int, default=None, help="B: seconds per test (default 10; --quick 3)")
-    ap.add_argument("--bsrange", default="512-64k", help="B: mixed sizes, fio bsrange (default 512-64k, "
+    ap.add_argument("--many-files-warm-bytes", default="6G",
+                    help="many-files, --many-files-memory warm: how much memory to touch (default 6G)")
+    ap.add_argument("--random-writes-size", default=None,
+                    help="random-writes: file (or volume range) size (default 2G; --quick 256M)")
+    ap.add_argument("--random-writes-seconds", type=int, default=None,
+                    help="random-writes: seconds per test (default 10; --quick 3)")
+    ap.add_argument("--bsrange", default="512-64k", help="random-writes: mixed sizes, fio bsrange (default 512-64k, "
                                                          "as ../shared/bench/exp_b_randwrite.sh)")
-    ap.add_argument("--bssplit", default=None, help="B: mixed sizes as fio bssplit instead (e.g. "
+    ap.add_argument("--bssplit", default=None, help="random-writes: mixed sizes as fio bssplit instead (e.g. "
                                                     "512/10:4k/40:16k/30:64k/20)")
-    ap.add_argument("--c-files", type=int, default=None, help="C: number of files (default 102400; --quick 10240)")
+    ap.add_argument("--small-files-count", type=int, default=None,
+                    help="small-files: number of files (default 102400; --quick 10240)")
     ap.add_argument("--bonnie-mb", type=int, default=None, help="bonnie++ -s in MiB (default 2048; --quick 256)")
     ap.add_argument("--bonnie-files", default=None, help="bonnie++ -n (default 16:8192:4096:16; --quick 2:8192:4096:16)")
     ap.add_argument("--bonnie-timeout", type=int, default=900, help="seconds (default 900)")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get install bonnie++ if missing")
-    ap.add_argument("--d-size", default=None, help="D: bytes written then read (default 2G; --quick 256M)")
+    ap.add_argument("--degraded-reads-size", default=None,
+                    help="degraded-reads: bytes written then read (default 2G; --quick 256M)")
     ap.add_argument("--device", action="append", default=[], help="(not implemented) use real block devices")
     ap.add_argument("--report-only", metavar="DIR", default=None, help="rebuild the report of DIR and exit")
-    ap.add_argument("--self-test", action="store_true", help="run bench/test_compare.py and exit")
+    ap.add_argument("--self-test", action="store_true", help="run bench/test_*.py (no root) and exit")
     return ap
 
 
@@ -1334,23 +776,43 @@ def parse_args(argv, stat_free=None):
     if a.device:
         ap.error("--device is not implemented: compare.py only uses member files it creates itself in a "
                  "private folder under --dir (give --dir to choose the disk)")
+    fill_defaults(ap, a)
+    check_limits(ap, a)
+    check_workloads_fit(ap, a)
+    a.exps = chosen_experiments(ap, a.experiments)
+    a.want_stacks = chosen_stacks(ap, a.stacks)
+    if a.bssplit and a.bsrange != "512-64k":
+        ap.error("give --bsrange or --bssplit, not both")
+    a.lograid = a.lograid or default_lograid()
+    if a.out is None:
+        a.out = os.path.join(HERE, "results", "compare-" + time.strftime("%Y-%m-%d"))
+    check_space(ap, a, stat_free(a.dir) if stat_free else None)
+    return a
+
+
+def fill_defaults(ap, a):
+    """Sizes parsed to bytes, and the defaults of what was not given (smaller with --quick)."""
     q = a.quick
     try:
         a.member_size = parse_size(a.member_size or ("1G" if q else "4G"))
         a.dirty_bytes = parse_size(a.dirty_bytes or ("64M" if q else "512M"))
         a.dirty_background_bytes = parse_size(a.dirty_background_bytes) if a.dirty_background_bytes \
             else a.dirty_bytes // 4
-        a.a_warm_bytes = parse_size(a.a_warm_bytes)
-        a.b_size = parse_size(a.b_size or ("256M" if q else "2G"))
-        a.d_size = parse_size(a.d_size or ("256M" if q else "2G"))
+        a.many_files_warm_bytes = parse_size(a.many_files_warm_bytes)
+        a.random_writes_size = parse_size(a.random_writes_size or ("256M" if q else "2G"))
+        a.degraded_reads_size = parse_size(a.degraded_reads_size or ("256M" if q else "2G"))
         a.lograid_chunk = a.lograid_chunk and str(parse_size(a.lograid_chunk))
     except ValueError as e:
         ap.error(str(e))
     a.reps = a.reps if a.reps is not None else (1 if q else 3)
-    a.b_seconds = a.b_seconds or (3 if q else 10)
-    a.c_files = a.c_files or (10240 if q else 102400)
+    a.random_writes_seconds = a.random_writes_seconds or (3 if q else 10)
+    a.small_files_count = a.small_files_count or (10240 if q else 102400)
     a.bonnie_mb = a.bonnie_mb or (256 if q else 2048)
     a.bonnie_files = a.bonnie_files or ("2:8192:4096:16" if q else "16:8192:4096:16")
+
+
+def check_limits(ap, a):
+    """The bounds of the counts and sizes that stand alone."""
     if a.members < 2:
         ap.error("--members must be at least 2 (got %d)" % a.members)
     if a.members > 16:
@@ -1359,50 +821,63 @@ def parse_args(argv, stat_free=None):
         ap.error("--reps must be at least 1")
     if a.path_ref_warmup < 0:
         ap.error("--path-ref-warmup must be at least 0")
-    if a.b_seconds < 1:
-        ap.error("--b-seconds must be at least 1")
+    if a.random_writes_seconds < 1:
+        ap.error("--random-writes-seconds must be at least 1")
     if a.member_size < 256 * MiB:
         ap.error("--member-size must be at least 256M")
     if a.dirty_background_bytes >= a.dirty_bytes:
         ap.error("--dirty-background-bytes must be below --dirty-bytes")
-    if a.a_files is None:
-        a.a_files = max(1, math.ceil(4 * a.dirty_bytes / A_FILE_BYTES))
-    if a.a_files * A_FILE_BYTES < 3 * a.dirty_bytes:
-        ap.error("--a-files %d x 14 MiB = %s is less than 3 x --dirty-bytes (%s): the page cache would hide "
-                 "the stack" % (a.a_files, human(a.a_files * A_FILE_BYTES), human(3 * a.dirty_bytes)))
-    # Everything must fit on the smallest stack: the bare drive, one member.
+
+
+def check_workloads_fit(ap, a):
+    """many-files' file count (default: 4 x dirty bytes worth; at least 3 x, or the page
+    cache would hide the stack), and every workload on the smallest stack: the bare
+    drive, one member."""
+    if a.many_files_count is None:
+        a.many_files_count = max(1, math.ceil(4 * a.dirty_bytes / MANY_FILES_FILE_BYTES))
+    many_files_bytes = a.many_files_count * MANY_FILES_FILE_BYTES
+    if many_files_bytes < 3 * a.dirty_bytes:
+        ap.error("--many-files-count %d x 14 MiB = %s is less than 3 x --dirty-bytes (%s): the page cache "
+                 "would hide the stack" % (a.many_files_count, human(many_files_bytes), human(3 * a.dirty_bytes)))
     room = a.member_size * 0.8
-    for what, size in (("A (--a-files x 14 MiB)", a.a_files * A_FILE_BYTES), ("--b-size", a.b_size),
-                       ("--d-size", a.d_size), ("bonnie++ -s", a.bonnie_mb * MiB)):
+    for what, size in (("many-files (--many-files-count x 14 MiB)", many_files_bytes),
+                       ("--random-writes-size", a.random_writes_size), ("--degraded-reads-size", a.degraded_reads_size),
+                       ("bonnie++ -s", a.bonnie_mb * MiB)):
         if size > room:
             ap.error("%s = %s does not fit on one %s member (the bare drive) with room to spare; "
                      "raise --member-size or lower it" % (what, human(size), human(a.member_size)))
-    exps = [e.strip() for e in a.experiments.split(",") if e.strip()]
+
+
+def chosen_experiments(ap, text):
+    """--experiments as a list in run order; exits on an unknown name or none."""
+    exps = [e.strip() for e in text.split(",") if e.strip()]
     bad = [e for e in exps if e not in EXPERIMENTS]
     if bad or not exps:
         ap.error("unknown experiment(s) %s (have %s)" % (",".join(bad) or "(none)", ",".join(EXPERIMENTS)))
-    a.exps = [e for e in EXPERIMENTS if e in exps]
-    if a.stacks:
-        want = [s.strip() for s in a.stacks.split(",") if s.strip()]
-        bad = [s for s in want if s not in STACK_INFO]
-        if bad or not want:
-            ap.error("unknown stack(s) %s (have %s)" % (",".join(bad) or "(none)", ",".join(STACK_ORDER)))
-        a.want_stacks = want
-    else:
-        a.want_stacks = None
-    if a.bssplit and a.bsrange != "512-64k":
-        ap.error("give --bsrange or --bssplit, not both")
-    a.lograid = a.lograid or default_lograid()
-    if a.out is None:
-        a.out = os.path.join(HERE, "results", "compare-" + time.strftime("%Y-%m-%d"))
-    free = stat_free(a.dir) if stat_free else None
-    if free is not None:
-        need = a.members * a.member_size + HOST_MARGIN
-        if free < need:
-            ap.error("not enough space in %s: %.1f GiB free, the member files filled need %.1f GiB "
-                     "(%d x %s + %s margin)" % (a.dir, free / GiB, need / GiB, a.members, human(a.member_size),
-                                                human(HOST_MARGIN)))
-    return a
+    return [e for e in EXPERIMENTS if e in exps]
+
+
+def chosen_stacks(ap, text):
+    """--stacks as a list, or None for the default; exits on an unknown key or none."""
+    if not text:
+        return None
+    want = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in want if s not in STACK_INFO]
+    if bad or not want:
+        ap.error("unknown stack(s) %s (have %s)" % (",".join(bad) or "(none)", ",".join(STACK_ORDER)))
+    return want
+
+
+def check_space(ap, a, free):
+    """Exit if `free` bytes under --dir (None: not checked) cannot hold one stack's
+    member files filled, plus a margin."""
+    if free is None:
+        return
+    need = a.members * a.member_size + HOST_MARGIN
+    if free < need:
+        ap.error("not enough space in %s: %.1f GiB free, the member files filled need %.1f GiB "
+                 "(%d x %s + %s margin)" % (a.dir, free / GiB, need / GiB, a.members, human(a.member_size),
+                                            human(HOST_MARGIN)))
 
 
 def free_bytes(path):
@@ -1413,7 +888,12 @@ def free_bytes(path):
 # ----- main --------------------------------------------------------------------------------
 
 class Context:
-    pass
+    """What every experiment gets: the options, the results folder and the 14 MiB of
+    random bytes that many-files writes."""
+
+    def __init__(self, a, out):
+        self.a, self.out = a, out
+        self.src14 = os.urandom(MANY_FILES_FILE_BYTES)
 
 
 def ensure_bonnie(a, notes):
@@ -1432,26 +912,33 @@ def ensure_bonnie(a, notes):
     return bool(shutil.which("bonnie++"))
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    a = parse_args(argv, stat_free=free_bytes)
-    if a.self_test:
-        import unittest
-        suite = unittest.defaultTestLoader.discover(HERE, pattern="test_compare.py")
-        ok = unittest.TextTestRunner(verbosity=1).run(suite).wasSuccessful()
-        return 0 if ok else 1
-    if a.report_only:
-        with open(os.path.join(a.report_only, "setup.json")) as f:
-            setup = json.load(f)
-        sys.stdout.write(report(a.report_only, setup, load_runs(a.report_only)))
-        return 0
+def self_test():
+    """Run the benchmark scripts' tests (bench/test_*.py); the exit status."""
+    import unittest
+    suite = unittest.defaultTestLoader.discover(HERE, pattern="test_*.py")
+    ok = unittest.TextTestRunner(verbosity=1).run(suite).wasSuccessful()
+    return 0 if ok else 1
+
+
+def report_only(folder):
+    """Rebuild the report of a results folder (old ones with the experiments as
+    letters too) and print it; the exit status."""
+    sys.stdout.write(write_report(folder, load_setup(folder), load_runs(folder)))
+    return 0
+
+
+def check_host():
+    """Exit (through argparse) unless run as root with the tools every run needs."""
     if os.geteuid() != 0:
         build_parser().error("run as root (losetup, mkfs, mount, sysctl)")
     for tool in ("fio", "losetup", "mkfs.ext4", "mkfs.btrfs", "btrfs", "fstrim"):
         if not shutil.which(tool):
             build_parser().error("%s is not installed" % tool)
 
-    notes = []
+
+def choose_stacks(a):
+    """([stack keys to run], {skipped key: reason}): what this host has, narrowed to
+    --stacks (or without the opt-in stacks); exits if nothing is left to run."""
     keys, skipped = available_stacks(a.members)
     if a.want_stacks:
         for k in keys:
@@ -1467,18 +954,29 @@ def main(argv=None):
         build_parser().error("no lograid binary: build it (cargo build --release -p lograid-cli) or give --lograid")
     if not keys:
         build_parser().error("no stack to run")
+    return keys, skipped
+
+
+def choose_experiments(a, notes):
+    """The experiments to run: --experiments, without bonnie++ if it cannot be had."""
     exps = list(a.exps)
     if "bonnie" in exps and not ensure_bonnie(a, notes):
         exps.remove("bonnie")
+    return exps
 
-    out = a.out
+
+def prepare_out(out):
+    """Create the results folder and its subfolders; exits if it already holds runs."""
     if glob.glob(os.path.join(out, "raw", "*.json")):
         build_parser().error("%s already holds results (raw/*.json): choose another --out or remove it" % out)
     for sub in ("raw", "fio", "bonnie", "logs"):
         os.makedirs(os.path.join(out, sub), exist_ok=True)
-    ctx = Context()
-    ctx.a, ctx.out = a, out
-    ctx.src14 = os.urandom(A_FILE_BYTES)
+
+
+def start_setup(ctx, argv, keys, skipped, exps, notes):
+    """setup.json's contents at the start: options, command, machine, the stacks (how
+    each is built) and what is skipped."""
+    a = ctx.a
     opts = {k: v for k, v in vars(a).items() if isinstance(v, (int, float, str, list, type(None)))}
     setup = {"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "options": opts,
              "command": "python3 bench/compare.py " + " ".join(argv),
@@ -1486,28 +984,115 @@ def main(argv=None):
              "notes": notes,
              "load": {"start": loadavg()}, "stacks": []}
     for k in keys:
-        proto = make_stack(ctx, k, "A", "probe")
+        proto = make_stack(ctx, k, "many-files", "probe")
         setup["stacks"].append({"key": k, "describe": proto.describe()})
+    return setup
 
-    def save_setup():
-        with open(os.path.join(out, "setup.json"), "w") as f:
-            json.dump(setup, f, indent=1)
-            f.write("\n")
-    save_setup()
-    for k, why in skipped.items():
+
+def save_setup(out, setup):
+    with open(os.path.join(out, "setup.json"), "w") as f:
+        json.dump(setup, f, indent=1)
+        f.write("\n")
+
+
+def log_skips(setup):
+    for k, why in setup["skipped"].items():
         log("skipping %s: %s" % (k, why))
     for k, per in setup["skipped_exps"].items():
         for e, why in per.items():
             log("skipping %s in %s: %s" % (k, e, why))
 
-    steps = plan(a.reps, exps, keys, skip=exp_skip)
-    # First guesses (seconds per step), from the full run on this machine; replaced by
-    # measured durations as steps finish.
-    priors = {"A": 2 * a.a_files * A_FILE_BYTES / 500e6 + 8,
-              "B": a.b_size / 500e6 + 4 * (a.b_seconds + 2.5) + 5,
-              "C": a.c_files / 7000 + 5, "bonnie": 10 + a.bonnie_mb / 200,
-              "D": 2 * a.d_size / 700e6 + 5}
-    eta = Eta(priors)
+
+def first_estimates(a):
+    """First guesses of the seconds per step of each experiment (from the full run on
+    this machine); the ETA replaces them by measured durations as steps finish."""
+    return {"many-files": 2 * a.many_files_count * MANY_FILES_FILE_BYTES / 500e6 + 8,
+            "random-writes": a.random_writes_size / 500e6 + 4 * (a.random_writes_seconds + 2.5) + 5,
+            "small-files": a.small_files_count / 7000 + 5, "bonnie": 10 + a.bonnie_mb / 200,
+            "degraded-reads": 2 * a.degraded_reads_size / 700e6 + 5}
+
+
+def measure(ctx, stack, exp, tag):
+    """(metrics, details) of `exp` on a stack that is up; on path-ref after
+    --path-ref-warmup untimed runs of the same workload (their metrics in the details)."""
+    warm = []
+    for w in range(ctx.a.path_ref_warmup if isinstance(stack, PathRefStack) else 0):
+        log("  warm-up %d of %s (untimed)" % (w + 1, stack.name))
+        warm.append(EXP_FUNCS[exp](ctx, stack, "%s-warmup%d" % (tag, w + 1))[0])
+    metrics, details = EXP_FUNCS[exp](ctx, stack, tag)
+    if warm:
+        details["warmup_metrics"] = warm
+    return metrics, details
+
+
+def run_step(ctx, rep, exp, key):
+    """One experiment on one freshly built stack, torn down after; its record goes to
+    OUT/raw/TAG.json and is returned. A failed run is recorded and the run goes on; an
+    interruption is recorded and raised."""
+    tag = "%s-%s-r%d" % (exp, key, rep)
+    rec = {"exp": exp, "stack": key, "rep": rep, "started": time.strftime("%H:%M:%S"),
+           "load_before": loadavg(), "metrics": {}, "error": None}
+    t0 = time.time()
+    try:
+        stack = make_stack(ctx, key, exp, tag)
+        with stack:
+            rec["setup"] = {"describe": stack.describe(), "members": stack.member_names,
+                            "direct_io": stack.direct_io}
+            if isinstance(stack, (LograidStack, PathRefStack)):
+                rec["setup"]["volume_bytes"] = stack.volume_bytes
+            rec["metrics"], rec["details"] = measure(ctx, stack, exp, tag)
+    except Interrupted:
+        rec["error"] = "interrupted"
+        raise
+    except Exception as e:           # one failed run must not stop the others
+        rec["error"] = "%s: %s" % (type(e).__name__, e)
+        log("  FAILED %s: %s" % (tag, rec["error"]))
+    finally:
+        rec["seconds"] = round(time.time() - t0, 1)
+        rec["load_after"] = loadavg()
+        with open(os.path.join(ctx.out, "raw", tag + ".json"), "w") as f:
+            json.dump(rec, f, indent=1)
+            f.write("\n")
+    return rec
+
+
+def run_steps(steps, ctx, eta, t_start):
+    """Every step in turn, with progress and the ETA on stderr."""
+    for i, (rep, exp, key) in enumerate(steps):
+        log("[%d/%d] rep %d, %s, %s  (elapsed %s, ETA %s)" % (
+            i + 1, len(steps), rep, exp, label(key), fmt_duration(time.time() - t_start),
+            fmt_duration(eta.remaining(steps[i:]))))
+        rec = run_step(ctx, rep, exp, key)
+        eta.add(exp, key, rec["seconds"])
+
+
+def restore_sysctls(sysctls, notes, status):
+    """Put the kernel settings back; the exit status (1 if they could not be)."""
+    bad = sysctls.restore()
+    if bad:
+        notes.append("kernel settings not restored: %s" % ", ".join(bad))
+        status = status or 1
+    return status
+
+
+def finish_results(ctx, setup, t_start, status):
+    """Complete setup.json and write the report (printed if the run succeeded)."""
+    setup["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    setup["elapsed_seconds"] = round(time.time() - t_start)
+    setup["load"]["end"] = loadavg()
+    save_setup(ctx.out, setup)
+    md = write_report(ctx.out, setup, load_runs(ctx.out))
+    log("report: %s (%s elapsed)" % (os.path.join(ctx.out, "compare.md"), fmt_duration(time.time() - t_start)))
+    if status == 0:
+        sys.stdout.write(md)
+
+
+def run_all(ctx, setup, steps, exps, keys):
+    """Run the steps with vm.dirty_* lowered and SIGINT, SIGTERM and SIGHUP turned into
+    Interrupted (stacks torn down, what was measured kept); then restore both and write
+    the results. Returns the exit status (130 if interrupted)."""
+    a = ctx.a
+    eta = Eta(first_estimates(a))
     sysctls = Sysctls()
     t_start = time.time()
 
@@ -1519,61 +1104,37 @@ def main(argv=None):
         sysctls.set_dirty(a.dirty_bytes, a.dirty_background_bytes)
         log("%d steps: %d repetition(s) x %s x %s; first estimate %s" % (
             len(steps), a.reps, ",".join(exps), ",".join(keys), fmt_duration(eta.remaining(steps))))
-        for i, (rep, exp, key) in enumerate(steps):
-            log("[%d/%d] rep %d, %s, %s  (elapsed %s, ETA %s)" % (
-                i + 1, len(steps), rep, exp, label(key), fmt_duration(time.time() - t_start),
-                fmt_duration(eta.remaining(steps[i:]))))
-            tag = "%s-%s-r%d" % (exp, key, rep)
-            rec = {"exp": exp, "stack": key, "rep": rep, "started": time.strftime("%H:%M:%S"),
-                   "load_before": loadavg(), "metrics": {}, "error": None}
-            t0 = time.time()
-            try:
-                stack = make_stack(ctx, key, exp, tag)
-                with stack:
-                    rec["setup"] = {"describe": stack.describe(), "members": stack.member_names,
-                                    "direct_io": stack.direct_io}
-                    if isinstance(stack, (LograidStack, PathRefStack)):
-                        rec["setup"]["volume_bytes"] = stack.volume_bytes
-                    warm = []
-                    for w in range(a.path_ref_warmup if isinstance(stack, PathRefStack) else 0):
-                        log("  warm-up %d of %s (untimed)" % (w + 1, stack.name))
-                        warm.append(EXP_FUNCS[exp](ctx, stack, "%s-warmup%d" % (tag, w + 1))[0])
-                    rec["metrics"], rec["details"] = EXP_FUNCS[exp](ctx, stack, tag)
-                    if warm:
-                        rec["details"]["warmup_metrics"] = warm
-            except Interrupted:
-                rec["error"] = "interrupted"
-                raise
-            except Exception as e:           # one failed run must not stop the others
-                rec["error"] = "%s: %s" % (type(e).__name__, e)
-                log("  FAILED %s: %s" % (tag, rec["error"]))
-            finally:
-                rec["seconds"] = round(time.time() - t0, 1)
-                rec["load_after"] = loadavg()
-                with open(os.path.join(out, "raw", tag + ".json"), "w") as f:
-                    json.dump(rec, f, indent=1)
-                    f.write("\n")
-            eta.add(exp, key, rec["seconds"])
+        run_steps(steps, ctx, eta, t_start)
     except Interrupted as e:
         log("interrupted (%s): stacks torn down; writing what was measured" % e)
-        notes.append("run interrupted (%s) before it finished" % e)
+        setup["notes"].append("run interrupted (%s) before it finished" % e)
         status = 130
     finally:
-        bad = sysctls.restore()
-        if bad:
-            notes.append("kernel settings not restored: %s" % ", ".join(bad))
-            status = status or 1
+        status = restore_sysctls(sysctls, setup["notes"], status)
         for s, h in old.items():
             signal.signal(s, h)
-        setup["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        setup["elapsed_seconds"] = round(time.time() - t_start)
-        setup["load"]["end"] = loadavg()
-        save_setup()
-        md = report(out, setup, load_runs(out))
-        log("report: %s (%s elapsed)" % (os.path.join(out, "compare.md"), fmt_duration(time.time() - t_start)))
-        if status == 0:
-            sys.stdout.write(md)
+        finish_results(ctx, setup, t_start, status)
     return status
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    a = parse_args(argv, stat_free=free_bytes)
+    if a.self_test:
+        return self_test()
+    if a.report_only:
+        return report_only(a.report_only)
+    check_host()
+    notes = []
+    keys, skipped = choose_stacks(a)
+    exps = choose_experiments(a, notes)
+    prepare_out(a.out)
+    ctx = Context(a, a.out)
+    setup = start_setup(ctx, argv, keys, skipped, exps, notes)
+    save_setup(ctx.out, setup)
+    log_skips(setup)
+    steps = plan(a.reps, exps, keys, skip=exp_skip)
+    return run_all(ctx, setup, steps, exps, keys)
 
 
 if __name__ == "__main__":

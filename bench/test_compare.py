@@ -1,167 +1,42 @@
-"""Self-test of bench/compare.py: statistics, ratios, tables, charts, argument
-errors and the sysctl bookkeeping. No root, no devices, a few seconds.
+"""Tests of bench/compare.py, the runner: planning, the ETA, which stacks run,
+argument errors, memory settling and the sysctl bookkeeping. No root, no
+devices, a few seconds.
 
-    python3 -m unittest bench/test_compare.py      (or: python3 bench/compare.py --self-test)
+    python3 -m unittest discover -s bench -p 'test_*.py'    (or: python3 bench/compare.py --self-test)
 """
 
 import contextlib
+import glob
 import io
+import json
 import os
+import signal
 import sys
 import tempfile
 import unittest
-import xml.etree.ElementTree as ET
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
-
-
-def run_rec(exp, stack, rep, **metrics):
-    return {"exp": exp, "stack": stack, "rep": rep, "metrics": metrics, "error": None}
-
-
-# Three repetitions of A and B on three stacks, with a missing value and a failed run.
-RUNS = [
-    run_rec("A", "lograid-p1", 1, manyfiles_MBps=500.0, manyfiles_wa=1.53),
-    run_rec("A", "lograid-p1", 2, manyfiles_MBps=400.0, manyfiles_wa=1.54),
-    run_rec("A", "lograid-p1", 3, manyfiles_MBps=450.0, manyfiles_wa=1.52),
-    run_rec("A", "btrfs-raid5", 1, manyfiles_MBps=250.0, manyfiles_wa=1.50),
-    run_rec("A", "btrfs-raid5", 2, manyfiles_MBps=400.0, manyfiles_wa=1.50),
-    run_rec("A", "btrfs-raid5", 3, manyfiles_MBps=300.0, manyfiles_wa=1.51),
-    run_rec("A", "btrfs-raid0", 1, manyfiles_MBps=600.0, manyfiles_wa=1.0),
-    run_rec("A", "btrfs-raid0", 2, manyfiles_MBps=None, manyfiles_wa=None),   # failed run
-    run_rec("A", "btrfs-raid0", 3, manyfiles_MBps=500.0, manyfiles_wa=1.0),
-    run_rec("B", "lograid-p1", 1, **{"rand4k-qd32_iops": 50000.0}),
-    run_rec("B", "btrfs-raid5", 1, **{"rand4k-qd32_iops": 4000.0}),
-]
-RUNS[7]["error"] = "RuntimeError: mkfs failed"
-
-
-class Statistics(unittest.TestCase):
-    def test_summarize(self):
-        s = compare.summarize([3, 1, None, 2, 10])
-        self.assertEqual(s, {"min": 1, "median": 2.5, "max": 10, "n": 4})
-        self.assertEqual(compare.summarize([7])["median"], 7)
-        self.assertIsNone(compare.summarize([]))
-        self.assertIsNone(compare.summarize([None, float("nan")]))
-
-    def test_odd_median(self):
-        self.assertEqual(compare.summarize([5, 1, 3])["median"], 3)
-
-    def test_metric_values_skips_missing(self):
-        self.assertEqual(compare.metric_values(RUNS, "A", "btrfs-raid0", "manyfiles_MBps"), {1: 600.0, 3: 500.0})
-
-    def test_rep_ratios_pair_within_repetition(self):
-        r = compare.rep_ratios(RUNS, "A", "manyfiles_MBps", "lograid-p1", "btrfs-raid5")
-        self.assertEqual(r, [2.0, 1.0, 1.5])
-        s = compare.summarize(r)
-        self.assertEqual((s["min"], s["median"], s["max"]), (1.0, 1.5, 2.0))
-        # Repetition 2 of raid0 failed: only 1 and 3 pair up.
-        r = compare.rep_ratios(RUNS, "A", "manyfiles_MBps", "btrfs-raid5", "btrfs-raid0")
-        self.assertEqual(r, [250 / 600, 300 / 500])
-
-    def test_ratio_of_zero_denominator_is_skipped(self):
-        runs = [run_rec("A", "x", 1, m=1.0), run_rec("A", "y", 1, m=0.0)]
-        self.assertEqual(compare.rep_ratios(runs, "A", "m", "x", "y"), [])
-
-
-class Formatting(unittest.TestCase):
-    def test_cells(self):
-        self.assertEqual(compare.fmt_cell(compare.summarize([400, 500, 450])), "450 (400–500)")
-        self.assertEqual(compare.fmt_cell(compare.summarize([1.5, 1.52]), 2), "1.51 (1.50–1.52)")
-        self.assertEqual(compare.fmt_cell(compare.summarize([12345.6])), "12,346")
-        self.assertEqual(compare.fmt_cell(None), "-")
-        self.assertEqual(compare.fmt_ratio(compare.summarize([2.0, 1.0, 1.5])), "1.50 (1.00–2.00)")
-        self.assertEqual(compare.fmt_ratio(compare.summarize([12.5])), "12.50")
-
-    def test_duration(self):
-        self.assertEqual(compare.fmt_duration(42), "42s")
-        self.assertEqual(compare.fmt_duration(125), "2m05s")
-        self.assertEqual(compare.fmt_duration(3725), "1h02m")
-
-
-class Tables(unittest.TestCase):
-    def test_absolute_table(self):
-        t = compare.absolute_table(RUNS, "A")
-        lines = t.strip().splitlines()
-        self.assertEqual(lines[0], "| metric | lograid P=1 | btrfs raid5 | btrfs raid0 |")
-        row = next(ln for ln in lines if ln.startswith("| many 14 MiB files"))
-        self.assertIn("450 (400–500)", row)
-        self.assertIn("300 (250–400)", row)
-        self.assertIn("550 (500–600)", row)
-        # Metrics nobody measured are left out.
-        self.assertNotIn("one big file", t)
-
-    def test_ratio_table(self):
-        t = compare.ratio_table(RUNS, "A")
-        header = t.splitlines()[0]
-        self.assertIn("btrfs raid5 / btrfs raid0", header)
-        self.assertIn("lograid P=1 / btrfs raid5", header)
-        self.assertNotIn("lograid P=0", header)           # no runs of P=0: no column
-        row = next(ln for ln in t.splitlines() if ln.startswith("| many 14 MiB files"))
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        cols = [c.strip() for c in header.strip("|").split("|")]
-        self.assertEqual(cells[cols.index("lograid P=1 / btrfs raid5")], "1.50 (1.00–2.00)")
-        wa = next(ln for ln in t.splitlines() if ln.startswith("| many files WA"))
-        self.assertIn("lower is better", wa)
-
-    def test_headline(self):
-        t = compare.headline_table(RUNS)
-        row = next(ln for ln in t.splitlines() if "4 KiB QD32 (IOPS)" in ln)
-        self.assertIn("50,000", row)
-        self.assertIn("12.50", row)
-        self.assertTrue(row.rstrip().endswith("higher |"))
-
-    def test_report_and_charts(self):
-        with tempfile.TemporaryDirectory() as d:
-            setup = {"options": {"members": 3, "member_size": 4 << 30, "reps": 3, "a_files": 150,
-                                 "dirty_bytes": 512 << 20, "dirty_background_bytes": 128 << 20},
-                     "stacks": [{"key": "lograid-p1", "describe": "x"}], "skipped": {"zfs-raidz1": "not installed"},
-                     "machine": {"summary": "test", "versions": {"fio": "fio-3.33"}}}
-            md = compare.report(d, setup, RUNS)
-            self.assertIn("## lograid P=1 against btrfs raid5", md)
-            self.assertIn("skipped: not installed", md)
-            self.assertIn("mkfs failed", md)
-            for exp in ("A", "B"):
-                root = ET.parse(os.path.join(d, exp + ".svg")).getroot()     # well-formed XML
-                self.assertTrue(root.tag.endswith("svg"))
-            self.assertFalse(os.path.exists(os.path.join(d, "C.svg")))
-
-    def test_bonnie_csv(self):
-        line = ("1.98,2.00a,bare,1,1700000000,2G,,8192,5,,,262407,20,136894,10,,,356405,15,7210,99,16,8192,4096,"
-                "16,,17676,60,+++++,+++,29000,50,14873,40,+++++,+++,29113,45,,,,,,,,,,,,,")
-        m = compare.parse_bonnie_csv("junk\n" + line + "\n")
-        self.assertEqual(m["block_write_KBps"], 262407)
-        self.assertEqual(m["rewrite_KBps"], 136894)
-        self.assertEqual(m["seeks_per_s"], 7210)
-        self.assertEqual(m["seq_create_per_s"], 17676)
-        self.assertIsNone(m["seq_read_per_s"])              # '+++++': too fast to measure
-        self.assertEqual(m["rand_delete_per_s"], 29113)
-        self.assertEqual(compare.parse_bonnie_csv("nothing"), {})
-        self.assertEqual(compare.bonnie_too_fast(line), ["rand_read_per_s", "seq_read_per_s"])
-
-    def test_too_fast_cell(self):
-        runs = [run_rec("bonnie", "bare", 1, seq_create_per_s=None, block_write_KBps=1000.0)]
-        runs[0]["details"] = {"too_fast": ["seq_create_per_s"]}
-        t = compare.absolute_table(runs, "bonnie")
-        self.assertIn("| seq create (/s) | too fast |", t)
+import report  # noqa: E402
+from test_report import PATH_REF_RUNS, run_rec, write_old_results_folder  # noqa: E402
 
 
 class Planning(unittest.TestCase):
     def test_plan_interleaves_and_rotates(self):
-        steps = compare.plan(2, ["A", "bonnie"], ["s1", "s2", "s3"])
-        self.assertEqual(steps[:3], [(1, "A", "s1"), (1, "A", "s2"), (1, "A", "s3")])
+        steps = compare.plan(2, ["many-files", "bonnie"], ["s1", "s2", "s3"])
+        self.assertEqual(steps[:3], [(1, "many-files", "s1"), (1, "many-files", "s2"), (1, "many-files", "s3")])
         self.assertEqual([s for _, e, s in steps if e == "bonnie"], ["s1", "s2", "s3"])   # rep 1 only
         self.assertEqual([s for r, e, s in steps if r == 2], ["s2", "s3", "s1"])
 
     def test_eta(self):
-        eta = compare.Eta({"A": 100, "B": 50})
-        steps = [(1, "A", "x"), (1, "A", "y"), (1, "B", "x")]
+        eta = compare.Eta({"many-files": 100, "random-writes": 50})
+        steps = [(1, "many-files", "x"), (1, "many-files", "y"), (1, "random-writes", "x")]
         self.assertEqual(eta.remaining(steps), 250)
-        eta.add("A", "x", 10)
-        self.assertEqual(eta.remaining(steps), 10 + 10 + 50)      # y: mean of A so far
-        eta.add("A", "y", 30)
-        self.assertEqual(eta.estimate("A", "z"), 20)
+        eta.add("many-files", "x", 10)
+        self.assertEqual(eta.remaining(steps), 10 + 10 + 50)      # y: mean of many-files so far
+        eta.add("many-files", "y", 30)
+        self.assertEqual(eta.estimate("many-files", "z"), 20)
 
     def test_available_stacks(self):
         keys, skipped = compare.available_stacks(3, zfs_check=lambda: (False, "zfs-fuse is not installed"),
@@ -182,10 +57,7 @@ class PathRef(unittest.TestCase):
     """The attach path over nbdkit memory: planned for the filesystem experiments only,
     skipped without nbdkit, in the ratio tables beside lograid and btrfs, no WA."""
 
-    RUNS = [run_rec("A", s, r, manyfiles_MBps=v * r, bigfile_MBps=2 * v,
-                    manyfiles_wa=None if s == "path-ref" else 1.5)
-            for r in (1, 2) for s, v in (("lograid-p1", 300.0), ("lograid-p0", 400.0), ("btrfs-raid5", 200.0),
-                                         ("path-ref", 500.0))]
+    RUNS = PATH_REF_RUNS
 
     def test_available_needs_nbdkit(self):
         keys, skipped = compare.available_stacks(3, zfs_check=lambda: (False, "no"),
@@ -197,9 +69,9 @@ class PathRef(unittest.TestCase):
         self.assertIn("path-ref", keys)
 
     def test_skips_block_experiments(self):
-        for exp in ("B", "D"):
+        for exp in ("random-writes", "degraded-reads"):
             self.assertIn("attach path", compare.exp_skip("path-ref", exp))
-        for exp in ("A", "C", "bonnie"):
+        for exp in ("many-files", "small-files", "bonnie"):
             self.assertIsNone(compare.exp_skip("path-ref", exp))
         for key in ("lograid-p1", "btrfs-raid5", "bare"):
             for exp in compare.EXPERIMENTS:
@@ -207,64 +79,52 @@ class PathRef(unittest.TestCase):
 
     def test_plan_leaves_out_skipped_pairs(self):
         stacks = ["lograid-p1", "path-ref", "btrfs-raid5"]
-        steps = compare.plan(2, ["A", "B", "C", "D"], stacks, skip=compare.exp_skip)
+        exps = ["many-files", "random-writes", "small-files", "degraded-reads"]
+        steps = compare.plan(2, exps, stacks, skip=compare.exp_skip)
         ref = [(r, e) for r, e, s in steps if s == "path-ref"]
-        self.assertEqual(ref, [(1, "A"), (1, "C"), (2, "A"), (2, "C")])
-        self.assertEqual(len([1 for _, e, _ in steps if e == "B"]), 4)          # the other two, twice
-        # Rotation is that of the full list: rep 2 starts with path-ref in A, with btrfs in B.
-        self.assertEqual([s for r, e, s in steps if r == 2 and e == "A"], ["path-ref", "btrfs-raid5", "lograid-p1"])
-        self.assertEqual([s for r, e, s in steps if r == 2 and e == "B"], ["btrfs-raid5", "lograid-p1"])
-        self.assertEqual(compare.plan(2, ["A"], stacks), compare.plan(2, ["A"], stacks, skip=compare.exp_skip))
+        self.assertEqual(ref, [(1, "many-files"), (1, "small-files"), (2, "many-files"), (2, "small-files")])
+        self.assertEqual(len([1 for _, e, _ in steps if e == "random-writes"]), 4)          # the other two, twice
+        # Rotation is that of the full list: rep 2 starts with path-ref in many-files, with btrfs
+        # in random-writes.
+        self.assertEqual([s for r, e, s in steps if r == 2 and e == "many-files"],
+                         ["path-ref", "btrfs-raid5", "lograid-p1"])
+        self.assertEqual([s for r, e, s in steps if r == 2 and e == "random-writes"], ["btrfs-raid5", "lograid-p1"])
+        self.assertEqual(compare.plan(2, ["many-files"], stacks),
+                         compare.plan(2, ["many-files"], stacks, skip=compare.exp_skip))
 
     def test_exp_skips_and_grouping(self):
-        per = compare.exp_skips(["lograid-p1", "path-ref"], ["A", "B", "C", "D"])
+        per = compare.exp_skips(["lograid-p1", "path-ref"],
+                                ["many-files", "random-writes", "small-files", "degraded-reads"])
         self.assertEqual(list(per), ["path-ref"])
-        self.assertEqual(sorted(per["path-ref"]), ["B", "D"])
-        groups = compare.group_reasons(per["path-ref"])
+        self.assertEqual(sorted(per["path-ref"]), ["degraded-reads", "random-writes"])
+        groups = report.group_reasons(per["path-ref"])
         self.assertEqual(len(groups), 1)
-        self.assertEqual(groups[0][1], ["B", "D"])
-        self.assertEqual(compare.exp_skips(["path-ref"], ["A"]), {})
+        self.assertEqual(groups[0][1], ["random-writes", "degraded-reads"])
+        self.assertEqual(compare.exp_skips(["path-ref"], ["many-files"]), {})
 
     def test_size_is_the_raw_member_size(self):
         self.assertEqual(compare.path_ref_size(3, 4 << 30), 12 << 30)
         self.assertEqual(compare.path_ref_size(3, (1 << 30) + 123), 3 << 30)       # whole MiB
 
-    def test_columns_and_ratios(self):
-        t = compare.absolute_table(self.RUNS, "A")
-        header = t.splitlines()[0]
-        self.assertTrue(header.endswith("| btrfs raid5 | attach path over nbdkit memory |"))
-        wa = next(ln for ln in t.splitlines() if ln.startswith("| many files WA"))
-        self.assertTrue(wa.rstrip().endswith("| - |"))                            # no members, no WA
-        r = compare.ratio_table(self.RUNS, "A")
-        cols = [c.strip() for c in r.splitlines()[0].strip("|").split("|")]
-        for col in ("lograid P=1 / attach path over nbdkit memory", "lograid P=0 / attach path over nbdkit memory",
-                    "btrfs raid5 / attach path over nbdkit memory", "lograid P=1 / btrfs raid5",
-                    "lograid P=1 / lograid P=0"):
-            self.assertIn(col, cols)
-        row = next(ln for ln in r.splitlines() if ln.startswith("| many 14 MiB files"))
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        self.assertEqual(cells[cols.index("lograid P=1 / attach path over nbdkit memory")], "0.60")
-        self.assertEqual(cells[cols.index("btrfs raid5 / attach path over nbdkit memory")], "0.40")
-        self.assertEqual(compare.rep_ratios(self.RUNS, "A", "manyfiles_wa", "lograid-p1", "path-ref"), [])
-        self.assertIn("path-ref", compare.COLOURS)
-
     def test_report_names_the_skip(self):
         with tempfile.TemporaryDirectory() as d:
-            setup = {"options": {"members": 3, "member_size": 4 << 30, "reps": 2, "a_files": 150,
+            setup = {"options": {"members": 3, "member_size": 4 << 30, "reps": 2, "many_files_count": 150,
                                  "dirty_bytes": 512 << 20, "dirty_background_bytes": 128 << 20},
                      "stacks": [{"key": "path-ref", "describe": "nbdkit memory"}], "skipped": {},
                      "skipped_exps": compare.exp_skips(["path-ref"], compare.EXPERIMENTS),
                      "machine": {"summary": "test", "versions": {}}}
-            runs = self.RUNS + [run_rec("B", "lograid-p1", 1, **{"rand4k-qd32_iops": 5.0})]
-            md = compare.report(d, setup, runs)
-            self.assertEqual(md.count("| attach path over nbdkit memory | not run in B, D: "), 1)
-            b = md[md.index("## B:"):]
-            self.assertIn("Not run here: attach path over nbdkit memory (B and D do not use", b)
-            a = md[md.index("## A:"):md.index("## B:")]
+            runs = self.RUNS + [run_rec("random-writes", "lograid-p1", 1, **{"rand4k-qd32_iops": 5.0})]
+            md = report.write_report(d, setup, runs)
+            self.assertEqual(md.count("| attach path over nbdkit memory | not run in random-writes, degraded-reads: "),
+                             1)
+            b = md[md.index("## random-writes:"):]
+            self.assertIn("Not run here: attach path over nbdkit memory (random-writes and degraded-reads do not "
+                          "use", b)
+            a = md[md.index("## many-files:"):md.index("## random-writes:")]
             self.assertNotIn("Not run here", a)
-            with open(os.path.join(d, "A.svg")) as f:
+            with open(os.path.join(d, "many-files.svg")) as f:
                 svg = f.read()
-            self.assertIn(compare.COLOURS["path-ref"], svg)
+            self.assertIn(report.COLOURS["path-ref"], svg)
             self.assertIn("attach path over nbdkit memory", svg)
 
 
@@ -273,23 +133,6 @@ class CpuTable(unittest.TestCase):
         d = compare.cpu_delta({"machine": 10.0, "server": 1.0, "nbdfuse": None},
                               {"machine": 13.5, "server": 2.25, "nbdfuse": 4.0})
         self.assertEqual(d, {"machine": 3.5, "server": 1.25, "nbdfuse": None})
-
-    def test_table_per_gb(self):
-        runs = []
-        for rep, (srv, fuse) in enumerate([(4.0, 2.0), (6.0, 2.0)], 1):
-            r = run_rec("A", "path-ref", rep, manyfiles_MBps=300.0)
-            r["details"] = {"total_bytes": 2e9, "manyfiles_cpu_s": {"machine": 20.0, "server": srv, "nbdfuse": fuse}}
-            runs.append(r)
-        r = run_rec("A", "btrfs-raid5", 1, manyfiles_MBps=500.0)
-        r["details"] = {"total_bytes": 2e9, "manyfiles_cpu_s": {"machine": 8.0}}
-        runs.append(r)
-        t = compare.cpu_table(runs)
-        self.assertIn("| phase: process | btrfs raid5 | attach path over nbdkit memory |", t)
-        self.assertIn("| many files: NBD server | - | 2.50 (2.00–3.00) |", t)
-        self.assertIn("| many files: nbdfuse | - | 1.00 |", t)
-        self.assertIn("| many files: whole machine | 4.00 | 10.00 |", t)
-        self.assertNotIn("big file", t)
-        self.assertEqual(compare.cpu_table(RUNS), "")           # runs without CPU details: no table
 
 
 class Arguments(unittest.TestCase):
@@ -304,24 +147,24 @@ class Arguments(unittest.TestCase):
         a = compare.parse_args([])
         self.assertEqual((a.members, a.member_size, a.reps), (3, 4 << 30, 3))
         self.assertEqual(a.dirty_bytes, 512 << 20)
-        self.assertGreaterEqual(a.a_files * compare.A_FILE_BYTES, 3 * a.dirty_bytes)
+        self.assertGreaterEqual(a.many_files_count * compare.MANY_FILES_FILE_BYTES, 3 * a.dirty_bytes)
         self.assertEqual(a.exps, compare.EXPERIMENTS)
         self.assertEqual((a.path_ref_allocator, a.path_ref_warmup), ("sparse", 0))
         self.assertTrue(a.out.endswith(os.path.join("results", "compare-" + __import__("time").strftime("%Y-%m-%d"))))
 
     def test_quick(self):
         a = compare.parse_args(["--quick"])
-        self.assertEqual((a.reps, a.member_size, a.b_seconds), (1, 1 << 30, 3))
-        self.assertGreaterEqual(a.a_files * compare.A_FILE_BYTES, 3 * a.dirty_bytes)
+        self.assertEqual((a.reps, a.member_size, a.random_writes_seconds), (1, 1 << 30, 3))
+        self.assertGreaterEqual(a.many_files_count * compare.MANY_FILES_FILE_BYTES, 3 * a.dirty_bytes)
 
     def test_errors(self):
         self.assertIn("--device is not implemented", self.parse_error(["--device", "/dev/sdb"]))
         self.assertIn("--members must be at least 2", self.parse_error(["--members", "1"]))
         self.assertIn("unknown stack", self.parse_error(["--stacks", "lograid-p1,md-raid5"]))
-        self.assertIn("unknown experiment", self.parse_error(["--experiments", "A,Z"]))
-        self.assertIn("less than 3 x --dirty-bytes", self.parse_error(["--a-files", "10"]))
+        self.assertIn("unknown experiment", self.parse_error(["--experiments", "many-files,Z"]))
+        self.assertIn("less than 3 x --dirty-bytes", self.parse_error(["--many-files-count", "10"]))
         self.assertIn("bad size", self.parse_error(["--member-size", "lots"]))
-        self.assertIn("does not fit", self.parse_error(["--member-size", "1G", "--b-size", "2G"]))
+        self.assertIn("does not fit", self.parse_error(["--member-size", "1G", "--random-writes-size", "2G"]))
         self.assertIn("--reps must be at least 1", self.parse_error(["--reps", "0"]))
         self.assertIn("not enough space", self.parse_error([], free=5 << 30))
         self.assertIn("not both", self.parse_error(["--bsrange", "4k-64k", "--bssplit", "4k/100"]))
@@ -429,6 +272,180 @@ class SysctlRestore(unittest.TestCase):
         s = FakeSysctls({k: "1" for k in compare.Sysctls.KEYS})
         self.assertEqual(s.restore(), [])
         self.assertEqual(s.writes, [])
+
+
+class ChooseStacks(unittest.TestCase):
+    """Which stacks run: what the host has, narrowed by --stacks, opt-in stacks only
+    when named."""
+
+    HAVE = (["lograid-p1", "btrfs-raid5", "bare", "ram-ext4"], {"zfs-raidz1": "zfs-fuse is not installed"})
+
+    def choose(self, argv):
+        a = compare.parse_args(argv + ["--lograid", "/bin/true"])
+        with mock.patch.object(compare, "available_stacks", lambda members: (list(self.HAVE[0]),
+                                                                             dict(self.HAVE[1]))):
+            return compare.choose_stacks(a)
+
+    def test_default_leaves_out_the_opt_in_stacks(self):
+        keys, skipped = self.choose([])
+        self.assertEqual(keys, ["lograid-p1", "btrfs-raid5", "bare"])
+        self.assertIn("named in --stacks", skipped["ram-ext4"])
+
+    def test_named_stacks(self):
+        keys, skipped = self.choose(["--stacks", "ram-ext4,btrfs-raid5,zfs-raidz1,btrfs-raid6"])
+        self.assertEqual(keys, ["btrfs-raid5", "ram-ext4"])
+        self.assertEqual(skipped["lograid-p1"], "not in --stacks")
+        self.assertEqual(skipped["zfs-raidz1"], "zfs-fuse is not installed")
+        self.assertEqual(skipped["btrfs-raid6"], "not available")
+
+    def test_lograid_needs_its_binary(self):
+        a = compare.parse_args(["--lograid", "/nonexistent/lograid"])
+        err = io.StringIO()
+        with mock.patch.object(compare, "available_stacks", lambda members: (["lograid-p1"], {})), \
+                contextlib.redirect_stderr(err), self.assertRaises(SystemExit):
+            compare.choose_stacks(a)
+        self.assertIn("no lograid binary", err.getvalue())
+
+
+class FakeStack:
+    """Stands in for a stacks.py stack: comes up and goes down, and says so."""
+
+    def __init__(self, key, events):
+        self.name, self.events = key, events
+        self.member_names, self.direct_io = ["m0", "m1"], True
+
+    def describe(self):
+        return "fake " + self.name
+
+    def __enter__(self):
+        self.events.append(("up", self.name))
+        return self
+
+    def __exit__(self, *exc):
+        self.events.append(("down", self.name))
+        return False
+
+
+class MainLoop(unittest.TestCase):
+    """main() from the options to the report, with fake stacks, experiments and kernel
+    settings: the steps run in order, each stack is torn down, every run is recorded,
+    the settings and signal handlers are put back, and the report is written."""
+
+    SYSCTLS = {"vm/dirty_bytes": "0", "vm/dirty_background_bytes": "0",
+               "vm/dirty_ratio": "20", "vm/dirty_background_ratio": "10"}
+
+    def run_main(self, out, experiment, stderr=None):
+        self.events = []
+        self.sysctls = FakeSysctls(self.SYSCTLS)
+        fakes = {e: experiment for e in compare.EXPERIMENTS}
+        argv = ["--quick", "--reps", "2", "--stacks", "bare,btrfs-raid5", "--experiments", "many-files,random-writes",
+                "--out", out]
+        stdout = io.StringIO()
+        with contextlib.ExitStack() as patches:
+            patches.enter_context(mock.patch("os.geteuid", return_value=0))
+            patches.enter_context(mock.patch("shutil.which", return_value="/bin/true"))
+            patches.enter_context(mock.patch.object(compare, "free_bytes", lambda _: 1 << 50))
+            patches.enter_context(mock.patch.object(compare, "available_stacks",
+                                                    lambda members: (["btrfs-raid5", "bare"], {})))
+            patches.enter_context(mock.patch.object(compare, "machine_details",
+                                                    lambda a: {"summary": "test", "versions": {}}))
+            patches.enter_context(mock.patch.object(compare, "make_stack",
+                                                    lambda ctx, key, exp, tag: FakeStack(key, self.events)))
+            patches.enter_context(mock.patch.object(compare, "EXP_FUNCS", fakes))
+            patches.enter_context(mock.patch.object(compare, "Sysctls", lambda: self.sysctls))
+            patches.enter_context(contextlib.redirect_stderr(stderr or io.StringIO()))
+            patches.enter_context(contextlib.redirect_stdout(stdout))
+            status = compare.main(argv)
+        with open(os.path.join(out, "setup.json")) as f:
+            setup = json.load(f)
+        runs = {}
+        for p in glob.glob(os.path.join(out, "raw", "*.json")):
+            with open(p) as f:
+                runs[os.path.basename(p)[:-len(".json")]] = json.load(f)
+        return status, setup, runs, stdout.getvalue()
+
+    def check_restored(self):
+        self.assertEqual(self.sysctls.values, self.SYSCTLS)
+        self.assertIs(signal.getsignal(signal.SIGTERM), self.handler)
+
+    def setUp(self):
+        self.handler = signal.getsignal(signal.SIGTERM)
+
+    def test_every_step_runs_and_is_reported(self):
+        def experiment(ctx, stack, tag):
+            return {"manyfiles_MBps": 100.0, "rand4k-qd32_iops": 5.0}, {"tag": tag}
+        with tempfile.TemporaryDirectory() as out:
+            status, setup, runs, stdout = self.run_main(out, experiment)
+            self.assertEqual(status, 0)
+            self.assertEqual(sorted(runs), ["%s-%s-r%d" % (e, s, r) for e in ("many-files", "random-writes")
+                                            for s in ("bare", "btrfs-raid5") for r in (1, 2)])
+            rec = runs["many-files-bare-r2"]
+            self.assertEqual((rec["exp"], rec["stack"], rec["rep"], rec["error"]), ("many-files", "bare", 2, None))
+            self.assertEqual(rec["details"], {"tag": "many-files-bare-r2"})
+            self.assertEqual(rec["setup"]["describe"], "fake bare")
+            # The stacks in table order, rotated by one in repetition 2; every one torn down.
+            ups = [name for what, name in self.events if what == "up"]
+            self.assertEqual(ups, ["btrfs-raid5", "bare"] * 2 + ["bare", "btrfs-raid5"] * 2)
+            self.assertEqual(len([1 for what, _ in self.events if what == "down"]), 8)
+            self.assertEqual([s["key"] for s in setup["stacks"]], ["btrfs-raid5", "bare"])
+            self.assertIn("finished", setup)
+            self.assertIn("end", setup["load"])
+            self.assertEqual(setup["options"]["exps"], ["many-files", "random-writes"])
+            self.assertTrue(os.path.exists(os.path.join(out, "compare.md")))
+            self.assertTrue(stdout.startswith("# lograid beside its peers"))
+            self.check_restored()
+
+    def test_a_failed_run_is_recorded_and_the_others_go_on(self):
+        def experiment(ctx, stack, tag):
+            if tag == "random-writes-bare-r1":
+                raise RuntimeError("mkfs failed")
+            return {"manyfiles_MBps": 100.0}, {}
+        with tempfile.TemporaryDirectory() as out:
+            status, setup, runs, stdout = self.run_main(out, experiment)
+            self.assertEqual(status, 0)
+            self.assertEqual(len(runs), 8)
+            self.assertEqual(runs["random-writes-bare-r1"]["error"], "RuntimeError: mkfs failed")
+            self.assertEqual(runs["random-writes-bare-r1"]["metrics"], {})
+            self.assertIn("mkfs failed", stdout)
+            self.check_restored()
+
+    def test_an_interruption_keeps_what_was_measured(self):
+        def experiment(ctx, stack, tag):
+            if tag == "many-files-bare-r1":
+                raise compare.Interrupted("signal 15")
+            return {"manyfiles_MBps": 100.0}, {}
+        with tempfile.TemporaryDirectory() as out:
+            status, setup, runs, stdout = self.run_main(out, experiment)
+            self.assertEqual(status, 130)
+            self.assertEqual(sorted(runs), ["many-files-bare-r1", "many-files-btrfs-raid5-r1"])
+            self.assertEqual(runs["many-files-bare-r1"]["error"], "interrupted")
+            self.assertIn("run interrupted (signal 15) before it finished", setup["notes"])
+            self.assertEqual(stdout, "")
+            self.assertTrue(os.path.exists(os.path.join(out, "compare.md")))
+            self.check_restored()
+
+    def test_an_existing_results_folder_is_refused(self):
+        with tempfile.TemporaryDirectory() as out:
+            os.makedirs(os.path.join(out, "raw"))
+            open(os.path.join(out, "raw", "many-files-bare-r1.json"), "w").close()
+            err = io.StringIO()
+            with self.assertRaises(SystemExit):
+                self.run_main(out, None, stderr=err)
+            self.assertIn("already holds results", err.getvalue())
+
+
+class ReportOnly(unittest.TestCase):
+    def test_an_old_results_folder(self):
+        """--report-only reads a folder written when the experiments were letters."""
+        with tempfile.TemporaryDirectory() as d:
+            write_old_results_folder(d)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(compare.main(["--report-only", d]), 0)
+            self.assertTrue(os.path.exists(os.path.join(d, "many-files.svg")))
+        md = out.getvalue()
+        self.assertIn("## random-writes: random writes (O_DIRECT)", md)
+        self.assertIn("![random-writes: random writes (O_DIRECT)](random-writes.svg)", md)
 
 
 if __name__ == "__main__":
