@@ -17,7 +17,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -28,6 +28,14 @@ use fuser::{
 };
 use lograid_nbd::Export;
 use parking_lot::Mutex;
+
+mod error;
+mod gate;
+mod stats;
+
+pub use error::FuseError;
+use gate::Gate;
+use stats::Stats;
 
 /// The export contract's unit: offsets and lengths passed to an [`Export`] are multiples of it.
 const SECTOR: u64 = 512;
@@ -56,33 +64,6 @@ impl Default for FuseOptions {
         FuseOptions { threads: 16 }
     }
 }
-
-/// Errors of mounting and unmounting.
-#[derive(Debug)]
-pub enum FuseError {
-    NoFuse,
-    Mount { dir: PathBuf, source: io::Error },
-    Unmount { dir: PathBuf, detail: String },
-}
-
-impl std::fmt::Display for FuseError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FuseError::NoFuse => write!(
-                f,
-                "/dev/fuse is missing: the kernel has no FUSE support (or it is not available in this container)"
-            ),
-            FuseError::Mount { dir, source } => {
-                write!(f, "mounting the volumes' FUSE files on {}: {source}", dir.display())
-            }
-            FuseError::Unmount { dir, detail } => {
-                write!(f, "unmounting the FUSE files on {}: {detail}", dir.display())
-            }
-        }
-    }
-}
-
-impl std::error::Error for FuseError {}
 
 /// A live mount. [`FuseMount::unmount`] ends it; dropping it unmounts too (without reporting).
 pub struct FuseMount {
@@ -230,7 +211,7 @@ impl FuseMount {
     /// holds a file, the mount is detached lazily and its connection aborted, so that the
     /// server can stop: the holder's later requests fail with an I/O error, as they would
     /// with the server gone. Once this returns no request reaches an export (unless one was
-    /// stuck in an export call for [`GATE_WAIT`]: it is not waited for longer). Returns how the
+    /// stuck in an export call for [`gate::GATE_WAIT`]: it is not waited for longer). Returns how the
     /// mount ended.
     pub fn unmount(mut self) -> Result<Unmounted, FuseError> {
         self.finish()
@@ -435,53 +416,6 @@ fn run_fusermount(dir: &Path, lazy: bool) -> Result<(), String> {
     }
 }
 
-/// Lets requests through to the exports until the mount ends. Closing waits (a bounded time) for
-/// the calls in progress; every later request is answered EIO without touching an export.
-#[derive(Default)]
-struct Gate {
-    closed: AtomicBool,
-    in_progress: AtomicUsize,
-}
-
-/// How long closing the gate waits for calls in progress (an export call stuck on a dead drive
-/// must not keep the server from stopping).
-const GATE_WAIT: Duration = Duration::from_secs(30);
-
-impl Gate {
-    /// Runs `call` unless the gate is closed, turning a panic into EIO (the request thread must
-    /// live on: fuser does not replace it).
-    fn pass<T>(&self, call: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
-        self.in_progress.fetch_add(1, Ordering::SeqCst);
-        let result = if self.closed.load(Ordering::SeqCst) {
-            Err(io::Error::from_raw_os_error(libc::EIO))
-        } else {
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).unwrap_or_else(|_| {
-                tracing::error!("a FUSE request panicked; answered EIO");
-                Err(io::Error::from_raw_os_error(libc::EIO))
-            })
-        };
-        self.in_progress.fetch_sub(1, Ordering::SeqCst);
-        result
-    }
-
-    fn close(&self) {
-        if self.closed.swap(true, Ordering::SeqCst) && self.in_progress.load(Ordering::SeqCst) == 0
-        {
-            return;
-        }
-        let deadline = std::time::Instant::now() + GATE_WAIT;
-        while self.in_progress.load(Ordering::SeqCst) > 0 {
-            if std::time::Instant::now() >= deadline {
-                tracing::warn!(
-                    "FUSE requests still running after {GATE_WAIT:?}; not waiting for them"
-                );
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
 /// The filesystem: a root directory holding one file per export.
 struct VolumeFiles {
     exports: Vec<Arc<dyn Export>>,
@@ -496,40 +430,6 @@ struct VolumeFiles {
     edges: Mutex<()>,
     stats: Arc<Stats>,
     gate: Arc<Gate>,
-}
-
-/// Requests served, logged at unmount (how the kernel split the work shows in the averages).
-#[derive(Default)]
-struct Stats {
-    reads: AtomicU64,
-    read_bytes: AtomicU64,
-    writes: AtomicU64,
-    write_bytes: AtomicU64,
-    fsyncs: AtomicU64,
-}
-
-impl Stats {
-    fn count(counter: &AtomicU64, bytes: &AtomicU64, n: usize) {
-        counter.fetch_add(1, Ordering::Relaxed);
-        bytes.fetch_add(n as u64, Ordering::Relaxed);
-    }
-
-    fn summary(&self) -> String {
-        let average = |n: &AtomicU64, b: &AtomicU64| {
-            let n = n.load(Ordering::Relaxed);
-            let b = b.load(Ordering::Relaxed);
-            format!(
-                "{n} ({} KiB each on average)",
-                b.checked_div(n).unwrap_or(0) / 1024
-            )
-        };
-        format!(
-            "reads {}, writes {}, fsyncs {}",
-            average(&self.reads, &self.read_bytes),
-            average(&self.writes, &self.write_bytes),
-            self.fsyncs.load(Ordering::Relaxed)
-        )
-    }
 }
 
 thread_local! {
