@@ -16,7 +16,6 @@ use std::ffi::OsStr;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -29,12 +28,17 @@ use fuser::{
 use lograid_nbd::Export;
 use parking_lot::Mutex;
 
+mod detach;
 mod error;
 mod gate;
+mod mount_point;
 mod stats;
 
+use detach::{abort_connection, lazy_unmount};
 pub use error::FuseError;
 use gate::Gate;
+pub use mount_point::{connection_of, is_mount_point};
+use mount_point::{is_dead, mount_at, resolve, MountEntry};
 use stats::Stats;
 
 /// The export contract's unit: offsets and lengths passed to an [`Export`] are multiples of it.
@@ -78,10 +82,6 @@ pub struct FuseMount {
     stats: Arc<Stats>,
     gate: Arc<Gate>,
 }
-
-/// How long the check of an existing lograid mount at the directory may take: a live but wedged
-/// server's mount is not answering, and counts as live.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Mounts `exports` as files `dir/NAME` (creating `dir` if needed). A lograid FUSE mount left
 /// there by a server that died is unmounted first; any other mount on `dir` (a live server's, or
@@ -156,50 +156,6 @@ pub fn mount(
         stats,
         gate,
     })
-}
-
-/// Whether the lograid mount on `dir` is dead (its server gone: "Transport endpoint is not
-/// connected"). Opening the directory asks the server (attributes may come from the kernel's
-/// cache); a server that does not answer within [`PROBE_TIMEOUT`] counts as alive.
-fn is_dead(dir: &Path) -> bool {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let probe = dir.to_owned();
-    let spawned = std::thread::Builder::new()
-        .name("lograid-fuse-probe".into())
-        .spawn(move || {
-            let dead =
-                matches!(fs::read_dir(&probe), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN));
-            let _ = tx.send(dead);
-        });
-    spawned.is_ok() && rx.recv_timeout(PROBE_TIMEOUT).unwrap_or(false)
-}
-
-/// The filesystem type our mounts show in /proc/self/mountinfo when made by fusermount3.
-const FSTYPE: &str = "fuse.lograid";
-
-/// `dir` made absolute with symlinks and `..` resolved. When `dir` cannot be resolved whole
-/// (it does not exist yet, or it is a dead mount point, where every access fails), its parent is
-/// resolved and a symlink in its last part followed with `readlink` (which does not enter it).
-/// Creates nothing.
-fn resolve(dir: &Path) -> io::Result<PathBuf> {
-    let mut path = std::path::absolute(dir)?;
-    match path.canonicalize() {
-        Ok(resolved) => return Ok(resolved),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ENOENT)) => {}
-        Err(e) => return Err(e),
-    }
-    for _ in 0..40 {
-        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-            return Ok(path);
-        };
-        let parent = parent.canonicalize().unwrap_or_else(|_| parent.to_owned());
-        let joined = parent.join(name);
-        match fs::read_link(&joined) {
-            Ok(target) => path = parent.join(target),
-            Err(_) => return Ok(joined),
-        }
-    }
-    Err(io::Error::from_raw_os_error(libc::ELOOP))
 }
 
 impl FuseMount {
@@ -293,127 +249,6 @@ pub enum Unmounted {
     /// A file was still in use and the connection could not be aborted: the holder's requests
     /// get I/O errors from this process until it exits (then from the kernel).
     Refusing,
-}
-
-/// Where the kernel lists FUSE connections (the `fusectl` filesystem).
-const CONNECTIONS: &str = "/sys/fs/fuse/connections";
-
-/// Aborts FUSE connection `number`: every request waiting on it, and every later one, fails at
-/// once (as when its server dies). Mounts `fusectl` on [`CONNECTIONS`] first if nothing has.
-fn abort_connection(number: u32) -> Result<(), String> {
-    let abort = Path::new(CONNECTIONS)
-        .join(number.to_string())
-        .join("abort");
-    if !abort.exists() && !is_mount_point(Path::new(CONNECTIONS)) {
-        // SAFETY: mount(2) with NUL-terminated constant strings and no data.
-        let rc = unsafe {
-            libc::mount(
-                c"fusectl".as_ptr(),
-                c"/sys/fs/fuse/connections".as_ptr(),
-                c"fusectl".as_ptr(),
-                0,
-                std::ptr::null(),
-            )
-        };
-        if rc != 0 {
-            return Err(format!(
-                "mounting fusectl on {CONNECTIONS}: {}",
-                io::Error::last_os_error()
-            ));
-        }
-    }
-    fs::write(&abort, b"1").map_err(|e| format!("writing {}: {e}", abort.display()))
-}
-
-/// A mount as /proc/self/mountinfo lists it.
-struct MountEntry {
-    fstype: String,
-    source: String,
-    /// The device's minor number; for FUSE, the connection's number.
-    minor: u32,
-}
-
-impl MountEntry {
-    /// Whether this is a mount this crate makes: FUSE, named "lograid" (the type shows as
-    /// `fuse` when mounted directly by root, `fuse.lograid` through fusermount3).
-    fn is_ours(&self) -> bool {
-        (self.fstype == "fuse" || self.fstype == FSTYPE) && self.source == "lograid"
-    }
-}
-
-/// The mount on `dir` (an absolute, resolved path), the last one listed if several are stacked.
-/// Compared as bytes: paths need not be UTF-8.
-fn mount_at(dir: &Path) -> Option<MountEntry> {
-    use std::os::unix::ffi::OsStrExt;
-    let want = escape_mount_path(dir.as_os_str().as_bytes());
-    let info = fs::read("/proc/self/mountinfo").ok()?;
-    info.split(|&b| b == b'\n').rev().find_map(|line| {
-        let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
-        if fields.get(4) != Some(&want.as_slice()) {
-            return None;
-        }
-        let text = |f: &[u8]| String::from_utf8_lossy(f).into_owned();
-        let device = text(fields.get(2)?);
-        let minor = device.split(':').nth(1)?.parse().ok()?;
-        let dash = fields.iter().position(|f| *f == b"-")?;
-        Some(MountEntry {
-            fstype: text(fields.get(dash + 1)?),
-            source: text(fields.get(dash + 2)?),
-            minor,
-        })
-    })
-}
-
-/// How /proc/self/mountinfo writes a path: space, tab, newline and backslash as octal escapes.
-fn escape_mount_path(path: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(path.len());
-    for &b in path {
-        match b {
-            b' ' | b'\t' | b'\n' | b'\\' => out.extend_from_slice(format!("\\{b:03o}").as_bytes()),
-            _ => out.push(b),
-        }
-    }
-    out
-}
-
-/// The FUSE connection number of lograid's mount on `dir`, if there is one.
-pub fn connection_of(dir: &Path) -> Option<u32> {
-    mount_at(&resolve(dir).ok()?)
-        .filter(MountEntry::is_ours)
-        .map(|m| m.minor)
-}
-
-/// Whether `dir` is a mount point (of any filesystem).
-pub fn is_mount_point(dir: &Path) -> bool {
-    resolve(dir).ok().and_then(|d| mount_at(&d)).is_some()
-}
-
-fn lazy_unmount(dir: &Path) -> Result<(), String> {
-    let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .map_err(|_| "the path contains a NUL byte".to_string())?;
-    // SAFETY: umount2 on a NUL-terminated path we own.
-    if unsafe { libc::umount2(c_dir.as_ptr(), libc::MNT_DETACH) } == 0 {
-        return Ok(());
-    }
-    run_fusermount(dir, true)
-}
-
-fn run_fusermount(dir: &Path, lazy: bool) -> Result<(), String> {
-    let mut command = Command::new("fusermount3");
-    command.arg(if lazy { "-uz" } else { "-u" }).arg(dir);
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("running fusermount3: {e}"))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "fusermount3 {}: {}",
-            if lazy { "-uz" } else { "-u" },
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
 }
 
 /// The filesystem: a root directory holding one file per export.
