@@ -20,7 +20,7 @@ pub(crate) struct Gate {
 
 /// How long closing the gate waits for calls in progress (an export call stuck on a dead drive
 /// must not keep the server from stopping).
-pub(crate) const GATE_WAIT: Duration = Duration::from_secs(30);
+const GATE_WAIT: Duration = Duration::from_secs(30);
 
 /// How often closing looks again at the calls in progress.
 const GATE_POLL: Duration = Duration::from_millis(5);
