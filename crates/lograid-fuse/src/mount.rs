@@ -62,19 +62,58 @@ pub fn mount(
     if !Path::new("/dev/fuse").exists() {
         return Err(FuseError::NoFuse);
     }
+    let dir = prepare_dir(dir)?;
+    let mount_error = |source: io::Error| FuseError::Mount {
+        dir: dir.clone(),
+        source,
+    };
+    let (stats, gate) = (Arc::<Stats>::default(), Arc::<Gate>::default());
+    let files = VolumeFiles::new(exports, gate.clone(), stats.clone());
+    let mut session =
+        fuser::Session::new(files, &dir, &session_config(options)).map_err(mount_error)?;
+    let unmounter = session.unmount_callable();
+    let connection = mount_at(&dir).filter(MountEntry::is_ours).map(|m| m.minor);
+    let session = std::thread::Builder::new()
+        .name("lograid-fuse".into())
+        .spawn(move || session.run())
+        .map_err(mount_error)?;
+    tracing::info!(dir = %dir.display(), "volumes mounted as FUSE files");
+    Ok(FuseMount {
+        dir,
+        session: Some(session),
+        unmounter: Some(unmounter),
+        connection,
+        stats,
+        gate,
+    })
+}
+
+/// `dir` resolved (see [`resolve`]) and ready to mount on: a dead lograid mount on it replaced,
+/// any other mount refused, the directory created if missing.
+fn prepare_dir(dir: &Path) -> Result<PathBuf, FuseError> {
     // Fails on a dead mount point (it exists); resolved and created again below.
     let _ = fs::create_dir_all(dir);
-    let dir = &resolve(dir).map_err(|source| FuseError::Mount {
+    let dir = resolve(dir).map_err(|source| FuseError::Mount {
         dir: dir.to_owned(),
         source,
     })?;
-    let mount_error = |source: io::Error| FuseError::Mount {
-        dir: dir.to_owned(),
+    if let Some(existing) = mount_at(&dir) {
+        replace_dead_mount(&dir, &existing)?;
+    }
+    fs::create_dir_all(&dir).map_err(|source| FuseError::Mount {
+        dir: dir.clone(),
         source,
-    };
-    if let Some(existing) = mount_at(dir) {
-        if !existing.is_ours() || !is_dead(dir) {
-            return Err(mount_error(io::Error::new(
+    })?;
+    Ok(dir)
+}
+
+/// Unmounts `existing`, the mount on `dir`, if it is a lograid mount whose server died; refuses
+/// any other (another filesystem's, or a live server's).
+fn replace_dead_mount(dir: &Path, existing: &MountEntry) -> Result<(), FuseError> {
+    if !existing.is_ours() || !is_dead(dir) {
+        return Err(FuseError::Mount {
+            dir: dir.to_owned(),
+            source: io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 format!(
                     "the directory is already a mount point ({}{}); give an empty directory",
@@ -85,18 +124,21 @@ pub fn mount(
                         ""
                     }
                 ),
-            )));
-        }
-        // What a killed server leaves: "Transport endpoint is not connected".
-        tracing::warn!(dir = %dir.display(), "a FUSE mount left by a server that died is on the directory; unmounting it (lazily)");
-        lazy_unmount(dir).map_err(|detail| FuseError::Unmount {
-            dir: dir.to_owned(),
-            detail,
-        })?;
+            ),
+        });
     }
-    fs::create_dir_all(dir).map_err(mount_error)?;
-    let (stats, gate) = (Arc::<Stats>::default(), Arc::<Gate>::default());
-    let files = VolumeFiles::new(exports, gate.clone(), stats.clone());
+    // What a killed server leaves: "Transport endpoint is not connected".
+    tracing::warn!(dir = %dir.display(), "a FUSE mount left by a server that died is on the directory; unmounting it (lazily)");
+    lazy_unmount(dir).map_err(|detail| FuseError::Unmount {
+        dir: dir.to_owned(),
+        detail,
+    })
+}
+
+/// fuser's settings for a mount: its name and type "lograid", no setuid, device or executable
+/// files, permissions checked by the kernel, and `options.threads` request threads, each with
+/// its own /dev/fuse descriptor.
+fn session_config(options: &FuseOptions) -> fuser::Config {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         MountOption::FSName("lograid".into()),
@@ -108,22 +150,7 @@ pub fn mount(
     ];
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = true;
-    let mut session = fuser::Session::new(files, dir, &config).map_err(mount_error)?;
-    let unmounter = session.unmount_callable();
-    let connection = mount_at(dir).filter(MountEntry::is_ours).map(|m| m.minor);
-    let session = std::thread::Builder::new()
-        .name("lograid-fuse".into())
-        .spawn(move || session.run())
-        .map_err(mount_error)?;
-    tracing::info!(dir = %dir.display(), "volumes mounted as FUSE files");
-    Ok(FuseMount {
-        dir: dir.to_owned(),
-        session: Some(session),
-        unmounter: Some(unmounter),
-        connection,
-        stats,
-        gate,
-    })
+    config
 }
 
 impl FuseMount {
@@ -145,39 +172,16 @@ impl FuseMount {
         let Some(session) = self.session.take() else {
             return Ok(Unmounted::Clean);
         };
-        let dir = self.dir.clone();
-        let unmounted = match self.unmounter.take() {
-            Some(mut unmounter) => unmounter.unmount().map_err(|e| e.to_string()),
-            None => Err("no unmount handle".to_string()),
-        };
-        let ended = match unmounted {
+        let ended = match self.unmount_cleanly() {
             Ok(()) => Unmounted::Clean,
             Err(detail) => {
-                tracing::warn!(dir = %dir.display(), "unmounting: {detail}; detaching the mount lazily and aborting its connection");
-                // From here on requests get EIO from us, whatever happens to the connection.
-                self.gate.close();
-                // Abort first, while the mount still holds its connection number: once the mount
-                // is detached and its last user gone, the number is free, and the next FUSE mount
-                // on the machine (another server's) may get it.
-                let ours = mount_at(&dir).filter(MountEntry::is_ours);
-                let aborted = match (self.connection, &ours) {
-                    (Some(connection), Some(m)) if m.minor == connection => {
-                        abort_connection(connection)
-                    }
-                    (Some(_), _) => Err("the mount is no longer on its directory".into()),
-                    (None, _) => Err("the mount's connection number is unknown".into()),
-                };
-                if ours.is_some() {
-                    if let Err(detail) = lazy_unmount(&dir) {
-                        tracing::warn!(dir = %dir.display(), "{detail}");
-                    }
-                }
-                if let Err(detail) = aborted {
+                tracing::warn!(dir = %self.dir.display(), "unmounting: {detail}; detaching the mount lazily and aborting its connection");
+                if let Err(detail) = self.abort_and_detach() {
                     // Joining would wait for the holder to let go. The request threads answer
                     // EIO until the process exits and its /dev/fuse descriptors close.
                     tracing::warn!(
                         "cannot abort the FUSE connection of {}: {detail}",
-                        dir.display()
+                        self.dir.display()
                     );
                     return Ok(Unmounted::Refusing);
                 }
@@ -191,11 +195,42 @@ impl FuseMount {
             Err(_) => Err("the FUSE session thread panicked".to_string()),
         };
         joined.map_err(|detail| FuseError::Unmount {
-            dir: dir.clone(),
+            dir: self.dir.clone(),
             detail,
         })?;
-        tracing::info!(dir = %dir.display(), "FUSE files unmounted: {}", self.stats.summary());
+        tracing::info!(dir = %self.dir.display(), "FUSE files unmounted: {}", self.stats.summary());
         Ok(ended)
+    }
+
+    /// Unmounts through fuser's handle; fails while a file is in use (e.g. by a loop device).
+    fn unmount_cleanly(&mut self) -> Result<(), String> {
+        match self.unmounter.take() {
+            Some(mut unmounter) => unmounter.unmount().map_err(|e| e.to_string()),
+            None => Err("no unmount handle".to_string()),
+        }
+    }
+
+    /// Ends a mount whose files are still in use: closes the gate, aborts the connection and
+    /// detaches the mount lazily. An error says why the connection was not aborted (the mount
+    /// is detached all the same if it is still ours on the directory).
+    fn abort_and_detach(&self) -> Result<(), String> {
+        // From here on requests get EIO from us, whatever happens to the connection.
+        self.gate.close();
+        // Abort first, while the mount still holds its connection number: once the mount
+        // is detached and its last user gone, the number is free, and the next FUSE mount
+        // on the machine (another server's) may get it.
+        let ours = mount_at(&self.dir).filter(MountEntry::is_ours);
+        let aborted = match (self.connection, &ours) {
+            (Some(connection), Some(m)) if m.minor == connection => abort_connection(connection),
+            (Some(_), _) => Err("the mount is no longer on its directory".into()),
+            (None, _) => Err("the mount's connection number is unknown".into()),
+        };
+        if ours.is_some() {
+            if let Err(detail) = lazy_unmount(&self.dir) {
+                tracing::warn!(dir = %self.dir.display(), "{detail}");
+            }
+        }
+        aborted
     }
 }
 
