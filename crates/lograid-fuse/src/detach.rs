@@ -11,14 +11,15 @@ use std::io;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use crate::error::UnmountError;
 use crate::mount_point::is_mount_point;
 
 /// Where the kernel lists FUSE connections (the `fusectl` filesystem).
-const CONNECTIONS: &str = "/sys/fs/fuse/connections";
+pub(crate) const CONNECTIONS: &str = "/sys/fs/fuse/connections";
 
 /// Aborts FUSE connection `number`: every request waiting on it, and every later one, fails at
 /// once (as when its server dies). Mounts `fusectl` on [`CONNECTIONS`] first if nothing has.
-pub(crate) fn abort_connection(number: u32) -> Result<(), String> {
+pub(crate) fn abort_connection(number: u32) -> Result<(), UnmountError> {
     let abort = Path::new(CONNECTIONS)
         .join(number.to_string())
         .join("abort");
@@ -34,41 +35,41 @@ pub(crate) fn abort_connection(number: u32) -> Result<(), String> {
             )
         };
         if rc != 0 {
-            return Err(format!(
-                "mounting fusectl on {CONNECTIONS}: {}",
-                io::Error::last_os_error()
-            ));
+            return Err(UnmountError::MountFusectl(io::Error::last_os_error()));
         }
     }
-    fs::write(&abort, b"1").map_err(|e| format!("writing {}: {e}", abort.display()))
+    fs::write(&abort, b"1").map_err(|source| UnmountError::WriteAbort {
+        path: abort.clone(),
+        source,
+    })
 }
 
 /// Detaches the mount on `dir` lazily: it leaves the directory now, and ends once its last user
 /// lets go.
-pub(crate) fn lazy_unmount(dir: &Path) -> Result<(), String> {
+pub(crate) fn lazy_unmount(dir: &Path) -> Result<(), UnmountError> {
     let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .map_err(|_| "the path contains a NUL byte".to_string())?;
+        .map_err(|_| UnmountError::NulInPath)?;
     // SAFETY: umount2 on a NUL-terminated path we own.
     if unsafe { libc::umount2(c_dir.as_ptr(), libc::MNT_DETACH) } == 0 {
         return Ok(());
     }
-    run_fusermount(dir, true)
+    fusermount_lazily(dir)
 }
 
-fn run_fusermount(dir: &Path, lazy: bool) -> Result<(), String> {
-    let mut command = Command::new("fusermount3");
-    command.arg(if lazy { "-uz" } else { "-u" }).arg(dir);
-    let output = command
+/// `fusermount3 -uz dir`: the lazy unmount of a FUSE mount by the setuid helper, for when
+/// umount2 is not allowed (not running as root).
+fn fusermount_lazily(dir: &Path) -> Result<(), UnmountError> {
+    let output = Command::new("fusermount3")
+        .arg("-uz")
+        .arg(dir)
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| format!("running fusermount3: {e}"))?;
+        .map_err(UnmountError::RunFusermount)?;
     if output.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "fusermount3 {}: {}",
-            if lazy { "-uz" } else { "-u" },
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
+        Err(UnmountError::Fusermount {
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        })
     }
 }

@@ -3,14 +3,15 @@
 //! hosts without the nbd driver, with no NBD client process in between (the other route is
 //! `nbdfuse` over NBD, see `lograid_nbd::attach`).
 //!
-//! Owns: the FUSE mount (one directory, one regular file per [`Export`](lograid_nbd::Export), named after it), the
-//! translation of the kernel's file requests into export calls (read, write, fsync as flush,
-//! `fallocate` punch-hole as zeroes that may be unmapped and zero-range as zeroes that stay
-//! allocated, `O_SYNC`/`O_DSYNC` writes as FUA), and unmounting, also when a loop device still
-//! holds a file. Must never: pass the export a call outside the export's contract (offsets and
-//! lengths are multiples of 512 and within the size; unaligned requests are widened here), call
-//! an export after the mount ended, grow or shrink a file, take over a mount it did not make,
-//! or answer a request after the export refused it.
+//! Owns: the FUSE mount (one directory, one regular file per
+//! [`Export`](lograid_nbd::Export), named after it), the translation of the kernel's file
+//! requests into export calls (read, write, fsync as flush, `fallocate` punch-hole as zeroes
+//! that may be unmapped and zero-range as zeroes that stay allocated, `O_SYNC`/`O_DSYNC` writes
+//! as FUA), and unmounting, also when a loop device still holds a file. Must never: pass the
+//! export a call outside the export's contract (offsets and lengths are multiples of 512 and
+//! within the size; unaligned requests are widened here), call an export after the mount ended,
+//! grow or shrink a file, take over a mount it did not make, or answer a request after the
+//! export refused it.
 //!
 //! Modules: `mount` (a mount's lifecycle), `mount_point` (what is mounted on a directory),
 //! `detach` (aborting and lazily detaching a busy mount), `gate` (keeping requests away from

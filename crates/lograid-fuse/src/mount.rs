@@ -17,7 +17,7 @@ use fuser::MountOption;
 use lograid_nbd::Export;
 
 use crate::detach::{abort_connection, lazy_unmount};
-use crate::error::FuseError;
+use crate::error::{FuseError, MountPointTaken, UnmountError};
 use crate::files::VolumeFiles;
 use crate::gate::Gate;
 use crate::mount_point::{is_dead, mount_at, resolve, MountEntry};
@@ -115,24 +115,16 @@ fn replace_dead_mount(dir: &Path, existing: &MountEntry) -> Result<(), FuseError
             dir: dir.to_owned(),
             source: io::Error::new(
                 io::ErrorKind::AlreadyExists,
-                format!(
-                    "the directory is already a mount point ({}{}); give an empty directory",
-                    existing.fstype,
-                    if existing.is_ours() {
-                        ", served by a running lograid"
-                    } else {
-                        ""
-                    }
-                ),
+                MountPointTaken {
+                    fstype: existing.fstype.clone(),
+                    lograid: existing.is_ours(),
+                },
             ),
         });
     }
     // What a killed server leaves: "Transport endpoint is not connected".
     tracing::warn!(dir = %dir.display(), "a FUSE mount left by a server that died is on the directory; unmounting it (lazily)");
-    lazy_unmount(dir).map_err(|detail| FuseError::Unmount {
-        dir: dir.to_owned(),
-        detail,
-    })
+    lazy_unmount(dir).map_err(|e| FuseError::unmount(dir, e))
 }
 
 /// fuser's settings for a mount: its name and type "lograid", no setuid, device or executable
@@ -191,29 +183,26 @@ impl FuseMount {
         self.gate.close();
         // The kernel ends the session (ENODEV to every request thread) once unmounted or aborted.
         let joined = match session.join() {
-            Ok(result) => result.map_err(|e| e.to_string()),
-            Err(_) => Err("the FUSE session thread panicked".to_string()),
+            Ok(result) => result.map_err(UnmountError::Session),
+            Err(_) => Err(UnmountError::SessionPanicked),
         };
-        joined.map_err(|detail| FuseError::Unmount {
-            dir: self.dir.clone(),
-            detail,
-        })?;
+        joined.map_err(|e| FuseError::unmount(&self.dir, e))?;
         tracing::info!(dir = %self.dir.display(), "FUSE files unmounted: {}", self.stats.summary());
         Ok(ended)
     }
 
     /// Unmounts through fuser's handle; fails while a file is in use (e.g. by a loop device).
-    fn unmount_cleanly(&mut self) -> Result<(), String> {
+    fn unmount_cleanly(&mut self) -> Result<(), UnmountError> {
         match self.unmounter.take() {
-            Some(mut unmounter) => unmounter.unmount().map_err(|e| e.to_string()),
-            None => Err("no unmount handle".to_string()),
+            Some(mut unmounter) => unmounter.unmount().map_err(UnmountError::Unmount),
+            None => Err(UnmountError::NoUnmountHandle),
         }
     }
 
     /// Ends a mount whose files are still in use: closes the gate, aborts the connection and
     /// detaches the mount lazily. An error says why the connection was not aborted (the mount
     /// is detached all the same if it is still ours on the directory).
-    fn abort_and_detach(&self) -> Result<(), String> {
+    fn abort_and_detach(&self) -> Result<(), UnmountError> {
         // From here on requests get EIO from us, whatever happens to the connection.
         self.gate.close();
         // Abort first, while the mount still holds its connection number: once the mount
@@ -222,8 +211,8 @@ impl FuseMount {
         let ours = mount_at(&self.dir).filter(MountEntry::is_ours);
         let aborted = match (self.connection, &ours) {
             (Some(connection), Some(m)) if m.minor == connection => abort_connection(connection),
-            (Some(_), _) => Err("the mount is no longer on its directory".into()),
-            (None, _) => Err("the mount's connection number is unknown".into()),
+            (Some(_), _) => Err(UnmountError::NotOnItsDirectory),
+            (None, _) => Err(UnmountError::ConnectionUnknown),
         };
         if ours.is_some() {
             if let Err(detail) = lazy_unmount(&self.dir) {
