@@ -146,6 +146,7 @@ fn session_config(options: &FuseOptions) -> fuser::Config {
 }
 
 impl FuseMount {
+    /// The mount's directory, resolved (absolute, symlinks followed).
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -160,6 +161,10 @@ impl FuseMount {
         self.finish()
     }
 
+    /// Ends the mount: a clean unmount, else the abort and lazy detach of a busy one; then the
+    /// gate closes and the session is joined (not after a refused abort: joining would wait for
+    /// the holder). Only the first call does anything: the drop after [`FuseMount::unmount`]
+    /// finds the session gone.
     fn finish(&mut self) -> Result<Unmounted, FuseError> {
         let Some(session) = self.session.take() else {
             return Ok(Unmounted::Clean);
