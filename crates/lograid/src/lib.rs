@@ -24,7 +24,7 @@ pub mod map;
 pub mod pool;
 pub mod sync;
 
-pub use error::{Error, Result};
+pub use error::{Error, ReadOnlyReason, Refusal, RepairError, Result};
 pub use pool::recovery_api::{open_members, read_superblock, RecoveryReport};
 pub use pool::{
     create::{create_pool, open_new_members, open_paths},

@@ -23,7 +23,7 @@ use corrupt::{block_crc, corrupt_block, corrupt_bytes, member_block, DiskView};
 use lograid::device::{CounterValues, CrashMode, Member, SimMember, SimRng};
 use lograid::format::BLOCK_SIZE;
 use lograid::layout::Pba;
-use lograid::{create_pool, open_members, CreateOptions, Error, Pool, Volume};
+use lograid::{create_pool, open_members, CreateOptions, Error, Pool, RepairError, Volume};
 use std::sync::Arc;
 
 const SHAPES: [(usize, u8); 3] = [(3, 1), (4, 2), (6, 3)];
@@ -745,14 +745,22 @@ fn expect_unrecoverable(r: lograid::Result<()>, offset: u64, what: &str) {
         Err(Error::Unrecoverable {
             volume,
             offset: o,
-            detail,
+            cause,
         }) => {
             assert_eq!(volume, "vol", "{what}: volume named");
-            assert_eq!(o, offset, "{what}: offset named ({detail})");
+            assert_eq!(o, offset, "{what}: offset named ({cause})");
+            assert!(
+                matches!(
+                    cause,
+                    RepairError::TooManyUnreadable { .. }
+                        | RepairError::NoMatchingCombination { .. }
+                ),
+                "{what}: {cause:?}"
+            );
             let msg = Error::Unrecoverable {
                 volume,
                 offset: o,
-                detail,
+                cause,
             }
             .to_string();
             assert!(
@@ -943,11 +951,11 @@ fn rot_beyond_parity_in_one_replayed_row_loses_only_that_block() {
         let mut lost = Vec::new();
         for lb in live.iter().filter(|l| l.lba != victim.lba) {
             let mut buf = vec![0u8; BLOCK_SIZE];
-            let r = rig.vol.read(lb.lba * BS, &mut buf);
-            if r.is_err()
-                || buf != rig.expected[(lb.lba * BS) as usize..((lb.lba + 1) * BS) as usize]
-            {
-                lost.push(lb.lba);
+            let want = &rig.expected[(lb.lba * BS) as usize..((lb.lba + 1) * BS) as usize];
+            match rig.vol.read(lb.lba * BS, &mut buf) {
+                Ok(()) if buf == want => {}
+                Ok(()) | Err(Error::Unrecoverable { .. }) => lost.push(lb.lba),
+                Err(e) => panic!("{what}: reading block {}: {e}", lb.lba),
             }
         }
         assert!(

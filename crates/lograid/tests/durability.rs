@@ -291,7 +291,7 @@ fn a_volume_being_created_is_not_used_before_it_is_durable() {
     );
     let crashed = SimPool::open_images(images, quiet()).expect("reopen after the cut");
     assert!(
-        crashed.pool().volume("new").is_err(),
+        matches!(crashed.pool().volume("new"), Err(Error::NotFound(_))),
         "the creation was not durable at the cut"
     );
     assert!(pool.pool().volume("new").is_ok(), "created once durable");
@@ -309,7 +309,7 @@ fn a_failed_member_flush_fails_the_flush_without_parity() {
     pool.sims[0].fail_next_flushes(1);
     let flushed = vol.flush();
     assert!(
-        flushed.is_err(),
+        matches!(flushed, Err(Error::Io { .. })),
         "a flush that member 0 failed returned {flushed:?}"
     );
     assert!(

@@ -9,6 +9,7 @@ use super::log::AppendError;
 use super::Engine;
 use crate::device::AlignedBuf;
 use crate::device::IoJob;
+use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{
     CheckpointWriter, HeadRecord, RebuildRecord, SegmentRecord, SegmentStateCode,
@@ -304,12 +305,15 @@ impl Engine {
         }
         for (m, r) in self.io.run_all(jobs) {
             if let Err(e) = r {
-                let msg = format!("superblock write to member {m} failed: {e}");
+                let reason = ReadOnlyReason::SuperblockWrite {
+                    member: m,
+                    cause: e.to_string(),
+                };
                 self.ledger
                     .lock()
                     .read_only_reason
-                    .get_or_insert(msg.clone());
-                return Err(Error::io(msg, e));
+                    .get_or_insert(reason.clone());
+                return Err(Error::io(reason.to_string(), e));
             }
         }
         Ok(members)

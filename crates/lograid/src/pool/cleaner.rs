@@ -12,6 +12,7 @@ type LiveBlock<'a> = (u32, u64, crate::layout::Pba, u32, Cow<'a, [u8]>);
 use super::ledger::SegState;
 use super::stats::CleanerState;
 use super::{CleanerPolicy, Engine};
+use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
 use crate::format::row::{Entry, EntryKind, HeadId};
 use crate::format::{crc32c, BLOCK_SIZE};
@@ -341,7 +342,7 @@ impl Engine {
             if !sealed.is_empty() {
                 write
                     .send(sealed)
-                    .map_err(|_| Error::ReadOnly("the row writer stopped".into()))?;
+                    .map_err(|_| Error::ReadOnly(ReadOnlyReason::RowWriterStopped))?;
             }
         }
         Ok(moved)

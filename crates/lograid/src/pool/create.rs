@@ -6,7 +6,7 @@ use super::engine::new_inner;
 use super::ledger::SegState;
 use super::{now_unix, random_u128, random_u64, Pool, PoolOptions, Shape};
 use crate::device::{is_mounted, probe_signature, AlignedBuf, FileMember, Member, OpenMode};
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::format::row::HeadId;
 use crate::format::superblock::{MemberRecord, MemberState};
 use crate::format::{
@@ -135,19 +135,18 @@ fn open_new_members_inner(
             }
         }
         if is_mounted(path) {
-            return Err(Error::Refused(format!(
-                "{} is mounted; unmount it first",
-                path.display()
-            )));
+            return Err(Error::Refused(Refusal::Mounted {
+                drive: path.display().to_string(),
+            }));
         }
         if !force {
             if let Some(what) = probe_signature(path)
                 .map_err(|e| Error::io(format!("reading {}", path.display()), e))?
             {
-                return Err(Error::Refused(format!(
-                    "{} holds {what}; refusing to overwrite it (use --force to destroy its contents)",
-                    path.display()
-                )));
+                return Err(Error::Refused(Refusal::HoldsData {
+                    drive: path.display().to_string(),
+                    holds: what.to_string(),
+                }));
             }
         }
         let m = FileMember::open(path, OpenMode::ReadWrite)
@@ -209,12 +208,11 @@ pub fn create_pool(
     let min_blocks = DATA_START_BLOCK + TAIL_BLOCKS + segment_blocks * MIN_SEGMENTS;
     for (m, &blocks) in members.iter().zip(&member_blocks) {
         if blocks < min_blocks {
-            return Err(Error::Refused(format!(
-                "{} is too small: {} bytes, at least {} needed with these settings",
-                describe(m.as_ref()),
-                blocks * BLOCK_BYTES,
-                min_blocks * BLOCK_BYTES
-            )));
+            return Err(Error::Refused(Refusal::DriveTooSmall {
+                drive: describe(m.as_ref()),
+                size_bytes: blocks * BLOCK_BYTES,
+                needed_bytes: min_blocks * BLOCK_BYTES,
+            }));
         }
     }
     let geometry = Geometry {
@@ -258,9 +256,7 @@ pub fn create_pool(
     let records = shape.recorded_members.clone();
     let engine = Arc::new(new_inner(shape, records, devices, options, all, 0));
     if engine.ledger.lock().usable_blocks == 0 {
-        return Err(Error::Refused(
-            "the drives are too small to hold any data after the reserve".into(),
-        ));
+        return Err(Error::Refused(Refusal::DrivesTooSmall));
     }
     {
         let mut ledger = engine.ledger.lock();
@@ -275,7 +271,7 @@ pub fn create_pool(
         for head in [HeadId::User, HeadId::Cleaner] {
             ledger
                 .prime_head(head, &engine.shape)
-                .map_err(|_| Error::Refused("not enough segments".into()))?;
+                .map_err(|_| Error::Refused(Refusal::TooFewSegments))?;
         }
         debug_assert!(ledger
             .segments

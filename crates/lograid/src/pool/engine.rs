@@ -12,6 +12,7 @@ use super::row_writer;
 use super::shape::Shape;
 use super::stats;
 use crate::device::{Device, IoPool};
+use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
 use crate::format::row::HeadId;
 use crate::format::superblock::MemberRecord;
@@ -95,10 +96,10 @@ impl Engine {
                     .cloned()
                     .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_else(|| "unknown panic".into());
-                let reason = format!(
-                    "internal error during {what}: {msg}; the pool stopped writing to protect its data \
-                     (reopening it replays the log up to the last flush)"
-                );
+                let reason = ReadOnlyReason::Internal {
+                    during: what.to_string(),
+                    message: msg,
+                };
                 tracing::error!("{reason}");
                 self.ledger
                     .lock()

@@ -6,6 +6,7 @@
 
 use super::ledger::Ledger;
 use super::Engine;
+use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
 use crate::format::superblock::MemberState;
 use std::sync::atomic::Ordering;
@@ -31,15 +32,17 @@ impl Engine {
         // (A member rebuilt in place may count as lost already.)
         let lost = self.lost_members(&ledger) + u32::from(!self.is_lost(&ledger, m));
         if lost > self.shape.parity() as u32 {
-            let msg = format!(
-                "member {m} ({name}) failed {what} ({e}) with {} member(s) already lost and parity {}: \
-                 the pool stopped writing; what it holds stays readable where parity allows",
-                lost - 1,
-                self.shape.parity()
-            );
-            tracing::error!("{msg}");
-            ledger.read_only_reason.get_or_insert(msg.clone());
-            return Err(Error::io(msg, e));
+            let reason = ReadOnlyReason::MemberFailed {
+                member: m,
+                name,
+                what: what.to_string(),
+                cause: e.to_string(),
+                lost_before: lost - 1,
+                parity: self.shape.parity(),
+            };
+            tracing::error!("{reason}");
+            ledger.read_only_reason.get_or_insert(reason.clone());
+            return Err(Error::io(reason.to_string(), e));
         }
         tracing::error!(
             "member {m} ({name}) failed {what} ({e}): faulted; \

@@ -4,6 +4,7 @@
 //! the lock is held except copying into row buffers.
 
 use crate::device::AlignedBuf;
+use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::PoolCounters;
 use crate::format::row::{entries_capacity, Entry, HeadId, RowKind};
@@ -239,7 +240,7 @@ pub struct Ledger {
     pub capacity_blocks: u64,
     pub usable_blocks: u64,
     /// Why the pool refuses writes, if it does.
-    pub read_only_reason: Option<String>,
+    pub read_only_reason: Option<ReadOnlyReason>,
     /// Blocks stored (open or on disk) over all volumes.
     pub stored_blocks: u64,
     /// Spare aligned buffers for rows, by length.

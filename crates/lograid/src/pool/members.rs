@@ -19,7 +19,7 @@ use super::ledger::check_writable;
 use super::ledger::{Ledger, SegState, Segment};
 use super::Engine;
 use crate::device::{AlignedBuf, Member};
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::format::row::HeadId;
 use crate::format::superblock::{MemberRecord, MemberState};
 use crate::format::{BLOCK_BYTES, BLOCK_SIZE, MAX_MEMBERS, TAIL_BLOCKS};
@@ -70,18 +70,16 @@ impl Engine {
         let g = &self.shape.geometry;
         let min = g.data_start_block + TAIL_BLOCKS + g.segment_blocks as u64 * MIN_MEMBER_SEGMENTS;
         if blocks < min {
-            return Err(Error::Refused(format!(
-                "{name} is too small: {} bytes, at least {} needed",
-                blocks * BLOCK_BYTES,
-                min * BLOCK_BYTES
-            )));
+            return Err(Error::Refused(Refusal::NewMemberTooSmall {
+                drive: name,
+                size_bytes: blocks * BLOCK_BYTES,
+                needed_bytes: min * BLOCK_BYTES,
+            }));
         }
         if blocks > crate::format::MAX_MEMBER_BLOCKS
             || (blocks - g.data_start_block) / g.segment_blocks as u64 > crate::format::MAX_SEGMENTS
         {
-            return Err(Error::Refused(format!(
-                "{name} is too large for this pool's segment size"
-            )));
+            return Err(Error::Refused(Refusal::NewMemberTooLarge { drive: name }));
         }
         // (A member replaced by its own drive must have failed first: its
         // device is closed then, see `release_faulted_member`.)
@@ -90,9 +88,7 @@ impl Engine {
             .iter()
             .any(|(_, d)| d.member.describe() == name)
         {
-            return Err(Error::Refused(format!(
-                "{name} is already a member of this pool"
-            )));
+            return Err(Error::Refused(Refusal::AlreadyOpenMember { drive: name }));
         }
         if let Ok(sb) = super::open::read_superblock(member.as_ref()) {
             let ledger = self.ledger.lock();
@@ -104,14 +100,18 @@ impl Engine {
             if sb.pool_uuid == self.shape.pool_uuid {
                 if let Some((i, _)) = current {
                     if Some(i) != replacing {
-                        return Err(Error::Refused(format!("{name} is member {i} of this pool")));
+                        return Err(Error::Refused(Refusal::AlreadyMember {
+                            drive: name,
+                            member: i,
+                        }));
                     }
                 }
             } else {
-                return Err(Error::Refused(format!(
-                    "{name} belongs to pool '{}' ({:032x}); wipe it first to use it here",
-                    sb.pool_name, sb.pool_uuid
-                )));
+                return Err(Error::Refused(Refusal::OtherPoolsMember {
+                    drive: name,
+                    pool: sb.pool_name,
+                    uuid: sb.pool_uuid,
+                }));
             }
         }
         // Wipe its superblock slots: until the checkpoint records it, it
@@ -141,9 +141,7 @@ impl Engine {
                 ledger.members.len() - 1
             }
             (false, _, None) => {
-                return Err(Error::Refused(format!(
-                    "the pool has {MAX_MEMBERS} members, the most it can have"
-                )))
+                return Err(Error::Refused(Refusal::TooManyMembers { max: MAX_MEMBERS }))
             }
         };
         g.member_blocks.set(index, blocks);

@@ -9,7 +9,8 @@ use super::engine::new_inner;
 use super::stats::RecoveryReport;
 use super::{random_u64, Engine, PoolOptions, Shape};
 use crate::device::{AlignedBuf, Device, Member};
-use crate::error::{Error, Result};
+use crate::error::ReadOnlyReason;
+use crate::error::{Error, Refusal, Result};
 use crate::format::checkpoint::CheckpointImage;
 use crate::format::superblock::{MemberState, Superblock};
 use crate::format::{BLOCK_BYTES, BLOCK_SIZE};
@@ -17,17 +18,13 @@ use crate::layout::{Geometry, MemberSizes};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Why a pool opened for inspection refuses writes (not a fault).
-pub const OPENED_READ_ONLY: &str = "opened read-only";
-
 /// The newest valid superblock on a member (of its four slots).
 pub fn read_superblock(member: &dyn Member) -> Result<Superblock> {
     let size_blocks = member.size_bytes() / BLOCK_BYTES;
     if size_blocks < crate::format::DATA_START_BLOCK + 4 {
-        return Err(Error::Refused(format!(
-            "{} is too small to be a lograid member",
-            member.describe()
-        )));
+        return Err(Error::Refused(Refusal::TooSmallForAMember {
+            drive: member.describe(),
+        }));
     }
     let mut best: Option<Superblock> = None;
     let mut first_error = None;
@@ -57,7 +54,9 @@ pub fn read_superblock(member: &dyn Member) -> Result<Superblock> {
     }
     best.ok_or_else(|| {
         first_error.unwrap_or_else(|| {
-            Error::Refused(format!("{} is not a lograid member", member.describe()))
+            Error::Refused(Refusal::NotAMember {
+                drive: member.describe(),
+            })
         })
     })
 }
@@ -73,10 +72,12 @@ fn refuse_foreign_contents(member: &dyn Member) -> Result<()> {
         return Ok(());
     }
     match crate::device::signature_in(&head[..len]) {
-        Some(what) if what != crate::device::LOGRAID_SIGNATURE => Err(Error::Refused(format!(
-            "{} is not a lograid member: it now holds {what}",
-            member.describe()
-        ))),
+        Some(what) if what != crate::device::LOGRAID_SIGNATURE => {
+            Err(Error::Refused(Refusal::NowHolds {
+                drive: member.describe(),
+                holds: what.to_string(),
+            }))
+        }
         _ => Ok(()),
     }
 }
@@ -100,10 +101,9 @@ pub(crate) fn open_engine(
             Error::Format {
                 cause: crate::format::FormatError::BadMagic,
                 ..
-            } => Error::Refused(format!(
-                "{} is not a lograid member (no lograid superblock)",
-                m.describe()
-            )),
+            } => Error::Refused(Refusal::NoSuperblock {
+                drive: m.describe(),
+            }),
             other => other,
         })?;
         found.push((m, sb));
@@ -117,30 +117,27 @@ pub(crate) fn open_engine(
     let mut slots: Vec<Option<Arc<dyn Member>>> = vec![None; n];
     for (m, sb) in found {
         if sb.pool_uuid != newest.pool_uuid {
-            return Err(Error::Refused(format!(
-                "{} belongs to another pool ({:032x}, not {:032x})",
-                m.describe(),
-                sb.pool_uuid,
-                newest.pool_uuid
-            )));
+            return Err(Error::Refused(Refusal::AnotherPool {
+                drive: m.describe(),
+                found: sb.pool_uuid,
+                expected: newest.pool_uuid,
+            }));
         }
         let i = sb.member_index as usize;
         if i < n
             && newest.members[i].uuid == sb.member_uuid()
             && newest.members[i].state == MemberState::Removed
         {
-            return Err(Error::Refused(format!(
-                "{} was removed from pool '{}'",
-                m.describe(),
-                newest.pool_name
-            )));
+            return Err(Error::Refused(Refusal::RemovedMember {
+                drive: m.describe(),
+                pool: newest.pool_name.clone(),
+            }));
         }
         if i >= n || newest.members[i].uuid != sb.member_uuid() {
-            return Err(Error::Refused(format!(
-                "{} is not a current member of pool '{}'",
-                m.describe(),
-                newest.pool_name
-            )));
+            return Err(Error::Refused(Refusal::NotACurrentMember {
+                drive: m.describe(),
+                pool: newest.pool_name.clone(),
+            }));
         }
         if slots[i].is_some() {
             return Err(Error::InvalidArgument(format!(
@@ -149,10 +146,9 @@ pub(crate) fn open_engine(
             )));
         }
         if m.size_bytes() / BLOCK_BYTES < newest.members[i].size_blocks {
-            return Err(Error::Refused(format!(
-                "{} is smaller than when it joined the pool",
-                m.describe()
-            )));
+            return Err(Error::Refused(Refusal::ShrunkMember {
+                drive: m.describe(),
+            }));
         }
         slots[i] = Some(m);
     }
@@ -174,17 +170,12 @@ pub(crate) fn open_engine(
         .filter(|(i, r)| r.state == MemberState::Active && slots[*i].is_some())
         .fold(0u32, |m, (i, _)| m | 1 << i);
     if missing.len() > newest.parity as usize {
-        return Err(Error::Refused(format!(
-            "pool '{}' needs at least {} of its {} members; missing: {}",
-            newest.pool_name,
-            n - newest.parity as usize,
-            n,
-            missing
-                .iter()
-                .map(|i| format!("member {i}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
+        return Err(Error::Refused(Refusal::TooFewMembers {
+            pool: newest.pool_name.clone(),
+            needed: n - newest.parity as usize,
+            members: n,
+            missing,
+        }));
     }
     let geometry = Geometry {
         member_blocks: MemberSizes::new(
@@ -250,7 +241,7 @@ pub(crate) fn open_engine(
     );
     *engine.recovery_report.lock() = Some(report);
     if read_only {
-        engine.ledger.lock().read_only_reason = Some(OPENED_READ_ONLY.into());
+        engine.ledger.lock().read_only_reason = Some(ReadOnlyReason::Opened);
     }
     Ok(engine)
 }
@@ -300,13 +291,12 @@ impl Engine {
             // than the parity, rows may have lost more columns than it covers.
             let lost = self.lost_members(&ledger);
             if lost > self.shape.parity() as u32 && ledger.read_only_reason.is_none() {
-                let msg = format!(
-                    "{lost} members are missing or not yet rebuilt, more than parity {}: \
-                     the pool stopped writing until a missing member is back",
-                    self.shape.parity()
-                );
-                tracing::error!("{msg}");
-                ledger.read_only_reason = Some(msg);
+                let reason = ReadOnlyReason::TooManyLost {
+                    lost,
+                    parity: self.shape.parity(),
+                };
+                tracing::error!("{reason}");
+                ledger.read_only_reason = Some(reason);
                 read_only = true;
             }
             ledger.checkpoint = ptr;

@@ -23,7 +23,7 @@ use super::overlay_table::Written;
 use super::overlay_table::{Cond, Pick};
 use super::read::gone;
 use super::Engine;
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::format::BLOCK_BYTES;
 use crate::format::BLOCK_SIZE;
 use crate::sync::{thread, Mutex, MutexGuard};
@@ -194,9 +194,11 @@ impl Engine {
                 return Ok(());
             }
         }
-        Err(Error::Refused(format!(
-            "volume {vol} block {lba}: merging a sub-block write kept racing with other writes"
-        )))
+        Err(Error::Refused(Refusal::KeptRacing {
+            volume: vol.to_string(),
+            block: lba,
+            what: "merging a sub-block write",
+        }))
     }
 
     /// Writes `data` at byte `offset` of volume `id` (512-byte aligned,
@@ -271,9 +273,11 @@ impl Engine {
                 },
             }
         }
-        Err(Error::Refused(format!(
-            "volume '{name}' block {lba}: sub-block write kept racing with other writes"
-        )))
+        Err(Error::Refused(Refusal::KeptRacing {
+            volume: name.to_string(),
+            block: lba,
+            what: "a sub-block write",
+        }))
     }
 
     /// Writes `bytes` at byte `within` of block `lba` by reading the block,

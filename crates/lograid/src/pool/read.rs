@@ -164,10 +164,10 @@ impl Engine {
             }
             let fixed = self
                 .rebuild_block(pba, crc)
-                .map_err(|detail| Error::Unrecoverable {
+                .map_err(|cause| Error::Unrecoverable {
                     volume: name.to_string(),
                     offset: (lba + i as u64) * BLOCK_BYTES,
-                    detail,
+                    cause,
                 })?;
             dest.copy_from_slice(&fixed);
             self.rewrite_block(pba, &fixed);

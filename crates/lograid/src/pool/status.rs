@@ -152,10 +152,7 @@ pub fn collect(engine: &Engine) -> PoolStatus {
     let map_memory_bytes: u64 = volumes.iter().map(|v| v.map_memory_bytes).sum();
     let stored_blocks = ledger.stored_blocks;
     let missing = engine.lost_members(&ledger);
-    let fault = ledger
-        .read_only_reason
-        .as_ref()
-        .filter(|r| r.as_str() != super::open::OPENED_READ_ONLY);
+    let fault = ledger.read_only_reason.as_ref().filter(|r| r.is_fault());
     let state = match (fault, missing) {
         (Some(r), _) => format!("read-only ({r})"),
         (None, 0) => "online".into(),

@@ -11,6 +11,7 @@
 
 use super::Engine;
 use crate::device::AlignedBuf;
+use crate::error::RepairError;
 use crate::error::Result;
 use crate::format::row::RowHeader;
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
@@ -25,7 +26,7 @@ impl Engine {
         geom: &RowGeom,
         pba: Pba,
         crc: u32,
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<Vec<u8>, RepairError> {
         if let Some(src) = self.ledger.lock().inflight_block(&self.shape.geometry, pba) {
             return Ok(src.to_vec());
         }
@@ -37,7 +38,7 @@ impl Engine {
         }
         let (col, blk) = geom
             .locate(&self.shape.geometry, pba)
-            .ok_or("block outside its row")?;
+            .ok_or(RepairError::OutsideRow)?;
         let stripe = self.read_row_stripe(geom, blk);
         rebuild_from_stripe(geom, stripe, col, |b| crc32c(b) == crc)
     }
@@ -53,11 +54,11 @@ impl Engine {
     /// columns of its row. Tries the plain erasure first, then additionally
     /// erases up to P-1 other columns (a second bad column) until the
     /// result matches the checksum.
-    pub(crate) fn rebuild_block(&self, pba: Pba, crc: u32) -> Result<Vec<u8>, String> {
-        let geom = self.row_of(pba).ok_or("no row record for this block")?;
+    pub(crate) fn rebuild_block(&self, pba: Pba, crc: u32) -> Result<Vec<u8>, RepairError> {
+        let geom = self.row_of(pba).ok_or(RepairError::NoRow)?;
         let (col, blk) = geom
             .locate(&self.shape.geometry, pba)
-            .ok_or("block outside its row")?;
+            .ok_or(RepairError::OutsideRow)?;
         let columns = self.read_row_stripe(&geom, blk);
         rebuild_from_stripe(&geom, columns, col, |b| crc32c(b) == crc)
     }
@@ -513,7 +514,7 @@ pub(crate) fn rebuild_from_stripe(
     columns: Vec<Option<Vec<u8>>>,
     target: usize,
     check: impl Fn(&[u8]) -> bool,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, RepairError> {
     let k = geom.data_capacity_columns();
     let p = geom.parity as usize;
     let width = geom.width();
@@ -521,12 +522,11 @@ pub(crate) fn rebuild_from_stripe(
         .filter(|&c| c == target || columns[c].is_none())
         .collect();
     if missing.len() > p {
-        return Err(format!(
-            "{} of {} columns unreadable with {} parity",
-            missing.len(),
+        return Err(RepairError::TooManyUnreadable {
+            unreadable: missing.len(),
             width,
-            p
-        ));
+            parity: p,
+        });
     }
     missing.sort_unstable();
     let candidates: Vec<usize> = (0..width)
@@ -551,9 +551,7 @@ pub(crate) fn rebuild_from_stripe(
             return Ok(work.swap_remove(target));
         }
     }
-    Err(format!(
-        "no combination of {p} parity columns reproduces the checksum"
-    ))
+    Err(RepairError::NoMatchingCombination { parity: p })
 }
 
 fn combinations(items: &[usize], n: usize) -> Vec<Vec<usize>> {

@@ -7,7 +7,7 @@
 use super::super::ledger::check_writable;
 use super::Pool;
 use crate::device::Member;
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::format::superblock::MemberState;
 use crate::format::BLOCK_BYTES;
 use std::sync::atomic::Ordering;
@@ -49,9 +49,7 @@ impl Pool {
             match state {
                 Some(MemberState::Active | MemberState::Faulted | MemberState::Joining) => {}
                 Some(MemberState::Removing) => {
-                    return Err(Error::Refused(format!(
-                        "member {old} is already being replaced or removed"
-                    )))
+                    return Err(Error::Refused(Refusal::MemberBusy { member: old }))
                 }
                 _ => return Err(Error::NotFound(format!("member {old} in this pool"))),
             }
@@ -118,9 +116,7 @@ impl Pool {
                         s @ (MemberState::Active | MemberState::Faulted | MemberState::Joining),
                     ) => s,
                     Some(MemberState::Removing) => {
-                        return Err(Error::Refused(format!(
-                            "member {m} is already being replaced or removed"
-                        )))
+                        return Err(Error::Refused(Refusal::MemberBusy { member: m }))
                     }
                     _ => return Err(Error::NotFound(format!("member {m} in this pool"))),
                 };
@@ -139,11 +135,12 @@ impl Pool {
                     })
                     .count();
                 if left < parity + 1 || left < 2 {
-                    return Err(Error::Refused(format!(
-                        "without member {m} the pool would have {left} working member(s); \
-                         parity {parity} needs at least {}",
-                        (parity + 1).max(2)
-                    )));
+                    return Err(Error::Refused(Refusal::TooFewLeft {
+                        member: m,
+                        left,
+                        parity,
+                        needed: (parity + 1).max(2),
+                    }));
                 }
                 ledger.members[m].state = MemberState::Removing;
                 ledger.update_capacity(&self.engine.shape);
@@ -153,12 +150,11 @@ impl Pool {
                     let (stored, usable) = (held, ledger.usable_blocks);
                     ledger.members[m].state = was;
                     ledger.update_capacity(&self.engine.shape);
-                    return Err(Error::Refused(format!(
-                        "the pool holds {} bytes; without member {m} it could hold only {} \
-                         (free space or add a drive first)",
-                        stored * BLOCK_BYTES,
-                        usable * BLOCK_BYTES
-                    )));
+                    return Err(Error::Refused(Refusal::WouldNotFitWithout {
+                        member: m,
+                        stored_bytes: stored * BLOCK_BYTES,
+                        usable_bytes: usable * BLOCK_BYTES,
+                    }));
                 }
                 was
             };
@@ -195,9 +191,7 @@ impl Pool {
                     return Ok(());
                 }
                 if ledger.members_in(MemberState::Faulted) != 0 {
-                    return Err(Error::Refused(
-                        "a member is faulted: replace it before changing the parity".into(),
-                    ));
+                    return Err(Error::Refused(Refusal::MemberFaulted));
                 }
                 self.engine.shape.parity.store(parity, Ordering::SeqCst);
                 ledger.update_capacity(&self.engine.shape);
@@ -206,11 +200,11 @@ impl Pool {
                     let (stored, usable) = (held, ledger.usable_blocks);
                     self.engine.shape.parity.store(old, Ordering::SeqCst);
                     ledger.update_capacity(&self.engine.shape);
-                    return Err(Error::Refused(format!(
-                        "the pool holds {} bytes; with parity {parity} it could hold only {} (free space or add members first)",
-                        stored * BLOCK_BYTES,
-                        usable * BLOCK_BYTES
-                    )));
+                    return Err(Error::Refused(Refusal::WouldNotFitWithParity {
+                        parity,
+                        stored_bytes: stored * BLOCK_BYTES,
+                        usable_bytes: usable * BLOCK_BYTES,
+                    }));
                 }
                 ledger.member_set_changed(&self.engine.shape);
             }

@@ -17,7 +17,7 @@ use super::ledger::Ledger;
 use super::stats;
 use super::{background, ledger, open, status, Engine};
 use super::{PoolStatus, ScrubReport};
-use crate::error::{Error, Result};
+use crate::error::{Error, Refusal, Result};
 use crate::format::BLOCK_SIZE;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -153,10 +153,11 @@ impl Pool {
                 .find(|v| v.name == name && v.exists())
                 .ok_or_else(|| Error::NotFound(format!("volume '{name}'")))?;
             if size_bytes < v.size_bytes {
-                return Err(Error::Refused(format!(
-                    "volume '{name}' is {} bytes; shrinking to {size_bytes} would drop data",
-                    v.size_bytes
-                )));
+                return Err(Error::Refused(Refusal::WouldShrink {
+                    volume: name.to_string(),
+                    size_bytes: v.size_bytes,
+                    requested_bytes: size_bytes,
+                }));
             }
             v.recording_size_bytes = Some(size_bytes);
             v.id

@@ -6,6 +6,7 @@ use super::super::range::{self};
 use super::super::read::Allocation;
 use super::super::Engine;
 use super::SECTOR;
+use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE;
 use std::sync::atomic::Ordering;
@@ -38,7 +39,7 @@ impl Volume {
     /// Checks alignment and range; returns the volume size.
     fn check(&self, offset: u64, length: u64) -> Result<()> {
         if self.engine.closed.load(Ordering::Relaxed) {
-            return Err(Error::ReadOnly("pool is closed".into()));
+            return Err(Error::ReadOnly(ReadOnlyReason::Closed));
         }
         if !offset.is_multiple_of(SECTOR) || !length.is_multiple_of(SECTOR) {
             return Err(Error::Misaligned { offset, length });
@@ -104,7 +105,7 @@ impl Volume {
     /// Makes every write acknowledged before this call durable.
     pub fn flush(&self) -> Result<()> {
         if self.engine.closed.load(Ordering::Relaxed) {
-            return Err(Error::ReadOnly("pool is closed".into()));
+            return Err(Error::ReadOnly(ReadOnlyReason::Closed));
         }
         self.engine
             .guarded("flush", || self.engine.flush_acknowledged())
