@@ -318,21 +318,25 @@ fn spawn_overwriters(
         .collect()
 }
 
+/// Writes done, user bytes written, member bytes written and seconds since
+/// the start, at one moment of the overwrite.
+type Mark = (u64, u64, u64, f64);
+
 /// Samples throughput, write amplification and free segments every few
 /// seconds until `secs` have passed since `start`. `(user0, member0)` are
 /// the byte counters when the overwrite began. Returns the timeline and the
-/// (ops, user bytes, member bytes, seconds) when the last third began.
+/// mark when the last third began.
 fn sample_timeline(
     pool: &lograid::Pool,
     ops: &AtomicU64,
     start: Instant,
     secs: f64,
     (user0, member0): (u64, u64),
-) -> (Vec<Sample>, Option<(u64, u64, u64, f64)>) {
+) -> (Vec<Sample>, Option<Mark>) {
     let mut timeline = Vec::new();
     let interval = (secs / 24.0).clamp(1.0, 5.0);
     let (mut last_ops, mut last_user, mut last_member) = (0u64, user0, member0);
-    let mut third: Option<(u64, u64, u64, f64)> = None;
+    let mut third: Option<Mark> = None;
     let mut tick = 1;
     while start.elapsed().as_secs_f64() < secs {
         let next = interval * tick as f64;
