@@ -299,43 +299,7 @@ pub fn apply(pool: &Pool, jobs: &Arc<Jobs>, req: &Request) -> Result<String> {
             new,
             size,
             force,
-        } => {
-            // The old drive back again: close it first (it holds its lock).
-            let canon = |p: &std::path::Path| std::fs::canonicalize(p).ok();
-            let same = pool.status().members.iter().any(|m| {
-                m.index == *old
-                    && canon(std::path::Path::new(&m.path)) == canon(new)
-                    && canon(new).is_some()
-            });
-            if same && !pool.release_faulted_member(*old) {
-                anyhow::bail!(
-                    "{} is member {old} and has not failed; give a different drive to replace it",
-                    new.display()
-                );
-            }
-            // A drive of this very pool (a member that came back) is taken
-            // without --force: the engine checks it is the one replaced.
-            let ours = lograid::device::FileMember::open(new, lograid::device::OpenMode::Peek)
-                .ok()
-                .and_then(|m| lograid::read_superblock(&m).ok())
-                .is_some_and(|sb| sb.pool_uuid == pool.uuid());
-            let member =
-                lograid::open_new_members(std::slice::from_ref(new), *size, *force || ours)?
-                    .pop()
-                    .context("no drive opened")?;
-            let index = pool.replace_member(*old, member)?;
-            Ok(if index == *old {
-                format!(
-                    "{} takes the place of member {old}; rebuilding its columns in place in the background",
-                    new.display()
-                )
-            } else {
-                format!(
-                    "member {old} is being replaced by {} (member {index}); rebuilding in the background",
-                    new.display()
-                )
-            })
-        }
+        } => replace(pool, *old, new, *size, *force),
         Request::Add {
             drives,
             size,
@@ -364,6 +328,48 @@ pub fn apply(pool: &Pool, jobs: &Arc<Jobs>, req: &Request) -> Result<String> {
             Ok(if *pause { "paused" } else { "resumed" }.into())
         }
     }
+}
+
+/// Replaces member `old` by the drive at `new` (see [`Request::Replace`]).
+fn replace(
+    pool: &Pool,
+    old: usize,
+    new: &std::path::Path,
+    size: Option<u64>,
+    force: bool,
+) -> Result<String> {
+    // The old drive back again: close it first (it holds its lock).
+    let canon = |p: &std::path::Path| std::fs::canonicalize(p).ok();
+    let same = pool.status().members.iter().any(|m| {
+        m.index == old && canon(std::path::Path::new(&m.path)) == canon(new) && canon(new).is_some()
+    });
+    if same && !pool.release_faulted_member(old) {
+        anyhow::bail!(
+            "{} is member {old} and has not failed; give a different drive to replace it",
+            new.display()
+        );
+    }
+    // A drive of this very pool (a member that came back) is taken
+    // without --force: the engine checks it is the one replaced.
+    let ours = lograid::device::FileMember::open(new, lograid::device::OpenMode::Peek)
+        .ok()
+        .and_then(|m| lograid::read_superblock(&m).ok())
+        .is_some_and(|sb| sb.pool_uuid == pool.uuid());
+    let member = lograid::open_new_members(&[new.to_path_buf()], size, force || ours)?
+        .pop()
+        .context("no drive opened")?;
+    let index = pool.replace_member(old, member)?;
+    Ok(if index == old {
+        format!(
+            "{} takes the place of member {old}; rebuilding its columns in place in the background",
+            new.display()
+        )
+    } else {
+        format!(
+            "member {old} is being replaced by {} (member {index}); rebuilding in the background",
+            new.display()
+        )
+    })
 }
 
 /// Serves control requests for `pool` until dropped.

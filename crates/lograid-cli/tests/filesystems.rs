@@ -454,78 +454,14 @@ fn the_servers_fuse_files_refusals_and_a_stop_while_attached() {
     // Named with a trailing slash, as a shell completes it.
     let server = pool.serve_with(&["--fuse", &format!("{}/", files.display())]);
     let att = Attachment::attach_file(&files.join("vol0"), &state);
-    let again = lograid()
-        .arg("attach")
-        .arg("--file")
-        .arg(files.join("vol0"))
-        .arg("--state-dir")
-        .arg(&state)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&again.stderr);
-    assert!(!again.status.success());
-    assert!(
-        stderr.contains("already attached as") && stderr.contains(&*att.device.to_string_lossy()),
-        "{stderr}"
-    );
-    let dir = lograid()
-        .args(["attach", "--file"])
-        .arg(&files)
-        .arg("--state-dir")
-        .arg(&state)
-        .output()
-        .unwrap();
-    assert!(!dir.status.success());
-    assert!(
-        String::from_utf8_lossy(&dir.stderr).contains("not a regular file"),
-        "{}",
-        String::from_utf8_lossy(&dir.stderr)
-    );
-    let list = stdout_of(
-        lograid()
-            .args(["attach", "--list", "--state-dir"])
-            .arg(&state),
-    );
-    assert!(list.contains("(lograid serve --fuse)"), "{list}");
+    assert_attach_file_refusals(&files, &state, &att);
 
     // Through the device, O_DIRECT, then read back over NBD.
-    {
-        use std::io::{Seek, Write};
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut dev = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(&att.device)
-            .unwrap();
-        let layout = std::alloc::Layout::from_size_align(1 << 20, 4096).unwrap();
-        // SAFETY: an aligned allocation of the layout's size, freed below.
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        assert!(!ptr.is_null());
-        // SAFETY: ptr is valid for 1 MiB.
-        let buf = unsafe { std::slice::from_raw_parts_mut(ptr, 1 << 20) };
-        buf.fill(0x6c);
-        dev.seek(std::io::SeekFrom::Start(3 << 20)).unwrap();
-        dev.write_all(buf).unwrap();
-        dev.sync_all().unwrap();
-        // SAFETY: allocated above with this layout.
-        unsafe { std::alloc::dealloc(ptr, layout) };
-    }
+    write_direct(&att.device);
     qemu_io_reads(&server, &["read -P 0x6c 3M 1M", "read -P 0 0 3M"]);
     // A punched hole reads back as zeroes, also where it covers 4 KiB blocks only in part
     // (512-byte steps, as the loop device's discard and zero-out send them).
-    {
-        use std::os::fd::AsRawFd;
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(files.join("vol0"))
-            .unwrap();
-        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        for (offset, length) in [((3 << 20) + 512, 3584), ((3 << 20) + 20480, 10240)] {
-            // SAFETY: fallocate on a descriptor we own.
-            let rc = unsafe { libc::fallocate(file.as_raw_fd(), punch, offset, length) };
-            assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
-        }
-    }
+    punch_holes(&files.join("vol0"));
     qemu_io_reads(
         &server,
         &[
@@ -549,6 +485,79 @@ fn the_servers_fuse_files_refusals_and_a_stop_while_attached() {
             .arg(&state),
     );
     assert!(list.trim().is_empty(), "{list}");
+}
+
+/// `attach --file` refuses the file attached as `att` and a directory; the list names `att`.
+fn assert_attach_file_refusals(files: &Path, state: &Path, att: &Attachment) {
+    let again = lograid()
+        .arg("attach")
+        .arg("--file")
+        .arg(files.join("vol0"))
+        .arg("--state-dir")
+        .arg(state)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(!again.status.success());
+    assert!(
+        stderr.contains("already attached as") && stderr.contains(&*att.device.to_string_lossy()),
+        "{stderr}"
+    );
+    let dir = lograid()
+        .args(["attach", "--file"])
+        .arg(files)
+        .arg("--state-dir")
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(!dir.status.success());
+    assert!(
+        String::from_utf8_lossy(&dir.stderr).contains("not a regular file"),
+        "{}",
+        String::from_utf8_lossy(&dir.stderr)
+    );
+    let list = stdout_of(
+        lograid()
+            .args(["attach", "--list", "--state-dir"])
+            .arg(state),
+    );
+    assert!(list.contains("(lograid serve --fuse)"), "{list}");
+}
+
+/// Writes 1 MiB of 0x6c at 3 MiB to `device` with O_DIRECT.
+fn write_direct(device: &Path) {
+    use std::io::{Seek, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut dev = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(device)
+        .unwrap();
+    let layout = std::alloc::Layout::from_size_align(1 << 20, 4096).unwrap();
+    // SAFETY: an aligned allocation of the layout's size, freed below.
+    let ptr = unsafe { std::alloc::alloc(layout) };
+    assert!(!ptr.is_null());
+    // SAFETY: ptr is valid for 1 MiB.
+    let buf = unsafe { std::slice::from_raw_parts_mut(ptr, 1 << 20) };
+    buf.fill(0x6c);
+    dev.seek(std::io::SeekFrom::Start(3 << 20)).unwrap();
+    dev.write_all(buf).unwrap();
+    dev.sync_all().unwrap();
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(ptr, layout) };
+}
+
+/// Punches holes in `file` that cover 4 KiB blocks only in part (512-byte steps, as the loop
+/// device's discard and zero-out send them).
+fn punch_holes(file: &Path) {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    for (offset, length) in [((3 << 20) + 512, 3584), ((3 << 20) + 20480, 10240)] {
+        // SAFETY: fallocate on a descriptor we own.
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), punch, offset, length) };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+    }
 }
 
 /// Runs qemu-io read-only on vol0 over NBD with `commands` (each `read -P` checks a pattern);

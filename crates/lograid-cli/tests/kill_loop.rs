@@ -32,6 +32,7 @@ mod common;
 use common::*;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -233,91 +234,133 @@ fn tagged_writer(
     while !stop.load(Ordering::Relaxed) {
         if until_flush == 0 {
             until_flush = 1 + rng.below(12);
-            match client.try_request(NBD_CMD_FLUSH, 0, 0, 0, &[]) {
-                Ok((0, _)) => {
-                    stats.flushes += 1;
-                    model.lock().unwrap().flushed_all();
-                }
-                Ok((e, _)) => {
-                    stats.nbd_error = Some(format!("flush: NBD error {e}"));
-                    break;
-                }
-                Err(e) => {
-                    stats.end = format!("flush: {e}");
-                    break;
-                }
+            if send_flush(&mut client, &model, &mut stats).is_break() {
+                break;
             }
             continue;
         }
         until_flush -= 1;
         let start = rng.below(A_BLOCKS as u64) as usize;
         let len = (1 + rng.below(16) as usize).min(A_BLOCKS - start);
-        let offset = (start * BLOCK) as u64;
         let kind = rng.below(20);
-        if kind == 0 {
-            // TRIM: the blocks read as zeros afterwards (if it survives).
-            {
-                let mut m = model.lock().unwrap();
-                for b in start..start + len {
-                    m.pending[b].push(0);
-                }
-            }
-            match client.try_request(NBD_CMD_TRIM, 0, offset, (len * BLOCK) as u32, &[]) {
-                Ok((0, _)) => stats.trims += 1,
-                Ok((e, _)) => {
-                    stats.nbd_error = Some(format!("trim at {offset}: NBD error {e}"));
-                    break;
-                }
-                Err(e) => {
-                    stats.end = format!("trim: {e}");
-                    break;
-                }
-            }
-            continue;
-        }
-        seq += 1;
-        let tag = (round << 32) | seq;
-        let fua = kind == 1;
-        let mut payload = Vec::with_capacity(len * BLOCK);
-        for b in start..start + len {
-            payload.extend_from_slice(&block_contents(tag, b));
-        }
-        {
-            // Recorded before it is sent: a write whose reply never came may have landed.
-            let mut m = model.lock().unwrap();
-            for b in start..start + len {
-                m.pending[b].push(tag);
-            }
-        }
-        let flags = if fua { NBD_CMD_FLAG_FUA } else { 0 };
-        match client.try_request(NBD_CMD_WRITE, flags, offset, payload.len() as u32, &payload) {
-            Ok((0, _)) => {
-                stats.writes += 1;
-                if fua {
-                    stats.fua_writes += 1;
-                    // This write is durable; it supersedes every earlier write to its blocks.
-                    let mut m = model.lock().unwrap();
-                    for b in start..start + len {
-                        m.durable[b] = tag;
-                        m.flushed[b] = true;
-                        m.pending[b].clear();
-                    }
-                }
-            }
-            Ok((e, _)) => {
-                stats.nbd_error = Some(format!("write at {offset}: NBD error {e}"));
-                break;
-            }
-            Err(e) => {
-                stats.end = format!("write: {e}");
-                break;
-            }
+        let sent = if kind == 0 {
+            send_trim(&mut client, &model, start, len, &mut stats)
+        } else {
+            seq += 1;
+            let tag = (round << 32) | seq;
+            let fua = kind == 1;
+            send_write(&mut client, &model, tag, start, len, fua, &mut stats)
+        };
+        if sent.is_break() {
+            break;
         }
     }
     if stats.end.is_empty() && stats.nbd_error.is_none() {
         stats.end = "stopped".into();
     }
     stats
+}
+
+/// One flush; on success every pending write is durable. Breaks (saying why in `stats`) when
+/// the writer must stop.
+fn send_flush(
+    client: &mut NbdClient,
+    model: &Mutex<Model>,
+    stats: &mut WriterStats,
+) -> ControlFlow<()> {
+    match client.try_request(NBD_CMD_FLUSH, 0, 0, 0, &[]) {
+        Ok((0, _)) => {
+            stats.flushes += 1;
+            model.lock().unwrap().flushed_all();
+        }
+        Ok((e, _)) => {
+            stats.nbd_error = Some(format!("flush: NBD error {e}"));
+            return ControlFlow::Break(());
+        }
+        Err(e) => {
+            stats.end = format!("flush: {e}");
+            return ControlFlow::Break(());
+        }
+    }
+    ControlFlow::Continue(())
+}
+
+/// A TRIM of `len` blocks from `start`: the blocks read as zeros afterwards (if it survives).
+fn send_trim(
+    client: &mut NbdClient,
+    model: &Mutex<Model>,
+    start: usize,
+    len: usize,
+    stats: &mut WriterStats,
+) -> ControlFlow<()> {
+    let offset = (start * BLOCK) as u64;
+    {
+        let mut m = model.lock().unwrap();
+        for b in start..start + len {
+            m.pending[b].push(0);
+        }
+    }
+    match client.try_request(NBD_CMD_TRIM, 0, offset, (len * BLOCK) as u32, &[]) {
+        Ok((0, _)) => stats.trims += 1,
+        Ok((e, _)) => {
+            stats.nbd_error = Some(format!("trim at {offset}: NBD error {e}"));
+            return ControlFlow::Break(());
+        }
+        Err(e) => {
+            stats.end = format!("trim: {e}");
+            return ControlFlow::Break(());
+        }
+    }
+    ControlFlow::Continue(())
+}
+
+/// A write of `len` blocks from `start` tagged `tag` (FUA if `fua`).
+fn send_write(
+    client: &mut NbdClient,
+    model: &Mutex<Model>,
+    tag: u64,
+    start: usize,
+    len: usize,
+    fua: bool,
+    stats: &mut WriterStats,
+) -> ControlFlow<()> {
+    let offset = (start * BLOCK) as u64;
+    let mut payload = Vec::with_capacity(len * BLOCK);
+    for b in start..start + len {
+        payload.extend_from_slice(&block_contents(tag, b));
+    }
+    {
+        // Recorded before it is sent: a write whose reply never came may have landed.
+        let mut m = model.lock().unwrap();
+        for b in start..start + len {
+            m.pending[b].push(tag);
+        }
+    }
+    let flags = if fua { NBD_CMD_FLAG_FUA } else { 0 };
+    match client.try_request(NBD_CMD_WRITE, flags, offset, payload.len() as u32, &payload) {
+        Ok((0, _)) => {
+            stats.writes += 1;
+            if fua {
+                stats.fua_writes += 1;
+                // This write is durable; it supersedes every earlier write to its blocks.
+                let mut m = model.lock().unwrap();
+                for b in start..start + len {
+                    m.durable[b] = tag;
+                    m.flushed[b] = true;
+                    m.pending[b].clear();
+                }
+            }
+        }
+        Ok((e, _)) => {
+            stats.nbd_error = Some(format!("write at {offset}: NBD error {e}"));
+            return ControlFlow::Break(());
+        }
+        Err(e) => {
+            stats.end = format!("write: {e}");
+            return ControlFlow::Break(());
+        }
+    }
+    ControlFlow::Continue(())
 }
 
 /// Reads `[offset, offset + len)` in 1 MiB requests; panics on an NBD error.

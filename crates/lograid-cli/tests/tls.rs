@@ -247,9 +247,30 @@ fn tls_required_serves_encrypted_clients_and_nothing_else() {
         "the export list leaked in plaintext: {listed}"
     );
 
-    // At the protocol level: every option but STARTTLS and ABORT gets NBD_REP_ERR_TLS_REQD;
-    // STARTTLS with data is invalid; NBD_OPT_EXPORT_NAME closes the connection.
+    options_before_tls_are_refused(server.port);
+
+    // STARTTLS is acknowledged, then a client that speaks garbage instead of TLS is dropped,
+    // and the server goes on serving.
     let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).unwrap();
+    s.write_all(&3u32.to_be_bytes()).unwrap();
+    send_option(&mut s, 5, &[]);
+    assert_eq!(read_option_reply(&mut s).1, NBD_REP_ACK);
+    s.write_all(&[0x42; 512]).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let info = stdout_of(tool("nbdinfo").arg(tls_uri(&server, "vol0", &client)));
+    assert!(info.contains("with TLS"), "{info}");
+    let log = server.terminate();
+    assert!(log.contains("TLS handshake failed"), "{log}");
+}
+
+/// At the protocol level: every option but STARTTLS and ABORT gets NBD_REP_ERR_TLS_REQD;
+/// STARTTLS with data is invalid; NBD_OPT_EXPORT_NAME closes the connection.
+fn options_before_tls_are_refused(port: u16) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let mut greeting = [0u8; 18];
     s.read_exact(&mut greeting).unwrap();
@@ -273,22 +294,6 @@ fn tls_required_serves_encrypted_clients_and_nothing_else() {
         rest.is_empty(),
         "EXPORT_NAME before TLS got an answer: {rest:?}"
     );
-
-    // STARTTLS is acknowledged, then a client that speaks garbage instead of TLS is dropped,
-    // and the server goes on serving.
-    let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.read_exact(&mut greeting).unwrap();
-    s.write_all(&3u32.to_be_bytes()).unwrap();
-    send_option(&mut s, 5, &[]);
-    assert_eq!(read_option_reply(&mut s).1, NBD_REP_ACK);
-    s.write_all(&[0x42; 512]).unwrap();
-    let mut rest = Vec::new();
-    let _ = s.read_to_end(&mut rest);
-    let info = stdout_of(tool("nbdinfo").arg(tls_uri(&server, "vol0", &client)));
-    assert!(info.contains("with TLS"), "{info}");
-    let log = server.terminate();
-    assert!(log.contains("TLS handshake failed"), "{log}");
 }
 
 #[test]

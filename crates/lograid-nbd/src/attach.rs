@@ -405,98 +405,131 @@ pub fn attach(uri: &str, export_name: &str, work_dir: &Path) -> Result<Attached,
         return Err(AttachError::Uri(full_uri, "contains a tab or newline"));
     }
     let work_dir = prepare_work_dir(work_dir)?;
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_nanos());
-    let tag = format!("fuse-{}-{stamp}", std::process::id());
-    let mount_dir = work_dir.join(&tag);
-    let pid_file = work_dir.join(format!("{tag}.pid"));
-    let log_file = work_dir.join(format!("{tag}.log"));
-    fs::create_dir(&mount_dir).map_err(io_error(format!("creating {}", mount_dir.display())))?;
-    let log =
-        File::create(&log_file).map_err(io_error(format!("creating {}", log_file.display())))?;
-    let log_err = log
-        .try_clone()
-        .map_err(io_error("duplicating the log file"))?;
-
-    let mut child = Command::new(tool("nbdfuse")?)
-        .arg("-P")
-        .arg(&pid_file)
-        .arg(&mount_dir)
-        .arg(&full_uri)
-        .stdin(Stdio::null())
-        .stdout(log)
-        .stderr(log_err)
-        // Its own process group: a Ctrl-C meant for the caller must not kill the device.
-        .process_group(0)
-        .spawn()
-        .map_err(io_error("starting nbdfuse"))?;
-    let nbdfuse_pid = child.id();
-
-    let cleanup_mount = |child: Child| {
-        let _ = unmount(&mount_dir);
-        let _ = wait_nbdfuse_exit(nbdfuse_pid, Some(child));
-        let _ = fs::remove_dir(&mount_dir);
-        let _ = fs::remove_file(&pid_file);
-    };
-
-    // Wait until nbdfuse reports it is serving.
-    let deadline = Instant::now() + MOUNT_TIMEOUT;
-    loop {
-        if has_text(&pid_file) {
-            break;
-        }
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                let _ = fs::remove_dir(&mount_dir);
-                return Err(AttachError::Command {
-                    command: format!("nbdfuse {} {full_uri}", mount_dir.display()),
-                    status: status.to_string(),
-                    stderr: log_tail(&log_file),
-                });
-            }
-            Ok(None) => {}
-            Err(error) => return Err(io_error("waiting for nbdfuse")(error)),
-        }
-        if Instant::now() >= deadline {
-            cleanup_mount(child);
-            return Err(AttachError::Timeout(format!(
-                "nbdfuse did not mount {full_uri} within {MOUNT_TIMEOUT:?}: {}",
-                log_tail(&log_file)
-            )));
-        }
-        std::thread::sleep(POLL);
-    }
-    let fuse_file = mount_dir.join("nbd");
+    let nbdfuse = Nbdfuse::start(&full_uri, &work_dir)?.wait_serving(&full_uri)?;
+    let fuse_file = nbdfuse.mount_dir.join("nbd");
 
     let _lock = lock_state(&work_dir)?;
     let loop_device = match loop_on(&fuse_file) {
         Ok(device) => device,
         Err(error) => {
-            cleanup_mount(child);
+            nbdfuse.clean_up();
             return Err(error);
         }
     };
     let record = AttachmentRecord {
         loop_device,
-        mount_dir: mount_dir.clone(),
-        nbdfuse_pid,
+        mount_dir: nbdfuse.mount_dir.clone(),
+        nbdfuse_pid: nbdfuse.pid,
         uri: full_uri,
     };
     if let Err(error) = add_record(&work_dir, &record) {
         if let Ok(losetup) = tool("losetup") {
             let _ = run(Command::new(losetup).arg("-d").arg(&record.loop_device));
         }
-        cleanup_mount(child);
+        nbdfuse.clean_up();
         return Err(error);
     }
-    let _ = fs::remove_file(&log_file);
+    let _ = fs::remove_file(&nbdfuse.log_file);
     tracing::info!(device = %record.loop_device.display(), uri = %record.uri, "attached");
     Ok(Attached {
         record,
         work_dir,
-        nbdfuse: Some(child),
+        nbdfuse: Some(nbdfuse.child),
     })
+}
+
+/// An nbdfuse process started by [`attach`], and its files in the work directory.
+struct Nbdfuse {
+    child: Child,
+    pid: u32,
+    /// Where it mounts the export (as the file `nbd`).
+    mount_dir: PathBuf,
+    /// Written by nbdfuse once it serves.
+    pid_file: PathBuf,
+    /// Its stdout and stderr.
+    log_file: PathBuf,
+}
+
+impl Nbdfuse {
+    /// Makes a mount directory and a log file named after this process and the time under
+    /// `work_dir`, and starts `nbdfuse` on `full_uri` there in its own process group.
+    fn start(full_uri: &str, work_dir: &Path) -> Result<Nbdfuse, AttachError> {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_nanos());
+        let tag = format!("fuse-{}-{stamp}", std::process::id());
+        let mount_dir = work_dir.join(&tag);
+        let pid_file = work_dir.join(format!("{tag}.pid"));
+        let log_file = work_dir.join(format!("{tag}.log"));
+        fs::create_dir(&mount_dir)
+            .map_err(io_error(format!("creating {}", mount_dir.display())))?;
+        let log = File::create(&log_file)
+            .map_err(io_error(format!("creating {}", log_file.display())))?;
+        let log_err = log
+            .try_clone()
+            .map_err(io_error("duplicating the log file"))?;
+
+        let child = Command::new(tool("nbdfuse")?)
+            .arg("-P")
+            .arg(&pid_file)
+            .arg(&mount_dir)
+            .arg(full_uri)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            // Its own process group: a Ctrl-C meant for the caller must not kill the device.
+            .process_group(0)
+            .spawn()
+            .map_err(io_error("starting nbdfuse"))?;
+        let pid = child.id();
+        Ok(Nbdfuse {
+            child,
+            pid,
+            mount_dir,
+            pid_file,
+            log_file,
+        })
+    }
+
+    /// Waits until nbdfuse reports it is serving (it writes its pid file), for at most
+    /// [`MOUNT_TIMEOUT`].
+    fn wait_serving(mut self, full_uri: &str) -> Result<Nbdfuse, AttachError> {
+        let deadline = Instant::now() + MOUNT_TIMEOUT;
+        loop {
+            if has_text(&self.pid_file) {
+                return Ok(self);
+            }
+            match self.child.try_wait() {
+                Ok(Some(status)) => {
+                    let _ = fs::remove_dir(&self.mount_dir);
+                    return Err(AttachError::Command {
+                        command: format!("nbdfuse {} {full_uri}", self.mount_dir.display()),
+                        status: status.to_string(),
+                        stderr: log_tail(&self.log_file),
+                    });
+                }
+                Ok(None) => {}
+                Err(error) => return Err(io_error("waiting for nbdfuse")(error)),
+            }
+            if Instant::now() >= deadline {
+                let log_file = self.log_file.clone();
+                self.clean_up();
+                return Err(AttachError::Timeout(format!(
+                    "nbdfuse did not mount {full_uri} within {MOUNT_TIMEOUT:?}: {}",
+                    log_tail(&log_file)
+                )));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Unmounts, waits for nbdfuse to exit, and removes the mount directory and pid file.
+    fn clean_up(self) {
+        let _ = unmount(&self.mount_dir);
+        let _ = wait_nbdfuse_exit(self.pid, Some(self.child));
+        let _ = fs::remove_dir(&self.mount_dir);
+        let _ = fs::remove_file(&self.pid_file);
+    }
 }
 
 /// Creates and resolves the directory attachments are recorded in. Its path goes into the

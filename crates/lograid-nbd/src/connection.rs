@@ -5,6 +5,7 @@
 //! and the writer task that serializes replies. Must never: let one connection's failure reach
 //! another, hold more than its in-flight budget of buffers, or panic on anything a client sends.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -381,7 +382,7 @@ async fn acquire(semaphore: &Arc<Semaphore>, amount: u32) -> Option<OwnedSemapho
 async fn read_requests<R>(
     reader: &mut BufReader<R>,
     reply_tx: &mpsc::UnboundedSender<Outgoing>,
-    mut abort_rx: watch::Receiver<bool>,
+    abort_rx: watch::Receiver<bool>,
     session: &Session,
     shared: &Arc<Shared>,
     options: ReplyOptions,
@@ -390,64 +391,143 @@ where
     R: AsyncRead + Unpin + Send + 'static,
 {
     let limits = &shared.limits;
-    let counters = &shared.counters;
-    let slots = Arc::new(Semaphore::new(limits.max_in_flight));
-    let conn_bytes = Arc::new(Semaphore::new(limits.max_in_flight_bytes as usize));
-    let mut shutdown = shared.shutdown.clone();
-
+    let mut requests = RequestReader {
+        reader,
+        reply_tx,
+        stops: Stops {
+            abort: abort_rx,
+            shutdown: shared.shutdown.clone(),
+        },
+        session,
+        shared,
+        options,
+        slots: Arc::new(Semaphore::new(limits.max_in_flight)),
+        conn_bytes: Arc::new(Semaphore::new(limits.max_in_flight_bytes as usize)),
+    };
     loop {
+        if let Err(end) = requests.serve_next().await {
+            return end;
+        }
+    }
+}
+
+/// What ends the request reader while it waits on anything: the writer failing, or the server
+/// shutting down.
+struct Stops {
+    abort: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Stops {
+    /// Runs `work` to its end unless the writer fails or the server shuts down first.
+    async fn race<F: Future>(&mut self, work: F) -> Result<F::Output, ReaderEnd> {
+        tokio::select! {
+            output = work => Ok(output),
+            _ = wait_true(&mut self.abort) => Err(ReaderEnd::WriterGone),
+            _ = wait_true(&mut self.shutdown) => Err(ReaderEnd::Shutdown),
+        }
+    }
+}
+
+/// The transmission phase's reading side of one connection, with its in-flight budgets.
+struct RequestReader<'a, R> {
+    reader: &'a mut BufReader<R>,
+    reply_tx: &'a mpsc::UnboundedSender<Outgoing>,
+    stops: Stops,
+    session: &'a Session,
+    shared: &'a Arc<Shared>,
+    options: ReplyOptions,
+    /// Requests in flight on this connection.
+    slots: Arc<Semaphore>,
+    /// Buffer bytes in flight on this connection.
+    conn_bytes: Arc<Semaphore>,
+}
+
+impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
+    /// Reads one request and answers it, or hands it to the blocking pool. `Err`: why the
+    /// reader stops.
+    async fn serve_next(&mut self) -> Result<(), ReaderEnd> {
         // 1. A free slot: at the limit, stop reading until a reply has been written.
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => match slot { Ok(slot) => slot, Err(_) => return ReaderEnd::WriterGone },
-            _ = wait_true(&mut abort_rx) => return ReaderEnd::WriterGone,
-            _ = wait_true(&mut shutdown) => return ReaderEnd::Shutdown,
-        };
+        let slot = self
+            .stops
+            .race(self.slots.clone().acquire_owned())
+            .await?
+            .map_err(|_| ReaderEnd::WriterGone)?;
 
         // 2. The next request header.
-        let mut raw = [0u8; REQUEST_HEADER_LEN];
-        let read = tokio::select! {
-            read = read_header(reader, &mut raw) => read,
-            _ = wait_true(&mut abort_rx) => return ReaderEnd::WriterGone,
-            _ = wait_true(&mut shutdown) => return ReaderEnd::Shutdown,
-        };
-        match read {
-            Ok(true) => {}
-            Ok(false) => return ReaderEnd::Clean("connection closed"),
-            Err(error) => return ReaderEnd::Broken(format!("reading a request header: {error}")),
-        }
-        let header = match parse_request(&raw) {
-            Ok(header) => header,
-            Err(error) => return ReaderEnd::Broken(error.to_string()),
-        };
-        counters.requests.fetch_add(1, Ordering::Relaxed);
-
-        let validated = validate_request(&header, &session.limits);
-        let (command, rejection) = match validated {
-            Ok(Command::Disconnect) => return ReaderEnd::Clean("NBD_CMD_DISC"),
-            Ok(command) => (Some(command), None),
-            Err(rejection) => (None, Some(rejection)),
+        let header = self.read_header().await?;
+        self.shared
+            .counters
+            .requests
+            .fetch_add(1, Ordering::Relaxed);
+        let validated = match validate_request(&header, &self.session.limits) {
+            Ok(Command::Disconnect) => return Err(ReaderEnd::Clean("NBD_CMD_DISC")),
+            validated => validated,
         };
 
         // 3. Buffer budget for the payload (WRITE) or the reply (READ).
-        let buffer_bytes = match command {
-            Some(Command::Read { length, .. }) | Some(Command::Write { length, .. }) => {
+        let buffer_bytes = match validated {
+            Ok(Command::Read { length, .. }) | Ok(Command::Write { length, .. }) => {
                 length.saturating_add(SMALL_REQUEST_BYTES)
             }
             _ => SMALL_REQUEST_BYTES,
         }
-        .min(limits.max_in_flight_bytes);
-        let permits = tokio::select! {
-            permits = async {
-                let conn = acquire(&conn_bytes, buffer_bytes).await?;
-                let global = acquire(&shared.global_bytes, buffer_bytes).await?;
+        .min(self.shared.limits.max_in_flight_bytes);
+        let in_flight = self.reserve(slot, buffer_bytes).await?;
+
+        let command = match validated {
+            Ok(command) => command,
+            // 4a. Refused requests: keep the stream in step, answer with the error.
+            Err(rejection) => return self.refuse(&header, rejection, in_flight).await,
+        };
+
+        // 4b. The payload of a WRITE.
+        let payload = match command {
+            Command::Write { length, .. } => self.read_payload(length).await?,
+            _ => Vec::new(),
+        };
+
+        // 5. Run it on the blocking pool; the reply goes to the writer when it is ready.
+        self.execute(header.cookie, command, payload, in_flight);
+        Ok(())
+    }
+
+    /// Reads and parses the next request header.
+    async fn read_header(&mut self) -> Result<RequestHeader, ReaderEnd> {
+        let mut raw = [0u8; REQUEST_HEADER_LEN];
+        match self.stops.race(read_header(self.reader, &mut raw)).await? {
+            Ok(true) => {}
+            Ok(false) => return Err(ReaderEnd::Clean("connection closed")),
+            Err(error) => {
+                return Err(ReaderEnd::Broken(format!(
+                    "reading a request header: {error}"
+                )))
+            }
+        }
+        parse_request(&raw).map_err(|error| ReaderEnd::Broken(error.to_string()))
+    }
+
+    /// Takes `buffer_bytes` from this connection's and the server's buffer budgets (waiting
+    /// for replies to free them) and counts the request in flight.
+    async fn reserve(
+        &mut self,
+        slot: OwnedSemaphorePermit,
+        buffer_bytes: u32,
+    ) -> Result<InFlight, ReaderEnd> {
+        let conn_bytes = &self.conn_bytes;
+        let global_bytes = &self.shared.global_bytes;
+        let permits = self
+            .stops
+            .race(async {
+                let conn = acquire(conn_bytes, buffer_bytes).await?;
+                let global = acquire(global_bytes, buffer_bytes).await?;
                 Some((conn, global))
-            } => permits,
-            _ = wait_true(&mut abort_rx) => return ReaderEnd::WriterGone,
-            _ = wait_true(&mut shutdown) => return ReaderEnd::Shutdown,
-        };
+            })
+            .await?;
         let Some((conn_permit, global_permit)) = permits else {
-            return ReaderEnd::WriterGone;
+            return Err(ReaderEnd::WriterGone);
         };
+        let counters = &self.shared.counters;
         counters.in_flight_requests.fetch_add(1, Ordering::Relaxed);
         let now = counters
             .in_flight_bytes
@@ -456,102 +536,97 @@ where
         counters
             .peak_in_flight_bytes
             .fetch_max(now, Ordering::Relaxed);
-        let in_flight = InFlight {
+        Ok(InFlight {
             _slot: slot,
             _conn_bytes: conn_permit,
             _global_bytes: global_permit,
             bytes: u64::from(buffer_bytes),
             counters: counters.clone(),
+        })
+    }
+
+    /// Answers a refused request with its error, after draining its payload (or, for one too
+    /// large to drain, ends the connection after the reply).
+    async fn refuse(
+        &mut self,
+        header: &RequestHeader,
+        rejection: Rejection,
+        in_flight: InFlight,
+    ) -> Result<(), ReaderEnd> {
+        self.shared
+            .counters
+            .request_errors
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            command = command_name(header.command),
+            offset = header.offset,
+            length = header.length,
+            error = rejection.error,
+            reason = rejection.reason,
+            "request refused"
+        );
+        let reply = Outgoing {
+            bytes: error_reply(
+                header.cookie,
+                header.command,
+                rejection.error,
+                rejection.reason,
+                self.options,
+            ),
+            _in_flight: Some(in_flight),
         };
-
-        // 4a. Refused requests: keep the stream in step, answer with the error.
-        if let Some(rejection) = rejection {
-            counters.request_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(
-                command = command_name(header.command),
-                offset = header.offset,
-                length = header.length,
-                error = rejection.error,
-                reason = rejection.reason,
-                "request refused"
-            );
-            let reply = Outgoing {
-                bytes: error_reply(
-                    header.cookie,
-                    header.command,
-                    rejection.error,
-                    rejection.reason,
-                    options,
-                ),
-                _in_flight: Some(in_flight),
-            };
-            match rejection.payload {
-                PayloadDisposition::None => {}
-                PayloadDisposition::Discard(length) => {
-                    let mut limited = (&mut *reader).take(u64::from(length));
-                    let mut sink = tokio::io::sink();
-                    let drained = tokio::select! {
-                        drained = timeout(limits.payload_timeout, tokio::io::copy(&mut limited, &mut sink)) => drained,
-                        _ = wait_true(&mut abort_rx) => return ReaderEnd::WriterGone,
-                        _ = wait_true(&mut shutdown) => return ReaderEnd::Shutdown,
-                    };
-                    match drained {
-                        Ok(Ok(count)) if count == u64::from(length) => {}
-                        Ok(Ok(_)) => {
-                            return ReaderEnd::Broken(
-                                "connection closed inside a write payload".into(),
-                            )
-                        }
-                        Ok(Err(error)) => {
-                            return ReaderEnd::Broken(format!("reading a write payload: {error}"))
-                        }
-                        Err(_) => {
-                            return ReaderEnd::Broken("write payload not sent in time".into())
-                        }
-                    }
-                }
-                PayloadDisposition::Disconnect => {
-                    let _ = reply_tx.send(reply);
-                    return ReaderEnd::Broken(format!(
-                        "write payload of {} bytes is too large",
-                        header.length
-                    ));
-                }
+        match rejection.payload {
+            PayloadDisposition::None => {}
+            PayloadDisposition::Discard(length) => {
+                let mut limited = (&mut *self.reader).take(u64::from(length));
+                let mut sink = tokio::io::sink();
+                let drained = self
+                    .stops
+                    .race(timeout(
+                        self.shared.limits.payload_timeout,
+                        tokio::io::copy(&mut limited, &mut sink),
+                    ))
+                    .await?;
+                payload_read(drained, u64::from(length))?;
             }
-            let _ = reply_tx.send(reply);
-            continue;
-        }
-        let Some(command) = command else { continue };
-
-        // 4b. The payload of a WRITE.
-        let mut payload = Vec::new();
-        if let Command::Write { length, .. } = command {
-            // Read into the vector's spare capacity (not zeroed first: zeroing every payload
-            // was 3% of the server's CPU on sequential writes).
-            payload = Vec::with_capacity(length as usize);
-            let mut limited = (&mut *reader).take(u64::from(length));
-            let read = tokio::select! {
-                read = timeout(limits.payload_timeout, limited.read_to_end(&mut payload)) => read,
-                _ = wait_true(&mut abort_rx) => return ReaderEnd::WriterGone,
-                _ = wait_true(&mut shutdown) => return ReaderEnd::Shutdown,
-            };
-            match read {
-                Ok(Ok(count)) if count == length as usize => {}
-                Ok(Ok(_)) => {
-                    return ReaderEnd::Broken("connection closed inside a write payload".into())
-                }
-                Ok(Err(error)) => {
-                    return ReaderEnd::Broken(format!("reading a write payload: {error}"))
-                }
-                Err(_) => return ReaderEnd::Broken("write payload not sent in time".into()),
+            PayloadDisposition::Disconnect => {
+                let _ = self.reply_tx.send(reply);
+                return Err(ReaderEnd::Broken(format!(
+                    "write payload of {} bytes is too large",
+                    header.length
+                )));
             }
         }
+        let _ = self.reply_tx.send(reply);
+        Ok(())
+    }
 
-        // 5. Run it on the blocking pool; the reply goes to the writer when it is ready.
-        let export = session.export.clone();
-        let reply_tx = reply_tx.clone();
-        let cookie = header.cookie;
-        let error_counter = counters.clone();
+    /// Reads the `length` bytes of a WRITE payload.
+    async fn read_payload(&mut self, length: u32) -> Result<Vec<u8>, ReaderEnd> {
+        // Read into the vector's spare capacity (not zeroed first: zeroing every payload
+        // was 3% of the server's CPU on sequential writes).
+        let mut payload = Vec::with_capacity(length as usize);
+        let mut limited = (&mut *self.reader).take(u64::from(length));
+        let read = self
+            .stops
+            .race(timeout(
+                self.shared.limits.payload_timeout,
+                limited.read_to_end(&mut payload),
+            ))
+            .await?;
+        payload_read(
+            read.map(|read| read.map(|count| count as u64)),
+            u64::from(length),
+        )?;
+        Ok(payload)
+    }
+
+    /// Runs `command` on the blocking pool and sends its reply to the writer.
+    fn execute(&self, cookie: u64, command: Command, payload: Vec<u8>, in_flight: InFlight) {
+        let export = self.session.export.clone();
+        let reply_tx = self.reply_tx.clone();
+        let error_counter = self.shared.counters.clone();
+        let options = self.options;
         tokio::task::spawn_blocking(move || {
             let reply = execute(export.as_ref(), cookie, command, &payload, options);
             drop(payload);
@@ -563,6 +638,23 @@ where
                 _in_flight: Some(in_flight),
             });
         });
+    }
+}
+
+/// How reading a WRITE payload of `expected` bytes (within the payload timeout) ended.
+fn payload_read(
+    read: Result<std::io::Result<u64>, tokio::time::error::Elapsed>,
+    expected: u64,
+) -> Result<(), ReaderEnd> {
+    match read {
+        Ok(Ok(count)) if count == expected => Ok(()),
+        Ok(Ok(_)) => Err(ReaderEnd::Broken(
+            "connection closed inside a write payload".into(),
+        )),
+        Ok(Err(error)) => Err(ReaderEnd::Broken(format!(
+            "reading a write payload: {error}"
+        ))),
+        Err(_) => Err(ReaderEnd::Broken("write payload not sent in time".into())),
     }
 }
 

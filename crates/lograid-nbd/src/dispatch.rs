@@ -250,6 +250,8 @@ fn gather_extents(export: &dyn Export, offset: u64, length: u64) -> Vec<(u64, Al
     extents
 }
 
+/// The reply to a READ: a simple reply with the data, or structured reply chunks (with hole
+/// chunks for the holes of a sparse read); an error reply if the export fails.
 fn read_reply(
     export: &dyn Export,
     cookie: u64,
@@ -268,18 +270,8 @@ fn read_reply(
             options,
         )
     };
-    let len = length as usize;
     if !options.structured_replies {
-        let mut out = vec![0u8; SIMPLE_REPLY_HEADER_LEN + len];
-        if len > 0 {
-            if let Err(error) = export.read(offset, &mut out[SIMPLE_REPLY_HEADER_LEN..]) {
-                return read_error(error);
-            }
-        }
-        let mut header = Vec::with_capacity(SIMPLE_REPLY_HEADER_LEN);
-        put_simple_reply(&mut header, cookie, 0);
-        out[..SIMPLE_REPLY_HEADER_LEN].copy_from_slice(&header);
-        return out;
+        return simple_read_reply(export, cookie, offset, length).unwrap_or_else(read_error);
     }
     if length == 0 {
         let mut out = Vec::with_capacity(STRUCTURED_REPLY_HEADER_LEN);
@@ -299,6 +291,30 @@ fn read_reply(
             hole: false,
         }]
     };
+    read_chunks(export, cookie, &pieces).unwrap_or_else(read_error)
+}
+
+/// A simple reply header followed by the `length` bytes at `offset`.
+fn simple_read_reply(
+    export: &dyn Export,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+) -> std::io::Result<Vec<u8>> {
+    let len = length as usize;
+    let mut out = vec![0u8; SIMPLE_REPLY_HEADER_LEN + len];
+    if len > 0 {
+        export.read(offset, &mut out[SIMPLE_REPLY_HEADER_LEN..])?;
+    }
+    let mut header = Vec::with_capacity(SIMPLE_REPLY_HEADER_LEN);
+    put_simple_reply(&mut header, cookie, 0);
+    out[..SIMPLE_REPLY_HEADER_LEN].copy_from_slice(&header);
+    Ok(out)
+}
+
+/// One structured reply chunk per piece (a hole chunk, or a data chunk with the bytes read),
+/// the last one flagged done.
+fn read_chunks(export: &dyn Export, cookie: u64, pieces: &[ReadPiece]) -> std::io::Result<Vec<u8>> {
     let total: usize = pieces
         .iter()
         .map(|piece| {
@@ -318,7 +334,7 @@ fn read_reply(
         } else {
             0
         };
-        // Piece lengths are at most `length`, a u32.
+        // Piece lengths are at most the request's length, a u32.
         let piece_len = piece.length as u32;
         if piece.hole {
             put_chunk_header(&mut out, cookie, flags, NBD_REPLY_TYPE_OFFSET_HOLE, 12);
@@ -335,12 +351,10 @@ fn read_reply(
             out.extend_from_slice(&piece.offset.to_be_bytes());
             let start = out.len();
             out.resize(start + piece.length as usize, 0);
-            if let Err(error) = export.read(piece.offset, &mut out[start..]) {
-                return read_error(error);
-            }
+            export.read(piece.offset, &mut out[start..])?;
         }
     }
-    out
+    Ok(out)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::dispatch::{block_status_descriptors, execute, plan_read, ReplyOptions};
 use crate::export::{Allocation, Export};
-use crate::negotiate::{ExportRegistry, Negotiation, NegotiationPolicy, Step};
+use crate::negotiate::{ExportRegistry, Negotiation, NegotiationPolicy, Session, Step};
 use crate::proto::*;
 use crate::tls::TlsMode;
 
@@ -131,7 +131,31 @@ pub struct FuzzReach {
 /// Feeds `input` through every parser and state machine a connection uses. Panics only on a bug.
 pub fn fuzz_protocol(input: &[u8]) -> FuzzReach {
     let mut reach = FuzzReach::default();
-    // Stand-alone parsers over the raw input.
+    parse_alone(input);
+
+    // A whole session: a header byte string picks the export shape, then options, then requests.
+    let mut data = input;
+    let Some(SessionSetup {
+        mut negotiation,
+        sparse_reads,
+    }) = set_up_session(&mut data)
+    else {
+        return reach;
+    };
+    let Some(session) = haggle(&mut data, &mut negotiation) else {
+        return reach;
+    };
+    reach.reached_transmission = true;
+    let options = ReplyOptions {
+        structured_replies: session.limits.structured_replies,
+        sparse_reads,
+    };
+    transmit(&mut data, &session, options, &mut reach);
+    reach
+}
+
+/// The stand-alone parsers over the raw input.
+fn parse_alone(input: &[u8]) {
     if let Some(raw) = input.get(0..4) {
         let _ = parse_client_flags(&[raw[0], raw[1], raw[2], raw[3]]);
     }
@@ -161,12 +185,18 @@ pub fn fuzz_protocol(input: &[u8]) -> FuzzReach {
                 .unwrap_or(&[]),
         );
     }
+}
 
-    // A whole session: a header byte string picks the export shape, then options, then requests.
-    let mut data = input;
-    let Some(setup) = take(&mut data, 8) else {
-        return reach;
-    };
+/// A session ready for option haggling.
+struct SessionSetup {
+    negotiation: Negotiation,
+    sparse_reads: bool,
+}
+
+/// Takes the 8 setup bytes and the extents from the front of `data`: the shape of the export
+/// "disk" (beside a fixed "other"), the client flags and the TLS policy.
+fn set_up_session(data: &mut &[u8]) -> Option<SessionSetup> {
+    let setup = take(data, 8)?;
     let size_bytes = u64::from(u32_at(setup, 0)) * 512 + u64::from(setup[4] & 0x7f);
     let read_only = setup[5] & 1 != 0;
     let sparse_reads = setup[5] & 2 != 0;
@@ -176,7 +206,7 @@ pub fn fuzz_protocol(input: &[u8]) -> FuzzReach {
     };
     let extent_bytes = usize::from(setup[7] % 64) * 3;
     let extent_bytes = extent_bytes.min(data.len());
-    let extents = extents_from(take(&mut data, extent_bytes).unwrap_or(&[]));
+    let extents = extents_from(take(data, extent_bytes).unwrap_or(&[]));
     let _ = plan_read(512, u64::from(u32_at(setup, 0)), &extents);
     let _ = block_status_descriptors(u32_at(setup, 0), &extents, setup[7] & 1 != 0);
 
@@ -194,9 +224,7 @@ pub fn fuzz_protocol(input: &[u8]) -> FuzzReach {
             read_only: false,
         }),
     ];
-    let Ok(registry) = ExportRegistry::new(exports) else {
-        return reach;
-    };
+    let registry = ExportRegistry::new(exports).ok()?;
     let policy = NegotiationPolicy {
         read_only: false,
         max_payload: DEFAULT_MAX_PAYLOAD,
@@ -207,11 +235,17 @@ pub fn fuzz_protocol(input: &[u8]) -> FuzzReach {
             _ => TlsMode::Off,
         },
     };
-    let mut negotiation = Negotiation::new(registry, policy, client);
-    let session = loop {
-        let Some(header) = take(&mut data, 8) else {
-            return reach;
-        };
+    Some(SessionSetup {
+        negotiation: Negotiation::new(registry, policy, client),
+        sparse_reads,
+    })
+}
+
+/// Options from `data` until the negotiation picks an export (`None`: it closed, or the input
+/// ended).
+fn haggle(data: &mut &[u8], negotiation: &mut Negotiation) -> Option<Session> {
+    loop {
+        let header = take(data, 8)?;
         let option = u32_at(header, 0) % 16;
         let announced = u32_at(header, 4);
         let step = if announced > MAX_OPTION_LEN {
@@ -221,36 +255,34 @@ pub fn fuzz_protocol(input: &[u8]) -> FuzzReach {
             });
             if discard {
                 let skip = (announced as usize).min(data.len());
-                let _ = take(&mut data, skip);
+                let _ = take(data, skip);
             }
             step
         } else {
             let length = (announced as usize) % 512;
             let length = length.min(data.len());
-            let Some(body) = take(&mut data, length) else {
-                return reach;
-            };
+            let body = take(data, length)?;
             negotiation.handle_option(option, body)
         };
         match step {
             Step::Reply(_) => continue,
             // As if the TLS handshake succeeded.
             Step::StartTls(_) => negotiation.tls_started(),
-            Step::Close { .. } => return reach,
-            Step::Transmit { session, .. } => break session,
+            Step::Close { .. } => return None,
+            Step::Transmit { session, .. } => return Some(session),
         }
-    };
-    reach.reached_transmission = true;
-    let options = ReplyOptions {
-        structured_replies: session.limits.structured_replies,
-        sparse_reads,
-    };
-    while let Some(raw) = take(&mut data, REQUEST_HEADER_LEN - 4) {
+    }
+}
+
+/// Requests from `data` (without their magic) until it ends or one does not parse: each is
+/// validated, and executed against the stub export unless longer than [`MAX_EXECUTED_LEN`].
+fn transmit(data: &mut &[u8], session: &Session, options: ReplyOptions, reach: &mut FuzzReach) {
+    while let Some(raw) = take(data, REQUEST_HEADER_LEN - 4) {
         let mut bytes = [0u8; REQUEST_HEADER_LEN];
         bytes[0..4].copy_from_slice(&NBD_REQUEST_MAGIC.to_be_bytes());
         bytes[4..].copy_from_slice(raw);
         let Ok(header) = parse_request(&bytes) else {
-            return reach;
+            return;
         };
         reach.requests_validated += 1;
         match validate_request(&header, &session.limits) {
@@ -288,7 +320,6 @@ pub fn fuzz_protocol(input: &[u8]) -> FuzzReach {
             }
         }
     }
-    reach
 }
 
 /// Parses `text` as an attachments state file; whatever parses must format and parse back to

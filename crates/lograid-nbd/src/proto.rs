@@ -630,12 +630,33 @@ pub fn validate_request(
     } else {
         PayloadDisposition::None
     };
-    let reject = |error: u32, reason: &'static str| Rejection {
+    let reject = |(error, reason): Refusal| Rejection {
         error,
         payload,
         reason,
     };
 
+    check_flags(header, limits).map_err(reject)?;
+    match header.command {
+        NBD_CMD_DISC => return Ok(Command::Disconnect),
+        NBD_CMD_FLUSH => {
+            if header.offset != 0 || header.length != 0 {
+                return Err(reject((NBD_EINVAL, "flush with nonzero offset or length")));
+            }
+            return Ok(Command::Flush);
+        }
+        _ => {}
+    }
+    check_range(header, limits).map_err(reject)?;
+    // Every other command was returned or rejected above.
+    decode_command(header).ok_or_else(|| reject((NBD_EINVAL, "unknown command")))
+}
+
+/// Why a request is refused: the `NBD_E*` error and the reason logged.
+type Refusal = (u32, &'static str);
+
+/// The command must be known, and carry only flags valid for it (and negotiated).
+fn check_flags(header: &RequestHeader, limits: &SessionLimits) -> Result<(), Refusal> {
     let allowed_flags = match header.command {
         NBD_CMD_READ => {
             NBD_CMD_FLAG_FUA
@@ -649,70 +670,62 @@ pub fn validate_request(
         NBD_CMD_WRITE_ZEROES => NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO,
         NBD_CMD_BLOCK_STATUS => NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_REQ_ONE,
         NBD_CMD_DISC => u16::MAX,
-        _ => return Err(reject(NBD_EINVAL, "unknown command")),
+        _ => return Err((NBD_EINVAL, "unknown command")),
     };
     if header.flags & !allowed_flags != 0 {
-        return Err(reject(
-            NBD_EINVAL,
-            "command flag not valid for this command",
-        ));
+        return Err((NBD_EINVAL, "command flag not valid for this command"));
     }
-    let fua = header.flags & NBD_CMD_FLAG_FUA != 0;
+    Ok(())
+}
 
-    match header.command {
-        NBD_CMD_DISC => return Ok(Command::Disconnect),
-        NBD_CMD_FLUSH => {
-            if header.offset != 0 || header.length != 0 {
-                return Err(reject(NBD_EINVAL, "flush with nonzero offset or length"));
-            }
-            return Ok(Command::Flush);
-        }
-        _ => {}
-    }
-
+/// The checks of a command with a range (all but DISC and FLUSH): allowed on this export,
+/// within the payload limit, aligned, and inside the export.
+fn check_range(header: &RequestHeader, limits: &SessionLimits) -> Result<(), Refusal> {
     let writes_data = matches!(
         header.command,
         NBD_CMD_WRITE | NBD_CMD_TRIM | NBD_CMD_WRITE_ZEROES
     );
     if writes_data && limits.read_only {
-        return Err(reject(NBD_EPERM, "export is read-only"));
+        return Err((NBD_EPERM, "export is read-only"));
     }
     if header.command == NBD_CMD_BLOCK_STATUS && !limits.block_status {
-        return Err(reject(
+        return Err((
             NBD_EINVAL,
             "block status without a negotiated metadata context",
         ));
     }
     if matches!(header.command, NBD_CMD_READ | NBD_CMD_WRITE) && header.length > limits.max_payload
     {
-        return Err(reject(
-            NBD_EINVAL,
-            "length larger than the maximum block size",
-        ));
+        return Err((NBD_EINVAL, "length larger than the maximum block size"));
     }
     let block = u64::from(MIN_BLOCK_SIZE);
     if header.offset % block != 0 || u64::from(header.length) % block != 0 {
-        return Err(reject(NBD_EINVAL, "offset or length not a multiple of 512"));
+        return Err((NBD_EINVAL, "offset or length not a multiple of 512"));
     }
     let Some(end) = header.offset.checked_add(u64::from(header.length)) else {
-        return Err(reject(NBD_EINVAL, "offset plus length overflows"));
+        return Err((NBD_EINVAL, "offset plus length overflows"));
     };
     if end > limits.size_bytes {
         return Err(
             if matches!(header.command, NBD_CMD_WRITE | NBD_CMD_WRITE_ZEROES) {
-                reject(NBD_ENOSPC, "write past the end of the export")
+                (NBD_ENOSPC, "write past the end of the export")
             } else {
-                reject(NBD_EINVAL, "request past the end of the export")
+                (NBD_EINVAL, "request past the end of the export")
             },
         );
     }
     if header.command == NBD_CMD_BLOCK_STATUS && header.length == 0 {
-        return Err(reject(NBD_EINVAL, "block status of zero length"));
+        return Err((NBD_EINVAL, "block status of zero length"));
     }
+    Ok(())
+}
 
+/// The command a checked header with a range asks for (`None` for any other command).
+fn decode_command(header: &RequestHeader) -> Option<Command> {
     let offset = header.offset;
     let length = header.length;
-    Ok(match header.command {
+    let fua = header.flags & NBD_CMD_FLAG_FUA != 0;
+    Some(match header.command {
         NBD_CMD_READ => Command::Read {
             offset,
             length,
@@ -741,8 +754,7 @@ pub fn validate_request(
             length,
             req_one: header.flags & NBD_CMD_FLAG_REQ_ONE != 0,
         },
-        // Every other command was returned or rejected above.
-        _ => return Err(reject(NBD_EINVAL, "unknown command")),
+        _ => return None,
     })
 }
 

@@ -343,19 +343,7 @@ impl Server {
         } = self;
         let shared = Arc::new(Shared {
             registry: registry.clone(),
-            limits: ConnectionLimits {
-                max_in_flight: config.max_in_flight_per_conn,
-                max_in_flight_bytes: config.max_in_flight_bytes_per_conn,
-                handshake_timeout: config.handshake_timeout,
-                payload_timeout: config.payload_timeout,
-                reply_write_timeout: config.reply_write_timeout,
-                sparse_reads: config.sparse_reads,
-                policy: NegotiationPolicy {
-                    read_only: config.read_only,
-                    max_payload: config.max_payload_bytes,
-                    tls: config.tls.as_ref().map_or(TlsMode::Off, |tls| tls.mode),
-                },
-            },
+            limits: connection_limits(&config),
             counters: counters.clone(),
             global_bytes: Arc::new(Semaphore::new(
                 usize::try_from(config.max_total_in_flight_bytes)
@@ -370,29 +358,8 @@ impl Server {
             .allow_list
             .as_ref()
             .map(|list| Arc::new(list.iter().map(|ip| ip.to_canonical()).collect()));
-
-        let mut accept_tasks = Vec::new();
-        let mut socket_files = Vec::new();
-        for listener in listeners {
-            let shared = shared.clone();
-            let slots = connection_slots.clone();
-            let allow_list = allow_list.clone();
-            match listener {
-                BoundListener::Tcp(listener) => {
-                    let listener = tokio::net::TcpListener::from_std(listener)
-                        .map_err(ServerError::Runtime)?;
-                    accept_tasks.push(tokio::spawn(accept_tcp(
-                        listener, shared, slots, allow_list,
-                    )));
-                }
-                BoundListener::Unix(listener, path) => {
-                    let listener = tokio::net::UnixListener::from_std(listener)
-                        .map_err(ServerError::Runtime)?;
-                    socket_files.push(path);
-                    accept_tasks.push(tokio::spawn(accept_unix(listener, shared, slots)));
-                }
-            }
-        }
+        let (accept_tasks, socket_files) =
+            start_accepting(listeners, &shared, &connection_slots, &allow_list)?;
 
         let mut shutdown_rx = shutdown_tx.subscribe();
         tokio::select! {
@@ -420,26 +387,9 @@ impl Server {
                 "connections still busy after the shutdown grace period; flushing anyway"
             );
         }
-        let mut first_error = None;
-        for export in registry.exports() {
-            let export = export.clone();
-            let name = export.name().to_owned();
-            let result = tokio::task::spawn_blocking(move || export.flush())
-                .await
-                .unwrap_or_else(|_| Err(io::Error::other("export panicked while flushing")));
-            if let Err(source) = result {
-                tracing::error!(export = %name, %source, "flush at shutdown failed");
-                first_error.get_or_insert(ServerError::Flush {
-                    export: name,
-                    source,
-                });
-            }
-        }
+        let flushed = flush_exports(&registry).await;
         tracing::info!("shutdown complete");
-        match first_error {
-            Some(error) => Err(error),
-            None => Ok(()),
-        }
+        flushed
     }
 
     /// Blocking form of [`Server::run_until`] for plain binaries: builds a multi-thread tokio
@@ -464,6 +414,79 @@ impl Server {
     /// Blocking: serves until the [`ShutdownHandle`] fires.
     pub fn serve(self) -> Result<(), ServerError> {
         self.serve_until(std::future::pending::<()>())
+    }
+}
+
+/// What each connection of a server with `config` is held to.
+fn connection_limits(config: &ServerConfig) -> ConnectionLimits {
+    ConnectionLimits {
+        max_in_flight: config.max_in_flight_per_conn,
+        max_in_flight_bytes: config.max_in_flight_bytes_per_conn,
+        handshake_timeout: config.handshake_timeout,
+        payload_timeout: config.payload_timeout,
+        reply_write_timeout: config.reply_write_timeout,
+        sparse_reads: config.sparse_reads,
+        policy: NegotiationPolicy {
+            read_only: config.read_only,
+            max_payload: config.max_payload_bytes,
+            tls: config.tls.as_ref().map_or(TlsMode::Off, |tls| tls.mode),
+        },
+    }
+}
+
+/// Starts one accept task per listener. Returns the tasks and the Unix socket files to remove
+/// at shutdown.
+fn start_accepting(
+    listeners: Vec<BoundListener>,
+    shared: &Arc<Shared>,
+    connection_slots: &Arc<Semaphore>,
+    allow_list: &Option<Arc<Vec<IpAddr>>>,
+) -> Result<(Vec<tokio::task::JoinHandle<()>>, Vec<PathBuf>), ServerError> {
+    let mut accept_tasks = Vec::new();
+    let mut socket_files = Vec::new();
+    for listener in listeners {
+        let shared = shared.clone();
+        let slots = connection_slots.clone();
+        let allow_list = allow_list.clone();
+        match listener {
+            BoundListener::Tcp(listener) => {
+                let listener =
+                    tokio::net::TcpListener::from_std(listener).map_err(ServerError::Runtime)?;
+                accept_tasks.push(tokio::spawn(accept_tcp(
+                    listener, shared, slots, allow_list,
+                )));
+            }
+            BoundListener::Unix(listener, path) => {
+                let listener =
+                    tokio::net::UnixListener::from_std(listener).map_err(ServerError::Runtime)?;
+                socket_files.push(path);
+                accept_tasks.push(tokio::spawn(accept_unix(listener, shared, slots)));
+            }
+        }
+    }
+    Ok((accept_tasks, socket_files))
+}
+
+/// Flushes every export on the blocking pool; the first failure is the result (each is logged).
+async fn flush_exports(registry: &ExportRegistry) -> Result<(), ServerError> {
+    let mut first_error = None;
+    for export in registry.exports() {
+        let export = export.clone();
+        let name = export.name().to_owned();
+        let result = tokio::task::spawn_blocking(move || export.flush())
+            .await
+            .unwrap_or_else(|_| Err(io::Error::other("export panicked while flushing")));
+        if let Err(source) = result {
+            tracing::error!(export = %name, %source, "flush at shutdown failed");
+            first_error.get_or_insert(ServerError::Flush {
+                export: name,
+                source,
+            });
+        }
+    }
+    match first_error {
+        Some(error) => Err(error),
+        None => Ok(()),
     }
 }
 

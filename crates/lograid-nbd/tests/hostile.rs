@@ -211,112 +211,9 @@ fn invalid_requests_get_errors_and_leave_data_alone() {
     for structured in [false, true] {
         let (mut client, _) = RawClient::open(server.addr, "disk0", structured, false);
         let junk = vec![0xeeu8; 4096];
-        // Unknown command and unknown flags.
-        assert_eq!(client.call(0, 9, 0, 0, &[]).error, NBD_EINVAL);
-        assert_eq!(
-            client.call(0, 0xffff, SENTINEL_AT, 4096, &[]).error,
-            NBD_EINVAL
-        );
-        assert_eq!(
-            client.call(1 << 9, NBD_CMD_READ, 0, 4096, &[]).error,
-            NBD_EINVAL
-        );
-        assert_eq!(
-            client
-                .call(
-                    NBD_CMD_FLAG_NO_HOLE,
-                    NBD_CMD_WRITE,
-                    SENTINEL_AT,
-                    4096,
-                    &junk
-                )
-                .error,
-            NBD_EINVAL
-        );
-        if !structured {
-            assert_eq!(
-                client
-                    .call(NBD_CMD_FLAG_DF, NBD_CMD_READ, 0, 4096, &[])
-                    .error,
-                NBD_EINVAL
-            );
-            assert_eq!(
-                client.call(0, NBD_CMD_BLOCK_STATUS, 0, 4096, &[]).error,
-                NBD_EINVAL
-            );
-        }
-        // offset + length overflows u64.
-        assert_eq!(
-            client
-                .call(0, NBD_CMD_READ, u64::MAX - 511, 4096, &[])
-                .error,
-            NBD_EINVAL
-        );
-        assert_eq!(
-            client
-                .call(0, NBD_CMD_WRITE, u64::MAX - 511, 4096, &junk)
-                .error,
-            NBD_EINVAL
-        );
-        assert_eq!(
-            client
-                .call(0, NBD_CMD_TRIM, u64::MAX - 511, 4096, &[])
-                .error,
-            NBD_EINVAL
-        );
-        // Past the end.
-        assert_eq!(
-            client.call(0, NBD_CMD_READ, SIZE - 512, 1024, &[]).error,
-            NBD_EINVAL
-        );
-        assert_eq!(client.call(0, NBD_CMD_READ, SIZE, 0, &[]).error, 0);
-        assert_eq!(
-            client.call(0, NBD_CMD_READ, SIZE + 512, 0, &[]).error,
-            NBD_EINVAL
-        );
-        assert_eq!(
-            client.call(0, NBD_CMD_WRITE, SIZE - 512, 4096, &junk).error,
-            NBD_ENOSPC
-        );
-        assert_eq!(
-            client.call(0, NBD_CMD_TRIM, SIZE - 512, 4096, &[]).error,
-            NBD_EINVAL
-        );
-        assert_eq!(
-            client.call(0, NBD_CMD_WRITE_ZEROES, SIZE, 512, &[]).error,
-            NBD_ENOSPC
-        );
-        // Misaligned.
-        assert_eq!(
-            client
-                .call(0, NBD_CMD_READ, SENTINEL_AT + 1, 4096, &[])
-                .error,
-            NBD_EINVAL
-        );
-        assert_eq!(
-            client
-                .call(0, NBD_CMD_WRITE, SENTINEL_AT, 100, &junk[..100])
-                .error,
-            NBD_EINVAL
-        );
-        assert_eq!(
-            client
-                .call(0, NBD_CMD_WRITE, SENTINEL_AT + 256, 512, &junk[..512])
-                .error,
-            NBD_EINVAL
-        );
-        assert_eq!(
-            client
-                .call(0, NBD_CMD_TRIM, SENTINEL_AT + 512, 100, &[])
-                .error,
-            NBD_EINVAL
-        );
-        assert_eq!(
-            client
-                .call(0, NBD_CMD_WRITE_ZEROES, SENTINEL_AT + 100, 512, &[])
-                .error,
-            NBD_EINVAL
-        );
+        refuses_unknown_commands_and_flags(&mut client, structured, &junk);
+        refuses_ranges_past_the_end(&mut client, &junk);
+        refuses_misaligned_ranges(&mut client, &junk);
         // Flush with a range.
         assert_eq!(client.call(0, NBD_CMD_FLUSH, 0, 512, &[]).error, NBD_EINVAL);
         // The stream is still in step.
@@ -325,6 +222,118 @@ fn invalid_requests_get_errors_and_leave_data_alone() {
     }
     healthy(&server, &export, &sentinel);
     assert!(export.contents(SENTINEL_AT, MIB) == sentinel);
+}
+
+/// Unknown command and unknown flags (and, without structured replies, DF and block status).
+fn refuses_unknown_commands_and_flags(client: &mut RawClient, structured: bool, junk: &[u8]) {
+    // Unknown command and unknown flags.
+    assert_eq!(client.call(0, 9, 0, 0, &[]).error, NBD_EINVAL);
+    assert_eq!(
+        client.call(0, 0xffff, SENTINEL_AT, 4096, &[]).error,
+        NBD_EINVAL
+    );
+    assert_eq!(
+        client.call(1 << 9, NBD_CMD_READ, 0, 4096, &[]).error,
+        NBD_EINVAL
+    );
+    assert_eq!(
+        client
+            .call(NBD_CMD_FLAG_NO_HOLE, NBD_CMD_WRITE, SENTINEL_AT, 4096, junk)
+            .error,
+        NBD_EINVAL
+    );
+    if !structured {
+        assert_eq!(
+            client
+                .call(NBD_CMD_FLAG_DF, NBD_CMD_READ, 0, 4096, &[])
+                .error,
+            NBD_EINVAL
+        );
+        assert_eq!(
+            client.call(0, NBD_CMD_BLOCK_STATUS, 0, 4096, &[]).error,
+            NBD_EINVAL
+        );
+    }
+}
+
+/// Ranges whose end overflows or lies past the end of the export.
+fn refuses_ranges_past_the_end(client: &mut RawClient, junk: &[u8]) {
+    // offset + length overflows u64.
+    assert_eq!(
+        client
+            .call(0, NBD_CMD_READ, u64::MAX - 511, 4096, &[])
+            .error,
+        NBD_EINVAL
+    );
+    assert_eq!(
+        client
+            .call(0, NBD_CMD_WRITE, u64::MAX - 511, 4096, junk)
+            .error,
+        NBD_EINVAL
+    );
+    assert_eq!(
+        client
+            .call(0, NBD_CMD_TRIM, u64::MAX - 511, 4096, &[])
+            .error,
+        NBD_EINVAL
+    );
+    // Past the end.
+    assert_eq!(
+        client.call(0, NBD_CMD_READ, SIZE - 512, 1024, &[]).error,
+        NBD_EINVAL
+    );
+    assert_eq!(client.call(0, NBD_CMD_READ, SIZE, 0, &[]).error, 0);
+    assert_eq!(
+        client.call(0, NBD_CMD_READ, SIZE + 512, 0, &[]).error,
+        NBD_EINVAL
+    );
+    assert_eq!(
+        client.call(0, NBD_CMD_WRITE, SIZE - 512, 4096, junk).error,
+        NBD_ENOSPC
+    );
+    assert_eq!(
+        client.call(0, NBD_CMD_TRIM, SIZE - 512, 4096, &[]).error,
+        NBD_EINVAL
+    );
+    assert_eq!(
+        client.call(0, NBD_CMD_WRITE_ZEROES, SIZE, 512, &[]).error,
+        NBD_ENOSPC
+    );
+}
+
+/// Offsets and lengths not multiples of 512.
+fn refuses_misaligned_ranges(client: &mut RawClient, junk: &[u8]) {
+    // Misaligned.
+    assert_eq!(
+        client
+            .call(0, NBD_CMD_READ, SENTINEL_AT + 1, 4096, &[])
+            .error,
+        NBD_EINVAL
+    );
+    assert_eq!(
+        client
+            .call(0, NBD_CMD_WRITE, SENTINEL_AT, 100, &junk[..100])
+            .error,
+        NBD_EINVAL
+    );
+    assert_eq!(
+        client
+            .call(0, NBD_CMD_WRITE, SENTINEL_AT + 256, 512, &junk[..512])
+            .error,
+        NBD_EINVAL
+    );
+    assert_eq!(
+        client
+            .call(0, NBD_CMD_TRIM, SENTINEL_AT + 512, 100, &[])
+            .error,
+        NBD_EINVAL
+    );
+    assert_eq!(
+        client
+            .call(0, NBD_CMD_WRITE_ZEROES, SENTINEL_AT + 100, 512, &[])
+            .error,
+        NBD_EINVAL
+    );
 }
 
 #[test]

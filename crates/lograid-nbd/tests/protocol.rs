@@ -25,8 +25,27 @@ fn option_haggling() {
     let (server, _, _) = two_exports();
     let mut client = RawClient::connect(server.addr);
     client.send_client_flags(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
+    haggle_list(&mut client);
+    haggle_info(&mut client);
+    haggle_refusals(&mut client);
+    haggle_meta_contexts(&mut client);
 
-    // LIST: every export, with its description, then ACK.
+    // GO on the export the context was selected for: block status works.
+    client.send_option(NBD_OPT_GO, &RawClient::info_data("disk1", &[]));
+    let replies = client.read_option_replies();
+    assert_eq!(replies.last().unwrap().reply_type, NBD_REP_ACK);
+    let status = client.call(0, NBD_CMD_BLOCK_STATUS, 0, 4 * MIB as u32, &[]);
+    assert_eq!(status.error, 0);
+    assert_eq!(status.context_id, BASE_ALLOCATION_CONTEXT_ID);
+    assert_eq!(
+        status.extents,
+        vec![(4 * MIB as u32, NBD_STATE_HOLE | NBD_STATE_ZERO)]
+    );
+    client.disconnect();
+}
+
+/// LIST: every export, with its description, then ACK.
+fn haggle_list(client: &mut RawClient) {
     client.send_option(NBD_OPT_LIST, &[]);
     let replies = client.read_option_replies();
     assert_eq!(replies.len(), 3);
@@ -36,8 +55,10 @@ fn option_haggling() {
     assert_eq!(replies[2].reply_type, NBD_REP_ACK);
     client.send_option(NBD_OPT_LIST, b"x");
     assert_eq!(client.read_option_reply().reply_type, NBD_REP_ERR_INVALID);
+}
 
-    // INFO with name, description and block size.
+/// INFO with name, description and block size.
+fn haggle_info(client: &mut RawClient) {
     client.send_option(
         NBD_OPT_INFO,
         &RawClient::info_data(
@@ -64,8 +85,10 @@ fn option_haggling() {
     assert_eq!(&block[0..4], &512u32.to_be_bytes());
     assert_eq!(&block[4..8], &4096u32.to_be_bytes());
     assert_eq!(&block[8..12], &DEFAULT_MAX_PAYLOAD.to_be_bytes());
+}
 
-    // Unknown export, unknown option, TLS, malformed payloads.
+/// Unknown export, unknown option, TLS, malformed payloads.
+fn haggle_refusals(client: &mut RawClient) {
     client.send_option(NBD_OPT_INFO, &RawClient::info_data("nope", &[]));
     assert_eq!(client.read_option_reply().reply_type, NBD_REP_ERR_UNKNOWN);
     client.send_option(99, b"whatever");
@@ -86,8 +109,10 @@ fn option_haggling() {
         NBD_REP_ERR_INVALID,
         "meta context before structured replies"
     );
+}
 
-    // Metadata contexts.
+/// Metadata contexts: listed, and selected for disk1 (structured replies first).
+fn haggle_meta_contexts(client: &mut RawClient) {
     client.send_option(NBD_OPT_STRUCTURED_REPLY, &[]);
     assert_eq!(client.read_option_reply().reply_type, NBD_REP_ACK);
     client.structured = true;
@@ -129,19 +154,6 @@ fn option_haggling() {
         &replies[0].data[0..4],
         &BASE_ALLOCATION_CONTEXT_ID.to_be_bytes()
     );
-
-    // GO on the export the context was selected for: block status works.
-    client.send_option(NBD_OPT_GO, &RawClient::info_data("disk1", &[]));
-    let replies = client.read_option_replies();
-    assert_eq!(replies.last().unwrap().reply_type, NBD_REP_ACK);
-    let status = client.call(0, NBD_CMD_BLOCK_STATUS, 0, 4 * MIB as u32, &[]);
-    assert_eq!(status.error, 0);
-    assert_eq!(status.context_id, BASE_ALLOCATION_CONTEXT_ID);
-    assert_eq!(
-        status.extents,
-        vec![(4 * MIB as u32, NBD_STATE_HOLE | NBD_STATE_ZERO)]
-    );
-    client.disconnect();
 }
 
 #[test]

@@ -54,30 +54,7 @@ pub struct DetachArgs {
 
 pub fn run_attach(a: AttachArgs) -> Result<()> {
     if a.list {
-        let records = lograid_nbd::list_attachments(&a.state_dir)?;
-        if records.is_empty() {
-            eprintln!(
-                "lograid: no attachments recorded in {}",
-                a.state_dir.display()
-            );
-        }
-        for r in records {
-            if r.owns_mount() {
-                println!(
-                    "{}\t{}\t(nbdfuse pid {})",
-                    r.loop_device.display(),
-                    r.uri,
-                    r.nbdfuse_pid
-                );
-            } else {
-                println!(
-                    "{}\t{}\t(lograid serve --fuse)",
-                    r.loop_device.display(),
-                    r.uri
-                );
-            }
-        }
-        return Ok(());
+        return print_attachments(&a.state_dir);
     }
     let detach_hint = if a.state_dir.as_os_str() == DEFAULT_STATE_DIR {
         String::new()
@@ -95,22 +72,7 @@ pub fn run_attach(a: AttachArgs) -> Result<()> {
         println!("{device}");
         return Ok(());
     }
-    let uri = match &a.socket {
-        Some(path) => {
-            let path = std::path::absolute(path)
-                .with_context(|| format!("resolving {}", path.display()))?;
-            format!("nbd+unix:///?socket={}", path.display())
-        }
-        None => {
-            if !a.server.starts_with("nbd") {
-                bail!(
-                    "--server '{}': expected an NBD URI such as nbd://127.0.0.1:10809",
-                    a.server
-                );
-            }
-            a.server.clone()
-        }
-    };
+    let uri = server_uri(&a)?;
     let export = a.export.as_deref().unwrap_or("");
     let attached = lograid_nbd::attach(&uri, export, &a.state_dir).with_context(|| {
         format!(
@@ -132,6 +94,54 @@ pub fn run_attach(a: AttachArgs) -> Result<()> {
     // Dropping the handle leaves the device attached; nbdfuse runs on in its own process group.
     drop(attached);
     Ok(())
+}
+
+/// `attach --list`: the attachments recorded in `state_dir`, one a line.
+fn print_attachments(state_dir: &Path) -> Result<()> {
+    let records = lograid_nbd::list_attachments(state_dir)?;
+    if records.is_empty() {
+        eprintln!(
+            "lograid: no attachments recorded in {}",
+            state_dir.display()
+        );
+    }
+    for r in records {
+        if r.owns_mount() {
+            println!(
+                "{}\t{}\t(nbdfuse pid {})",
+                r.loop_device.display(),
+                r.uri,
+                r.nbdfuse_pid
+            );
+        } else {
+            println!(
+                "{}\t{}\t(lograid serve --fuse)",
+                r.loop_device.display(),
+                r.uri
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The NBD URI to attach: the Unix socket's (made absolute), or `--server`.
+fn server_uri(a: &AttachArgs) -> Result<String> {
+    Ok(match &a.socket {
+        Some(path) => {
+            let path = std::path::absolute(path)
+                .with_context(|| format!("resolving {}", path.display()))?;
+            format!("nbd+unix:///?socket={}", path.display())
+        }
+        None => {
+            if !a.server.starts_with("nbd") {
+                bail!(
+                    "--server '{}': expected an NBD URI such as nbd://127.0.0.1:10809",
+                    a.server
+                );
+            }
+            a.server.clone()
+        }
+    })
 }
 
 /// Detaches one recorded device, then removes its FUSE mount if it outlived

@@ -13,7 +13,9 @@ use crate::size::human;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use lograid::{CreateOptions, Pool, PoolOptions};
-use lograid_nbd::{Export, ListenAddr, Server, ServerConfig, TlsFiles, TlsMode, TlsSettings};
+use lograid_nbd::{
+    Export, ListenAddr, Server, ServerConfig, ShutdownHandle, TlsFiles, TlsMode, TlsSettings,
+};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -346,36 +348,14 @@ fn tls_settings(a: &ServeArgs) -> Result<Option<TlsSettings>> {
     Ok(Some(settings))
 }
 
+/// Serves `pool`'s volumes on `listen` (and as files with --fuse) until SIGINT or SIGTERM.
 fn serve_pool(
     pool: &Pool,
     listen: Vec<ListenAddr>,
     tls: Option<TlsSettings>,
     a: &ServeArgs,
 ) -> Result<()> {
-    let volumes = pool.volumes();
-    if volumes.is_empty() {
-        bail!(
-            "pool '{}' has no volumes to serve; create one with `lograid volume create --size SIZE NAME DRIVE...`",
-            pool.name()
-        );
-    }
-    let exports: Vec<Arc<dyn Export>> = volumes
-        .into_iter()
-        .map(|v| {
-            let read_only = a.read_only || a.read_only_volume.iter().any(|n| n == v.name());
-            Arc::new(VolumeExport::new(v, pool.name(), read_only)) as Arc<dyn Export>
-        })
-        .collect();
-    if let Some(unknown) = a
-        .read_only_volume
-        .iter()
-        .find(|n| !exports.iter().any(|e| e.name() == n.as_str()))
-    {
-        bail!(
-            "--read-only-volume {unknown}: pool '{}' has no such volume",
-            pool.name()
-        );
-    }
+    let exports = exports_of(pool, a)?;
     let config = ServerConfig {
         listen,
         allow_list: if a.allow.is_empty() {
@@ -402,7 +382,61 @@ fn serve_pool(
         }
         None => None,
     };
+    let (signals_handle, signal_thread) = start_signal_thread(handle)?;
 
+    print_how_to_connect(
+        pool,
+        server.local_addrs(),
+        &exports,
+        a.read_only,
+        tls.map(|t| t.mode),
+        fuse.as_ref().map(|m| m.dir()),
+    );
+    let served = server.serve();
+    signals_handle.close();
+    let _ = signal_thread.join();
+    if let Some(mount) = fuse {
+        // Before the pool closes: requests through the files must end first.
+        unmount_fuse(mount);
+    }
+    served.context("NBD server")?;
+    Ok(())
+}
+
+/// One export per volume of `pool`, read-only as the flags say.
+fn exports_of(pool: &Pool, a: &ServeArgs) -> Result<Vec<Arc<dyn Export>>> {
+    let volumes = pool.volumes();
+    if volumes.is_empty() {
+        bail!(
+            "pool '{}' has no volumes to serve; create one with `lograid volume create --size SIZE NAME DRIVE...`",
+            pool.name()
+        );
+    }
+    let exports: Vec<Arc<dyn Export>> = volumes
+        .into_iter()
+        .map(|v| {
+            let read_only = a.read_only || a.read_only_volume.iter().any(|n| n == v.name());
+            Arc::new(VolumeExport::new(v, pool.name(), read_only)) as Arc<dyn Export>
+        })
+        .collect();
+    if let Some(unknown) = a
+        .read_only_volume
+        .iter()
+        .find(|n| !exports.iter().any(|e| e.name() == n.as_str()))
+    {
+        bail!(
+            "--read-only-volume {unknown}: pool '{}' has no such volume",
+            pool.name()
+        );
+    }
+    Ok(exports)
+}
+
+/// A thread that turns the first SIGINT or SIGTERM into a server shutdown (and says so); stop
+/// it by closing the returned handle, then join it.
+fn start_signal_thread(
+    handle: ShutdownHandle,
+) -> Result<(signal_hook::iterator::Handle, std::thread::JoinHandle<()>)> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
@@ -413,7 +447,6 @@ fn serve_pool(
         .name("lograid-signals".into())
         .spawn(move || {
             let mut seen = 0;
-            use std::io::Write;
             for signal in signals.forever() {
                 seen += 1;
                 let name = if signal == signal_hook::consts::SIGINT { "SIGINT" } else { "SIGTERM" };
@@ -434,37 +467,26 @@ fn serve_pool(
             }
         })
         .context("starting the signal thread")?;
-
-    print_how_to_connect(
-        pool,
-        server.local_addrs(),
-        &exports,
-        a.read_only,
-        tls.map(|t| t.mode),
-        fuse.as_ref().map(|m| m.dir()),
-    );
-    let served = server.serve();
-    signals_handle.close();
-    let _ = signal_thread.join();
-    if let Some(mount) = fuse {
-        // Before the pool closes: requests through the files must end first.
-        match mount.unmount() {
-            Ok(lograid_fuse::Unmounted::Clean) => {}
-            Ok(lograid_fuse::Unmounted::Aborted) => eprintln!(
-                "lograid: warning: a volume's FUSE file was still in use (a loop device not detached?); \
-                 its connection was aborted, so its holder now gets I/O errors; detach it with `lograid detach`"
-            ),
-            Ok(lograid_fuse::Unmounted::Refusing) => eprintln!(
-                "lograid: warning: a volume's FUSE file was still in use (a loop device not detached?) and its \
-                 connection could not be aborted; its holder gets I/O errors; detach it with `lograid detach`"
-            ),
-            Err(e) => eprintln!("lograid: warning: {e}"),
-        }
-    }
-    served.context("NBD server")?;
-    Ok(())
+    Ok((signals_handle, signal_thread))
 }
 
+/// Unmounts the volumes' files, warning if one was still in use.
+fn unmount_fuse(mount: lograid_fuse::FuseMount) {
+    match mount.unmount() {
+        Ok(lograid_fuse::Unmounted::Clean) => {}
+        Ok(lograid_fuse::Unmounted::Aborted) => eprintln!(
+            "lograid: warning: a volume's FUSE file was still in use (a loop device not detached?); \
+             its connection was aborted, so its holder now gets I/O errors; detach it with `lograid detach`"
+        ),
+        Ok(lograid_fuse::Unmounted::Refusing) => eprintln!(
+            "lograid: warning: a volume's FUSE file was still in use (a loop device not detached?) and its \
+             connection could not be aborted; its holder gets I/O errors; detach it with `lograid detach`"
+        ),
+        Err(e) => eprintln!("lograid: warning: {e}"),
+    }
+}
+
+/// Tells the user (on stdout) what is served where, and how to connect.
 fn print_how_to_connect(
     pool: &Pool,
     addrs: &[ListenAddr],
@@ -502,52 +524,10 @@ fn print_how_to_connect(
     }
     let first = exports[0].name();
     let addr = &addrs[0];
-    let uri = client_uri(addr, first);
     if tls == Some(TlsMode::Required) {
-        let uri = tls_uri(&uri);
-        out.push_str(&format!(
-            "connect with TLS (DIR holds the CA certificate as ca-cert.pem, and client-cert.pem and client-key.pem\n\
-             if peers are verified):\n  nbdinfo '{uri}?tls-certificates=DIR'\n  \
-             qemu-img info --object tls-creds-x509,id=tls0,endpoint=client,dir=DIR --image-opts \\\n    \
-             driver=nbd,{},export={first},tls-creds=tls0\n",
-            match addr {
-                ListenAddr::Tcp(sa) => format!("host={},port={}", local_client_addr(sa).ip(), sa.port()),
-                ListenAddr::Unix(path) => format!("path={}", path.display()),
-            }
-        ));
+        out.push_str(&tls_connect_lines(addr, first));
     } else {
-        out.push_str("connect with:\n");
-        out.push_str(&format!(
-            "  nbdinfo --list {}\n",
-            client_uri(addr, "").trim_end_matches('/')
-        ));
-        out.push_str(&format!("  qemu-img info {uri}\n"));
-        match addr {
-            ListenAddr::Tcp(_) => {
-                let server = client_uri(addr, "");
-                let server = server.trim_end_matches('/');
-                out.push_str(&format!(
-                "  lograid attach --server {server} --export {first}      (as root: a /dev/loopN via nbdfuse)\n"
-            ));
-                if let ListenAddr::Tcp(sa) = addr {
-                    let host = local_client_addr(sa).ip();
-                    out.push_str(&format!(
-                    "  nbd-client -N {first} {host} {} /dev/nbd0      (kernels with the nbd driver)\n",
-                    sa.port()
-                ));
-                }
-            }
-            ListenAddr::Unix(path) => {
-                out.push_str(&format!(
-                "  lograid attach --socket {} --export {first}      (as root: a /dev/loopN via nbdfuse)\n",
-                path.display()
-            ));
-                out.push_str(&format!(
-                "  nbd-client -unix {} /dev/nbd0 -N {first}      (kernels with the nbd driver)\n",
-                path.display()
-            ));
-            }
-        }
+        out.push_str(&plain_connect_lines(addr, first));
     }
     if let Some(dir) = fuse {
         out.push_str(&format!(
@@ -560,6 +540,58 @@ fn print_how_to_connect(
     let mut stdout = std::io::stdout().lock();
     let _ = stdout.write_all(out.as_bytes());
     let _ = stdout.flush();
+}
+
+/// How to reach export `first` at `addr` with TLS (nbdinfo, qemu-img).
+fn tls_connect_lines(addr: &ListenAddr, first: &str) -> String {
+    let uri = tls_uri(&client_uri(addr, first));
+    format!(
+        "connect with TLS (DIR holds the CA certificate as ca-cert.pem, and client-cert.pem and client-key.pem\n\
+         if peers are verified):\n  nbdinfo '{uri}?tls-certificates=DIR'\n  \
+         qemu-img info --object tls-creds-x509,id=tls0,endpoint=client,dir=DIR --image-opts \\\n    \
+         driver=nbd,{},export={first},tls-creds=tls0\n",
+        match addr {
+            ListenAddr::Tcp(sa) => format!("host={},port={}", local_client_addr(sa).ip(), sa.port()),
+            ListenAddr::Unix(path) => format!("path={}", path.display()),
+        }
+    )
+}
+
+/// How to reach export `first` at `addr` in plaintext (nbdinfo, qemu-img, lograid attach,
+/// nbd-client).
+fn plain_connect_lines(addr: &ListenAddr, first: &str) -> String {
+    let uri = client_uri(addr, first);
+    let mut out = String::from("connect with:\n");
+    out.push_str(&format!(
+        "  nbdinfo --list {}\n",
+        client_uri(addr, "").trim_end_matches('/')
+    ));
+    out.push_str(&format!("  qemu-img info {uri}\n"));
+    match addr {
+        ListenAddr::Tcp(sa) => {
+            let server = client_uri(addr, "");
+            let server = server.trim_end_matches('/');
+            out.push_str(&format!(
+                "  lograid attach --server {server} --export {first}      (as root: a /dev/loopN via nbdfuse)\n"
+            ));
+            let host = local_client_addr(sa).ip();
+            out.push_str(&format!(
+                "  nbd-client -N {first} {host} {} /dev/nbd0      (kernels with the nbd driver)\n",
+                sa.port()
+            ));
+        }
+        ListenAddr::Unix(path) => {
+            out.push_str(&format!(
+                "  lograid attach --socket {} --export {first}      (as root: a /dev/loopN via nbdfuse)\n",
+                path.display()
+            ));
+            out.push_str(&format!(
+                "  nbd-client -unix {} /dev/nbd0 -N {first}      (kernels with the nbd driver)\n",
+                path.display()
+            ));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

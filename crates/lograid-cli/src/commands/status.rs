@@ -76,6 +76,19 @@ fn served_status(drives: &[PathBuf]) -> Result<Option<(crate::live::Published, f
 }
 
 fn print_human(st: &PoolStatus) {
+    print_capacity(st);
+    print_activity(st);
+    for e in st.events.iter().rev().take(5).rev() {
+        println!("event:     {} (unix time {})", e.message, e.unix_time);
+    }
+    println!();
+    print_members(st);
+    println!();
+    print_volumes(&st.volumes);
+}
+
+/// Name, state, geometry, capacity and segments.
+fn print_capacity(st: &PoolStatus) {
     println!("pool:      {} ({})", st.name, st.uuid);
     println!("state:     {}", st.state);
     println!(
@@ -103,6 +116,11 @@ fn print_human(st: &PoolStatus) {
         "segments:  {} total, {} free, {} in use, {} awaiting flush",
         st.segments_total, st.segments_free, st.segments_in_use, st.segments_pending_free
     );
+}
+
+/// Writes, held sub-block writes, integrity, the cleaner, the map, and a rebuild or rebalance
+/// under way.
+fn print_activity(st: &PoolStatus) {
     println!(
         "writes:    {} by volumes, {} to members: write amplification {:.2}",
         human(st.counters.user_bytes_written),
@@ -164,10 +182,10 @@ fn print_human(st: &PoolStatus) {
                 .unwrap_or_default()
         );
     }
-    for e in st.events.iter().rev().take(5).rev() {
-        println!("event:     {} (unix time {})", e.message, e.unix_time);
-    }
-    println!();
+}
+
+/// The member table.
+fn print_members(st: &PoolStatus) {
     println!(
         "{:<3} {:<8} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7}  PATH",
         "#", "STATE", "SIZE", "READ", "WRITTEN", "CKSUM", "REPAIRED", "IOERR"
@@ -186,8 +204,6 @@ fn print_human(st: &PoolStatus) {
             m.path
         );
     }
-    println!();
-    print_volumes(&st.volumes);
 }
 
 /// The volume table of `status` and `volume list`.

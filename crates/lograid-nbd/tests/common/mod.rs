@@ -327,32 +327,42 @@ impl RawClient {
         self.stream.read_exact(&mut magic).expect("reply magic");
         let magic = u32::from_be_bytes(magic);
         if magic == NBD_SIMPLE_REPLY_MAGIC {
-            let mut rest = [0u8; 12];
-            self.stream.read_exact(&mut rest).expect("simple reply");
-            let error = u32::from_be_bytes(rest[0..4].try_into().unwrap());
-            let cookie = u64::from_be_bytes(rest[4..12].try_into().unwrap());
-            let (command, _, length) = self
-                .pending
-                .remove(&cookie)
-                .expect("reply for an unknown cookie");
-            let mut data = Vec::new();
-            if command == NBD_CMD_READ && error == 0 {
-                assert!(
-                    !self.structured,
-                    "simple reply to a READ after structured replies were negotiated"
-                );
-                data = vec![0u8; length as usize];
-                self.stream.read_exact(&mut data).expect("read data");
-            }
-            return Reply {
-                cookie,
-                error,
-                data,
-                ..Reply::default()
-            };
+            return self.read_simple_reply();
         }
         assert_eq!(magic, NBD_STRUCTURED_REPLY_MAGIC, "reply magic");
         assert!(self.structured, "structured reply without negotiation");
+        self.read_structured_reply()
+    }
+
+    /// The rest of a simple reply, after its magic (and the data of a successful READ).
+    fn read_simple_reply(&mut self) -> Reply {
+        let mut rest = [0u8; 12];
+        self.stream.read_exact(&mut rest).expect("simple reply");
+        let error = u32::from_be_bytes(rest[0..4].try_into().unwrap());
+        let cookie = u64::from_be_bytes(rest[4..12].try_into().unwrap());
+        let (command, _, length) = self
+            .pending
+            .remove(&cookie)
+            .expect("reply for an unknown cookie");
+        let mut data = Vec::new();
+        if command == NBD_CMD_READ && error == 0 {
+            assert!(
+                !self.structured,
+                "simple reply to a READ after structured replies were negotiated"
+            );
+            data = vec![0u8; length as usize];
+            self.stream.read_exact(&mut data).expect("read data");
+        }
+        Reply {
+            cookie,
+            error,
+            data,
+            ..Reply::default()
+        }
+    }
+
+    /// The chunks of a structured reply, the first one after its magic.
+    fn read_structured_reply(&mut self) -> Reply {
         let mut reply = Reply {
             structured: true,
             ..Reply::default()
@@ -388,49 +398,14 @@ impl RawClient {
             self.stream.read_exact(&mut payload).expect("chunk payload");
             reply.chunk_types.push(chunk_type);
             let (_, request_offset, request_len) = self.pending[&reply.cookie];
-            match chunk_type {
-                NBD_REPLY_TYPE_NONE => assert_eq!(length, 0),
-                NBD_REPLY_TYPE_OFFSET_DATA => {
-                    let offset = u64::from_be_bytes(payload[0..8].try_into().unwrap());
-                    let start = (offset - request_offset) as usize;
-                    let bytes = &payload[8..];
-                    assert!(
-                        start + bytes.len() <= request_len as usize,
-                        "data chunk outside the request"
-                    );
-                    reply.data[start..start + bytes.len()].copy_from_slice(bytes);
-                }
-                NBD_REPLY_TYPE_OFFSET_HOLE => {
-                    assert_eq!(length, 12);
-                    let offset = u64::from_be_bytes(payload[0..8].try_into().unwrap());
-                    let size = u32::from_be_bytes(payload[8..12].try_into().unwrap());
-                    assert!(size > 0);
-                    let start = (offset - request_offset) as usize;
-                    assert!(
-                        start + size as usize <= request_len as usize,
-                        "hole chunk outside the request"
-                    );
-                    reply.data[start..start + size as usize].fill(0);
-                }
-                NBD_REPLY_TYPE_BLOCK_STATUS => {
-                    assert!(length >= 12 && (length - 4) % 8 == 0);
-                    reply.context_id = u32::from_be_bytes(payload[0..4].try_into().unwrap());
-                    for descriptor in payload[4..].chunks(8) {
-                        reply.extents.push((
-                            u32::from_be_bytes(descriptor[0..4].try_into().unwrap()),
-                            u32::from_be_bytes(descriptor[4..8].try_into().unwrap()),
-                        ));
-                    }
-                }
-                NBD_REPLY_TYPE_ERROR | NBD_REPLY_TYPE_ERROR_OFFSET => {
-                    reply.error = u32::from_be_bytes(payload[0..4].try_into().unwrap());
-                    let message_len =
-                        u16::from_be_bytes(payload[4..6].try_into().unwrap()) as usize;
-                    reply.message = String::from_utf8(payload[6..6 + message_len].to_vec())
-                        .expect("UTF-8 message");
-                }
-                other => panic!("unexpected chunk type {other}"),
-            }
+            apply_chunk(
+                &mut reply,
+                chunk_type,
+                length,
+                &payload,
+                request_offset,
+                request_len,
+            );
             if flags & NBD_REPLY_FLAG_DONE != 0 {
                 break;
             }
@@ -501,6 +476,60 @@ impl RawClient {
                 Err(_) => return true,
             }
         }
+    }
+}
+
+/// Adds one chunk (of `chunk_type`, `length` bytes of `payload`) of the reply to a request for
+/// `request_len` bytes at `request_offset` to `reply`.
+fn apply_chunk(
+    reply: &mut Reply,
+    chunk_type: u16,
+    length: u32,
+    payload: &[u8],
+    request_offset: u64,
+    request_len: u32,
+) {
+    match chunk_type {
+        NBD_REPLY_TYPE_NONE => assert_eq!(length, 0),
+        NBD_REPLY_TYPE_OFFSET_DATA => {
+            let offset = u64::from_be_bytes(payload[0..8].try_into().unwrap());
+            let start = (offset - request_offset) as usize;
+            let bytes = &payload[8..];
+            assert!(
+                start + bytes.len() <= request_len as usize,
+                "data chunk outside the request"
+            );
+            reply.data[start..start + bytes.len()].copy_from_slice(bytes);
+        }
+        NBD_REPLY_TYPE_OFFSET_HOLE => {
+            assert_eq!(length, 12);
+            let offset = u64::from_be_bytes(payload[0..8].try_into().unwrap());
+            let size = u32::from_be_bytes(payload[8..12].try_into().unwrap());
+            assert!(size > 0);
+            let start = (offset - request_offset) as usize;
+            assert!(
+                start + size as usize <= request_len as usize,
+                "hole chunk outside the request"
+            );
+            reply.data[start..start + size as usize].fill(0);
+        }
+        NBD_REPLY_TYPE_BLOCK_STATUS => {
+            assert!(length >= 12 && (length - 4) % 8 == 0);
+            reply.context_id = u32::from_be_bytes(payload[0..4].try_into().unwrap());
+            for descriptor in payload[4..].chunks(8) {
+                reply.extents.push((
+                    u32::from_be_bytes(descriptor[0..4].try_into().unwrap()),
+                    u32::from_be_bytes(descriptor[4..8].try_into().unwrap()),
+                ));
+            }
+        }
+        NBD_REPLY_TYPE_ERROR | NBD_REPLY_TYPE_ERROR_OFFSET => {
+            reply.error = u32::from_be_bytes(payload[0..4].try_into().unwrap());
+            let message_len = u16::from_be_bytes(payload[4..6].try_into().unwrap()) as usize;
+            reply.message =
+                String::from_utf8(payload[6..6 + message_len].to_vec()).expect("UTF-8 message");
+        }
+        other => panic!("unexpected chunk type {other}"),
     }
 }
 

@@ -357,163 +357,60 @@ pub fn run(a: BenchArgs) -> Result<()> {
     result
 }
 
+/// Bytes of one sequential request.
+const MIB: usize = 1 << 20;
+
+/// The measures of a run, each printed as it is taken.
+#[derive(Default)]
+struct Results(Vec<Measure>);
+
+impl Results {
+    fn add(&mut self, m: Measure) {
+        show(&m);
+        self.0.push(m);
+    }
+}
+
+/// One measure as a progress line on stderr.
+fn show(m: &Measure) {
+    eprintln!(
+        "  {:<8} {:<22} {:>9.1} MB/s {:>9.0} IOPS  p50 {:>7.1} us  p99 {:>8.1} us  p99.9 {:>8.1} us{}",
+        m.target,
+        m.workload,
+        m.mb_per_s,
+        m.iops,
+        m.p50_us,
+        m.p99_us,
+        m.p999_us,
+        m.write_amplification.map(|w| format!("  WA {w:.3}")).unwrap_or_default()
+    );
+}
+
+/// The seq, rand, sync and recovery workloads, the parity codec's speed, the
+/// table and the JSON report.
 fn run_in(a: &BenchArgs, dir: &Path) -> Result<()> {
     let qd = a.queue_depth;
     let secs = a.seconds;
-    let mut results: Vec<Measure> = Vec::new();
-    let show = |m: &Measure| {
-        eprintln!(
-            "  {:<8} {:<22} {:>9.1} MB/s {:>9.0} IOPS  p50 {:>7.1} us  p99 {:>8.1} us  p99.9 {:>8.1} us{}",
-            m.target,
-            m.workload,
-            m.mb_per_s,
-            m.iops,
-            m.p50_us,
-            m.p99_us,
-            m.p999_us,
-            m.write_amplification.map(|w| format!("  WA {w:.3}")).unwrap_or_default()
-        )
-    };
     eprintln!("lograid bench: {} members of {}, parity {}, chunk {}, queue depth {qd}, {secs} s per workload, in {}",
         a.members, human(a.member_size), a.parity, human(a.chunk), dir.display());
 
-    // Sequential 1 MiB writes: raw file, then lograid.
-    let mib = 1usize << 20;
-    let data = Arc::new(filled(mib, 1));
+    let mut results = Results::default();
+    let data = Arc::new(filled(MIB, 1));
     let want = |w: &str| a.workloads.split(',').any(|x| x.trim() == w);
     // The raw file is written sequentially first (the raw sequential
     // figure); the raw random figures use the part written, so that they
     // measure the disk rather than the host filesystem filling holes.
     let raw = RawFile::new(dir, a.member_size)?;
-    let raw_written_blocks = {
-        let m = raw.member.clone();
-        let d = data.clone();
-        let blocks = a.member_size / mib as u64;
-        let (ops, t, lat) = drive(
-            qd,
-            secs.max(3.0),
-            blocks,
-            Arc::new(move |i| m.write_at(&d, i * mib as u64)),
-        )?;
-        raw.member.flush()?;
-        if want("seq") {
-            let r = measure("raw", "seq-write-1M", ops, t, &lat, mib as u64, None);
-            show(&r);
-            results.push(r);
-        }
-        ops * (mib as u64 / 4096)
-    };
+    let raw_written_blocks = raw_seq_write(a, &raw, &data, want("seq"), &mut results)?;
     if want("seq") {
-        let bp = BenchPool::new(a, dir)?;
-        let v = bp.volume.clone();
-        let d = data.clone();
-        let before = bp.member_bytes_written();
-        let blocks = v.size_bytes() / mib as u64;
-        let start = Instant::now();
-        let (ops, _, lat) = drive(
-            qd,
-            secs,
-            blocks,
-            Arc::new(move |i| v.write(i * mib as u64, &d).map_err(Into::into)),
-        )?;
-        bp.volume.flush()?;
-        let elapsed = start.elapsed().as_secs_f64();
-        let wa = (bp.member_bytes_written() - before) as f64 / (ops * mib as u64) as f64;
-        let r = measure(
-            "lograid",
-            "seq-write-1M",
-            ops,
-            elapsed,
-            &lat,
-            mib as u64,
-            Some(wa),
-        );
-        show(&r);
-        show_counters(&bp.pool);
-        results.push(r);
-        // Sequential read back.
-        let v = bp.volume.clone();
-        let written = ops;
-        let (rops, rt, rlat) = drive(
-            qd,
-            secs,
-            written,
-            Arc::new(move |i| {
-                let mut buf = vec![0u8; mib];
-                v.read(i * mib as u64, &mut buf).map_err(Into::into)
-            }),
-        )?;
-        let r = measure("lograid", "seq-read-1M", rops, rt, &rlat, mib as u64, None);
-        show(&r);
-        results.push(r);
+        lograid_seq(a, dir, &data, &mut results)?;
     }
 
     // Random 4 KiB writes at queue depth `qd` into an empty volume.
     let block = Arc::new(filled(4096, 2));
     if want("rand") {
-        let m = raw.member.clone();
-        let b = block.clone();
-        let blocks = raw_written_blocks.max(1);
-        let (ops, t, lat) = drive(
-            qd,
-            secs,
-            u64::MAX,
-            Arc::new(move |i| m.write_at(&b, (mix(i) % blocks) * 4096)),
-        )?;
-        raw.member.flush()?;
-        let r = measure("raw", "rand-write-4K", ops, t, &lat, 4096, None);
-        show(&r);
-        results.push(r);
-        let m = raw.member.clone();
-        let (ops, t, lat) = drive(
-            qd,
-            secs,
-            u64::MAX,
-            Arc::new(move |i| {
-                let mut buf = AlignedBuf::zeroed(4096);
-                m.read_at(&mut buf, (mix(i) % blocks) * 4096)
-            }),
-        )?;
-        let r = measure("raw", "rand-read-4K", ops, t, &lat, 4096, None);
-        show(&r);
-        results.push(r);
-    }
-    if want("rand") {
-        let bp = BenchPool::new(a, dir)?;
-        let v = bp.volume.clone();
-        let b = block.clone();
-        let blocks = v.size_bytes() / 4096;
-        let before = bp.member_bytes_written();
-        let start = Instant::now();
-        let (ops, _, lat) = drive(
-            qd,
-            secs,
-            u64::MAX,
-            Arc::new(move |i| v.write((mix(i) % blocks) * 4096, &b).map_err(Into::into)),
-        )?;
-        bp.volume.flush()?;
-        let t = start.elapsed().as_secs_f64();
-        let wa = (bp.member_bytes_written() - before) as f64 / (ops * 4096) as f64;
-        let r = measure("lograid", "rand-write-4K", ops, t, &lat, 4096, Some(wa));
-        show(&r);
-        show_counters(&bp.pool);
-        results.push(r);
-        // Read blocks that were written: the i-th write went to mix(i).
-        let v = bp.volume.clone();
-        let written_ops = ops.max(1);
-        let (rops, rt, rlat) = drive(
-            qd,
-            secs,
-            u64::MAX,
-            Arc::new(move |i| {
-                let mut buf = vec![0u8; 4096];
-                v.read((mix(mix(i) % written_ops) % blocks) * 4096, &mut buf)
-                    .map_err(Into::into)
-            }),
-        )?;
-        let r = measure("lograid", "rand-read-4K", rops, rt, &rlat, 4096, None);
-        show(&r);
-        results.push(r);
+        raw_rand(a, &raw, raw_written_blocks.max(1), &block, &mut results)?;
+        lograid_rand(a, dir, &block, &mut results)?;
     }
 
     if want("sync") {
@@ -523,7 +420,7 @@ fn run_in(a: &BenchArgs, dir: &Path) -> Result<()> {
                 "           member flushes per write {:.2}",
                 r.flushes_per_op.unwrap_or(0.0)
             );
-            results.push(r);
+            results.0.push(r);
         }
     }
 
@@ -531,18 +428,8 @@ fn run_in(a: &BenchArgs, dir: &Path) -> Result<()> {
         recovery(a, dir, &block)?;
     }
 
-    // Parity codec speed on cached data.
-    let mut encode = Vec::new();
-    for (k, p) in [(2usize, 1usize), (4, 2), (5, 3)] {
-        let gbs = lograid_parity::bench_encode(k, p, 128 * 1024, 1.0);
-        eprintln!(
-            "  parity   encode ({},{}) 128K columns: {gbs:.1} GB/s per core",
-            k + p,
-            p
-        );
-        encode.push((format!("({},{})", k + p, p), gbs));
-    }
-    print_table(a, &results);
+    let encode = parity_encode_speeds();
+    print_table(a, &results.0);
     if let Some(path) = &a.json {
         let report = Report {
             date: chrono_like_now(),
@@ -554,11 +441,208 @@ fn run_in(a: &BenchArgs, dir: &Path) -> Result<()> {
             queue_depth: qd,
             parity_kernel: lograid_parity::kernel_name().to_string(),
             encode_gb_per_s: encode,
-            results: results.clone(),
+            results: results.0,
         };
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
     }
     Ok(())
+}
+
+/// Sequential 1 MiB writes to the raw file (for at least 3 s, so that the
+/// random workloads have a written part to use); its figure is kept if
+/// `keep` (the `seq` workload). Returns the 4 KiB blocks written.
+fn raw_seq_write(
+    a: &BenchArgs,
+    raw: &RawFile,
+    data: &Arc<AlignedBuf>,
+    keep: bool,
+    results: &mut Results,
+) -> Result<u64> {
+    let m = raw.member.clone();
+    let d = data.clone();
+    let blocks = a.member_size / MIB as u64;
+    let (ops, t, lat) = drive(
+        a.queue_depth,
+        a.seconds.max(3.0),
+        blocks,
+        Arc::new(move |i| m.write_at(&d, i * MIB as u64)),
+    )?;
+    raw.member.flush()?;
+    if keep {
+        results.add(measure(
+            "raw",
+            "seq-write-1M",
+            ops,
+            t,
+            &lat,
+            MIB as u64,
+            None,
+        ));
+    }
+    Ok(ops * (MIB as u64 / 4096))
+}
+
+/// Sequential 1 MiB writes to a fresh pool's volume, then reads of what was written.
+fn lograid_seq(
+    a: &BenchArgs,
+    dir: &Path,
+    data: &Arc<AlignedBuf>,
+    results: &mut Results,
+) -> Result<()> {
+    let (qd, secs) = (a.queue_depth, a.seconds);
+    let bp = BenchPool::new(a, dir)?;
+    let v = bp.volume.clone();
+    let d = data.clone();
+    let before = bp.member_bytes_written();
+    let blocks = v.size_bytes() / MIB as u64;
+    let start = Instant::now();
+    let (ops, _, lat) = drive(
+        qd,
+        secs,
+        blocks,
+        Arc::new(move |i| v.write(i * MIB as u64, &d).map_err(Into::into)),
+    )?;
+    bp.volume.flush()?;
+    let elapsed = start.elapsed().as_secs_f64();
+    let wa = (bp.member_bytes_written() - before) as f64 / (ops * MIB as u64) as f64;
+    results.add(measure(
+        "lograid",
+        "seq-write-1M",
+        ops,
+        elapsed,
+        &lat,
+        MIB as u64,
+        Some(wa),
+    ));
+    show_counters(&bp.pool);
+    // Sequential read back.
+    let v = bp.volume.clone();
+    let written = ops;
+    let (rops, rt, rlat) = drive(
+        qd,
+        secs,
+        written,
+        Arc::new(move |i| {
+            let mut buf = vec![0u8; MIB];
+            v.read(i * MIB as u64, &mut buf).map_err(Into::into)
+        }),
+    )?;
+    results.add(measure(
+        "lograid",
+        "seq-read-1M",
+        rops,
+        rt,
+        &rlat,
+        MIB as u64,
+        None,
+    ));
+    Ok(())
+}
+
+/// Random 4 KiB writes, then reads, within the first `blocks` 4 KiB blocks of the raw file.
+fn raw_rand(
+    a: &BenchArgs,
+    raw: &RawFile,
+    blocks: u64,
+    block: &Arc<AlignedBuf>,
+    results: &mut Results,
+) -> Result<()> {
+    let (qd, secs) = (a.queue_depth, a.seconds);
+    let m = raw.member.clone();
+    let b = block.clone();
+    let (ops, t, lat) = drive(
+        qd,
+        secs,
+        u64::MAX,
+        Arc::new(move |i| m.write_at(&b, (mix(i) % blocks) * 4096)),
+    )?;
+    raw.member.flush()?;
+    results.add(measure("raw", "rand-write-4K", ops, t, &lat, 4096, None));
+    let m = raw.member.clone();
+    let (ops, t, lat) = drive(
+        qd,
+        secs,
+        u64::MAX,
+        Arc::new(move |i| {
+            let mut buf = AlignedBuf::zeroed(4096);
+            m.read_at(&mut buf, (mix(i) % blocks) * 4096)
+        }),
+    )?;
+    results.add(measure("raw", "rand-read-4K", ops, t, &lat, 4096, None));
+    Ok(())
+}
+
+/// Random 4 KiB writes to a fresh pool's volume, then reads of blocks written.
+fn lograid_rand(
+    a: &BenchArgs,
+    dir: &Path,
+    block: &Arc<AlignedBuf>,
+    results: &mut Results,
+) -> Result<()> {
+    let (qd, secs) = (a.queue_depth, a.seconds);
+    let bp = BenchPool::new(a, dir)?;
+    let v = bp.volume.clone();
+    let b = block.clone();
+    let blocks = v.size_bytes() / 4096;
+    let before = bp.member_bytes_written();
+    let start = Instant::now();
+    let (ops, _, lat) = drive(
+        qd,
+        secs,
+        u64::MAX,
+        Arc::new(move |i| v.write((mix(i) % blocks) * 4096, &b).map_err(Into::into)),
+    )?;
+    bp.volume.flush()?;
+    let t = start.elapsed().as_secs_f64();
+    let wa = (bp.member_bytes_written() - before) as f64 / (ops * 4096) as f64;
+    results.add(measure(
+        "lograid",
+        "rand-write-4K",
+        ops,
+        t,
+        &lat,
+        4096,
+        Some(wa),
+    ));
+    show_counters(&bp.pool);
+    // Read blocks that were written: the i-th write went to mix(i).
+    let v = bp.volume.clone();
+    let written_ops = ops.max(1);
+    let (rops, rt, rlat) = drive(
+        qd,
+        secs,
+        u64::MAX,
+        Arc::new(move |i| {
+            let mut buf = vec![0u8; 4096];
+            v.read((mix(mix(i) % written_ops) % blocks) * 4096, &mut buf)
+                .map_err(Into::into)
+        }),
+    )?;
+    results.add(measure(
+        "lograid",
+        "rand-read-4K",
+        rops,
+        rt,
+        &rlat,
+        4096,
+        None,
+    ));
+    Ok(())
+}
+
+/// Parity codec speed on cached data, per geometry "(N,P)" in GB/s per core.
+fn parity_encode_speeds() -> Vec<(String, f64)> {
+    let mut encode = Vec::new();
+    for (k, p) in [(2usize, 1usize), (4, 2), (5, 3)] {
+        let gbs = lograid_parity::bench_encode(k, p, 128 * 1024, 1.0);
+        eprintln!(
+            "  parity   encode ({},{}) 128K columns: {gbs:.1} GB/s per core",
+            k + p,
+            p
+        );
+        encode.push((format!("({},{})", k + p, p), gbs));
+    }
+    encode
 }
 
 /// Random 4 KiB writes that each return only once durable, from `qd`

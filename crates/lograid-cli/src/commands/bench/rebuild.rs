@@ -12,7 +12,7 @@ use anyhow::Result;
 use lograid::device::{AlignedBuf, Member};
 use lograid::PoolOptions;
 use serde::Serialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -127,11 +127,67 @@ fn seq_read(v: &lograid::Volume, bytes: u64) -> Result<f64> {
     Ok((ops * MIB as u64) as f64 / start.elapsed().as_secs_f64() / 1e6)
 }
 
+/// One fill: healthy and degraded reads, scrub, a timed rebuild and user
+/// reads during a background one. The member files are removed at the end.
 fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
     let options = PoolOptions {
         background_cleaner: false,
         ..Default::default()
     };
+    let healthy = fill_and_scrub(a, dir, fill, &options)?;
+    let fill_bytes = healthy.fill_bytes;
+
+    // P members gone: read degraded.
+    let p = a.parity as usize;
+    let left: Vec<_> = healthy.paths[p..].to_vec();
+    let (degraded_read_mb_s, degraded_read_member_bytes_per_byte) =
+        degraded_read(&left, &options, fill_bytes)?;
+
+    // Replace the first missing member and time the rebuild (foreground).
+    let new = dir.join("replacement.img");
+    let rebuild = timed_rebuild(a, &left, &new, &options)?;
+
+    let new2 = dir.join("replacement2.img");
+    let (user_read_mb_s_idle, user_read_mb_s_during_rebuild) =
+        user_reads(a, &left, &new, &new2, fill_bytes)?;
+    for p in healthy.paths.iter().chain([&new, &new2]) {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(RebuildRun {
+        fill,
+        stored_bytes: healthy.stored_bytes,
+        healthy_read_mb_s: healthy.healthy_read_mb_s,
+        degraded_read_mb_s,
+        degraded_read_member_bytes_per_byte,
+        scrub_mb_s: healthy.scrub_mb_s,
+        rebuild_seconds: rebuild.seconds,
+        rebuild_mb_s: rebuild.mb_s,
+        rebuild_read_per_live_byte: rebuild.read_per_live_byte,
+        rebuild_written_per_live_byte: rebuild.written_per_live_byte,
+        user_read_mb_s_idle,
+        user_read_mb_s_during_rebuild,
+    })
+}
+
+/// A healthy pool filled to `fill`, read back and scrubbed, then closed.
+struct FilledPool {
+    /// Its member files (kept: the later steps open them).
+    paths: Vec<PathBuf>,
+    /// Bytes of the volume written, from its start.
+    fill_bytes: u64,
+    stored_bytes: u64,
+    healthy_read_mb_s: f64,
+    scrub_mb_s: f64,
+}
+
+/// Fills a fresh pool's volume to `fill` with sequential 1 MiB writes, reads
+/// it back, scrubs it and closes it, keeping the member files.
+fn fill_and_scrub(
+    a: &BenchArgs,
+    dir: &Path,
+    fill: f64,
+    options: &PoolOptions,
+) -> Result<FilledPool> {
     let mut bp = BenchPool::with(a, dir, 1.0, options.clone())?;
     let fill_bytes = (bp.volume.size_bytes() as f64 * fill) as u64 / MIB as u64 * MIB as u64;
     let data = Arc::new(filled(MIB, 5));
@@ -155,11 +211,19 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
     // Keep the member files (BenchPool removes them when dropped).
     let paths = std::mem::take(&mut bp.paths);
     drop(bp);
+    Ok(FilledPool {
+        paths,
+        fill_bytes,
+        stored_bytes,
+        healthy_read_mb_s,
+        scrub_mb_s,
+    })
+}
 
-    // P members gone: read degraded.
-    let p = a.parity as usize;
-    let left: Vec<_> = paths[p..].to_vec();
-    let pool = lograid::open_paths(&left, options.clone(), false)?;
+/// Sequential reads of the pool on the `left` members (P are missing):
+/// MB/s, and the bytes the members read per byte read.
+fn degraded_read(left: &[PathBuf], options: &PoolOptions, fill_bytes: u64) -> Result<(f64, f64)> {
+    let pool = lograid::open_paths(left, options.clone(), false)?;
     let v = pool.volume("bench")?;
     let read_bytes = |pool: &lograid::Pool| -> u64 {
         pool.status()
@@ -174,12 +238,29 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
         (read_bytes(&pool) - before) as f64 / fill_bytes.max(1) as f64;
     pool.close()?;
     drop((v, pool));
+    Ok((degraded_read_mb_s, degraded_read_member_bytes_per_byte))
+}
 
-    // Replace the first missing member and time the rebuild (foreground).
-    let new = dir.join("replacement.img");
-    let _ = std::fs::remove_file(&new);
-    let pool = lograid::open_paths(&left, options.clone(), false)?;
-    let member = lograid::open_new_members(std::slice::from_ref(&new), Some(a.member_size), true)?
+/// What a foreground rebuild took.
+struct RebuildCost {
+    seconds: f64,
+    /// Live bytes moved per second, in MB/s.
+    mb_s: f64,
+    read_per_live_byte: f64,
+    written_per_live_byte: f64,
+}
+
+/// Replaces member 0 of the pool on the `left` members by a new file `new`
+/// and rebuilds it in the foreground.
+fn timed_rebuild(
+    a: &BenchArgs,
+    left: &[PathBuf],
+    new: &Path,
+    options: &PoolOptions,
+) -> Result<RebuildCost> {
+    let _ = std::fs::remove_file(new);
+    let pool = lograid::open_paths(left, options.clone(), false)?;
+    let member = lograid::open_new_members(&[new.to_path_buf()], Some(a.member_size), true)?
         .pop()
         .expect("one member");
     let io = |pool: &lograid::Pool| {
@@ -195,30 +276,44 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
     pool.replace_member(0, member)?;
     let moved_before = pool.status().reshape.map(|r| r.bytes_left).unwrap_or(0);
     pool.reshape(|_, _| true)?;
-    let rebuild_seconds = started.elapsed().as_secs_f64();
-    let rebuild_mb_s = moved_before as f64 / rebuild_seconds / 1e6;
+    let seconds = started.elapsed().as_secs_f64();
+    let mb_s = moved_before as f64 / seconds / 1e6;
     let io_after = io(&pool);
     let live = moved_before.max(1) as f64;
-    let rebuild_read_per_live_byte = (io_after.0 - io_before.0) as f64 / live;
-    let rebuild_written_per_live_byte = (io_after.1 - io_before.1) as f64 / live;
+    let read_per_live_byte = (io_after.0 - io_before.0) as f64 / live;
+    let written_per_live_byte = (io_after.1 - io_before.1) as f64 / live;
     pool.close()?;
     drop(pool);
+    Ok(RebuildCost {
+        seconds,
+        mb_s,
+        read_per_live_byte,
+        written_per_live_byte,
+    })
+}
 
-    // User reads on the healthy pool, idle; then the rebuilt member goes
-    // missing and is replaced (in place) again, and the same reads run while
-    // that rebuild goes on in the background at the default share.
-    let mut now: Vec<_> = left.clone();
-    now.push(new.clone());
-    let new2 = dir.join("replacement2.img");
-    let _ = std::fs::remove_file(&new2);
+/// User reads on the healthy pool (`left` and `new`), idle; then the rebuilt
+/// member goes missing and is replaced (in place) by `new2`, and the same
+/// reads run while that rebuild goes on in the background at the default
+/// share. Returns both rates in MB/s.
+fn user_reads(
+    a: &BenchArgs,
+    left: &[PathBuf],
+    new: &Path,
+    new2: &Path,
+    fill_bytes: u64,
+) -> Result<(f64, f64)> {
+    let mut now: Vec<_> = left.to_vec();
+    now.push(new.to_path_buf());
+    let _ = std::fs::remove_file(new2);
     let pool = lograid::open_paths(&now, PoolOptions::default(), false)?;
     let v = pool.volume("bench")?;
     let user_read_mb_s_idle = seq_read(&v, fill_bytes)?;
     pool.close()?;
     drop((v, pool));
-    let pool = lograid::open_paths(&left, PoolOptions::default(), false)?;
+    let pool = lograid::open_paths(left, PoolOptions::default(), false)?;
     let v = pool.volume("bench")?;
-    let member = lograid::open_new_members(std::slice::from_ref(&new2), Some(a.member_size), true)?
+    let member = lograid::open_new_members(&[new2.to_path_buf()], Some(a.member_size), true)?
         .pop()
         .expect("one member");
     let index = pool
@@ -238,21 +333,5 @@ fn one(a: &BenchArgs, dir: &Path, fill: f64) -> Result<RebuildRun> {
     }
     pool.close()?;
     drop((v, pool));
-    for p in paths.iter().chain([&new, &new2]) {
-        let _ = std::fs::remove_file(p);
-    }
-    Ok(RebuildRun {
-        fill,
-        stored_bytes,
-        healthy_read_mb_s,
-        degraded_read_mb_s,
-        degraded_read_member_bytes_per_byte,
-        scrub_mb_s,
-        rebuild_seconds,
-        rebuild_mb_s,
-        rebuild_read_per_live_byte,
-        rebuild_written_per_live_byte,
-        user_read_mb_s_idle,
-        user_read_mb_s_during_rebuild,
-    })
+    Ok((user_read_mb_s_idle, user_read_mb_s_during_rebuild))
 }

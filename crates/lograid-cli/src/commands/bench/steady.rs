@@ -196,6 +196,9 @@ fn empty_run(a: &BenchArgs, dir: &Path, options: &PoolOptions) -> Result<Latency
     })
 }
 
+/// One fill and pattern: a fresh pool filled to `fill` sequentially, then
+/// overwritten at random for `steady_seconds`. Returns the run and the
+/// pool's usable capacity.
 fn steady_run(
     a: &BenchArgs,
     dir: &Path,
@@ -205,22 +208,7 @@ fn steady_run(
 ) -> Result<(SteadyRun, u64)> {
     let bp = BenchPool::with(a, dir, fill, options.clone())?;
     let capacity = bp.pool.status().usable_bytes;
-    let v = bp.volume.clone();
-    let blocks = v.size_bytes() / 4096;
-    // Fill sequentially with 1 MiB writes.
-    let mib = 1u64 << 20;
-    let data = Arc::new(filled(mib as usize, 4));
-    {
-        let v = v.clone();
-        let d = data.clone();
-        drive(
-            a.queue_depth,
-            1e7,
-            v.size_bytes() / mib,
-            Arc::new(move |i| v.write(i * mib, &d).map_err(Into::into)),
-        )?;
-        bp.volume.flush()?;
-    }
+    fill_sequentially(a, &bp)?;
     // A checkpoint (one runs every 1 GiB of log) stores in-order pages as runs.
     bp.pool.checkpoint()?;
     let map_seq = bp.pool.status().map_bytes_per_stored_block;
@@ -239,53 +227,16 @@ fn steady_run(
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let keep_after = Duration::from_secs_f64(secs * 2.0 / 3.0);
-    let block = Arc::new(filled(4096, 5));
-    let workers: Vec<_> = (0..a.queue_depth)
-        .map(|_| {
-            let (v, ops, stop, block) = (v.clone(), ops.clone(), stop.clone(), block.clone());
-            let pattern = pattern.to_string();
-            std::thread::spawn(move || -> lograid::Result<Vec<u64>> {
-                let mut lat = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let i = ops.fetch_add(1, Ordering::Relaxed);
-                    let t = Instant::now();
-                    v.write(pick(&pattern, i, blocks) * 4096, &block)?;
-                    if start.elapsed() >= keep_after {
-                        lat.push(t.elapsed().as_nanos() as u64);
-                    }
-                }
-                Ok(lat)
-            })
-        })
-        .collect();
-    let mut timeline = Vec::new();
-    let interval = (secs / 24.0).clamp(1.0, 5.0);
-    let (mut last_ops, mut last_user, mut last_member) = (0u64, user0, member0);
-    let mut third: Option<(u64, u64, u64, f64)> = None;
-    let mut tick = 1;
-    while start.elapsed().as_secs_f64() < secs {
-        let next = interval * tick as f64;
-        let now = start.elapsed().as_secs_f64();
-        if next > now {
-            std::thread::sleep(Duration::from_secs_f64((next - now).min(secs - now)));
-        }
-        tick += 1;
-        let t = start.elapsed().as_secs_f64();
-        let st = bp.pool.status();
-        let n = ops.load(Ordering::Relaxed);
-        let (user, member) = (st.counters.user_bytes_written, st.member_bytes_written);
-        let wa = (member - last_member) as f64 / (user - last_user).max(1) as f64;
-        timeline.push(Sample {
-            t,
-            iops: (n - last_ops) as f64 / interval,
-            wa,
-            free_segments: st.segments_free,
-        });
-        (last_ops, last_user, last_member) = (n, user, member);
-        if third.is_none() && t >= secs * 2.0 / 3.0 {
-            third = Some((n, user, member, t));
-        }
-    }
+    let workers = spawn_overwriters(
+        a.queue_depth,
+        &bp.volume,
+        pattern,
+        &ops,
+        &stop,
+        start,
+        keep_after,
+    );
+    let (timeline, third) = sample_timeline(&bp.pool, &ops, start, secs, (user0, member0));
     stop.store(true, Ordering::Relaxed);
     let lat = join_latencies(workers)?;
     let elapsed = start.elapsed().as_secs_f64();
@@ -316,4 +267,99 @@ fn steady_run(
         timeline,
     };
     Ok((run, capacity))
+}
+
+/// Fills the whole volume with sequential 1 MiB writes, then flushes.
+fn fill_sequentially(a: &BenchArgs, bp: &BenchPool) -> Result<()> {
+    let mib = 1u64 << 20;
+    let data = Arc::new(filled(mib as usize, 4));
+    let v = bp.volume.clone();
+    drive(
+        a.queue_depth,
+        1e7,
+        v.size_bytes() / mib,
+        Arc::new(move |i| v.write(i * mib, &data).map_err(Into::into)),
+    )?;
+    bp.volume.flush()?;
+    Ok(())
+}
+
+/// Starts the random 4 KiB overwrite on `volume`: `threads` writers that
+/// write until `stop`, counting in `ops`, each returning the latencies (ns)
+/// of its writes after `keep_after` from `start`.
+fn spawn_overwriters(
+    threads: usize,
+    volume: &lograid::Volume,
+    pattern: &str,
+    ops: &Arc<AtomicU64>,
+    stop: &Arc<AtomicBool>,
+    start: Instant,
+    keep_after: Duration,
+) -> Vec<std::thread::JoinHandle<lograid::Result<Vec<u64>>>> {
+    let blocks = volume.size_bytes() / 4096;
+    let block = Arc::new(filled(4096, 5));
+    (0..threads)
+        .map(|_| {
+            let (v, ops, stop, block) = (volume.clone(), ops.clone(), stop.clone(), block.clone());
+            let pattern = pattern.to_string();
+            std::thread::spawn(move || -> lograid::Result<Vec<u64>> {
+                let mut lat = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let i = ops.fetch_add(1, Ordering::Relaxed);
+                    let t = Instant::now();
+                    v.write(pick(&pattern, i, blocks) * 4096, &block)?;
+                    if start.elapsed() >= keep_after {
+                        lat.push(t.elapsed().as_nanos() as u64);
+                    }
+                }
+                Ok(lat)
+            })
+        })
+        .collect()
+}
+
+/// Writes done, user bytes written, member bytes written and seconds since
+/// the start, at one moment of the overwrite.
+type Mark = (u64, u64, u64, f64);
+
+/// Samples throughput, write amplification and free segments every few
+/// seconds until `secs` have passed since `start`. `(user0, member0)` are
+/// the byte counters when the overwrite began. Returns the timeline and the
+/// mark when the last third began.
+fn sample_timeline(
+    pool: &lograid::Pool,
+    ops: &AtomicU64,
+    start: Instant,
+    secs: f64,
+    (user0, member0): (u64, u64),
+) -> (Vec<Sample>, Option<Mark>) {
+    let mut timeline = Vec::new();
+    let interval = (secs / 24.0).clamp(1.0, 5.0);
+    let (mut last_ops, mut last_user, mut last_member) = (0u64, user0, member0);
+    let mut third: Option<Mark> = None;
+    let mut tick = 1;
+    while start.elapsed().as_secs_f64() < secs {
+        let next = interval * tick as f64;
+        let now = start.elapsed().as_secs_f64();
+        if next > now {
+            std::thread::sleep(Duration::from_secs_f64((next - now).min(secs - now)));
+        }
+        tick += 1;
+        let t = start.elapsed().as_secs_f64();
+        let st = pool.status();
+        let n = ops.load(Ordering::Relaxed);
+        let (user, member) = (st.counters.user_bytes_written, st.member_bytes_written);
+        let wa = (member - last_member) as f64 / (user - last_user).max(1) as f64;
+        timeline.push(Sample {
+            t,
+            iops: (n - last_ops) as f64 / interval,
+            wa,
+            free_segments: st.segments_free,
+        });
+        (last_ops, last_user, last_member) = (n, user, member);
+        if third.is_none() && t >= secs * 2.0 / 3.0 {
+            third = Some((n, user, member, t));
+        }
+    }
+    (timeline, third)
 }
