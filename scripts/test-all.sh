@@ -22,14 +22,20 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
 fi
 
 export CARGO_TERM_COLOR=never
+# Lints: clippy's defaults, and no `unwrap` in runtime code (Cargo.toml).
+cargo clippy --workspace --all-targets --profile ci -- -D warnings
+# Every test, built with debug assertions and overflow checks on (the `ci`
+# profile: release speed otherwise), with the engine's invariant checks
+# after every flush, checkpoint, cleaning pass and recovery.
+export LOGRAID_CHECK_INVARIANTS=1
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --workspace --release --no-fail-fast
+    cargo nextest run --workspace --cargo-profile ci --no-fail-fast
     # The engine's own code under shuttle's thread scheduler: a build of its
     # own, since the `shuttle` feature puts every lock and thread on it.
-    cargo nextest run -p lograid --release --features shuttle --test schedules
+    cargo nextest run -p lograid --cargo-profile ci --features shuttle --test schedules
 else
-    cargo test --workspace --release --no-fail-fast
-    cargo test -p lograid --release --features shuttle --test schedules
+    cargo test --workspace --profile ci --no-fail-fast
+    cargo test -p lograid --profile ci --features shuttle --test schedules
 fi
 
 # The benchmark scripts' own tests (report, ratios, argument errors; no root work).

@@ -1,5 +1,7 @@
 //! Error messages of the `lograid` binary read well: one line, each cause once.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::*;

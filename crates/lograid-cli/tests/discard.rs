@@ -1,6 +1,8 @@
 //! `lograid serve --discard`: segments the cleaner or overwrites free are
 //! punched out of the member files, so sparse files shrink back.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::*;

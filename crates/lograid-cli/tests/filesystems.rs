@@ -6,6 +6,8 @@
 //! and the filesystem must check clean. Needs root, /dev/fuse and loop
 //! devices (fails without them unless LOGRAID_SKIP_EXTERNAL=1).
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::*;

@@ -2,6 +2,8 @@
 //! the parity raised from 1 to 2 (on a pool not served: in the foreground);
 //! then served again with two of its four members gone, every byte intact.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::*;

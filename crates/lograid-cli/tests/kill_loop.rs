@@ -27,6 +27,8 @@
 //! The seed fixes the data, the request mix and the kill delays; where the kill
 //! lands among the requests still depends on timing.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::*;
@@ -41,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
-const BLOCK: usize = 4096;
+const BLOCK: usize = lograid::format::BLOCK_SIZE;
 
 /// How many kills each test does (LOGRAID_KILLS, default 3).
 fn kills() -> usize {

@@ -1,6 +1,8 @@
 //! The pool commands through the real `lograid` binary on sparse files and
 //! loop devices: create (and every refusal), status, volume management.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

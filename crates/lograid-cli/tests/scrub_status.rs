@@ -3,6 +3,8 @@
 //! check that reports without writing, a scrub that repairs, a second scrub
 //! that finds nothing, and the data read back over NBD.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::*;

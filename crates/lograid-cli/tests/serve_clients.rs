@@ -3,6 +3,8 @@
 //! cannot do (flushes across connections, writes never flushed). Each test
 //! makes its own pool of sparse files and its own server on a free port.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::*;
@@ -686,7 +688,7 @@ fn write_zeroes_with_no_hole_is_not_reported_as_a_hole() {
 
 #[test]
 fn sigkill_while_writing_keeps_every_flushed_write() {
-    const BLOCK: u64 = 4096;
+    const BLOCK: u64 = lograid::format::BLOCK_BYTES;
     const BLOCKS: u64 = (192 * MIB) / BLOCK;
     let pool = TestPool::create("256M", "vol0:192M");
     let contents = |b: u64| Rng::new(0xC0FFEE ^ b).bytes(BLOCK as usize);

@@ -1,6 +1,8 @@
 //! TLS (NBD STARTTLS) end to end: `lograid serve --tls-certificates DIR` with real clients
 //! (nbdinfo and qemu-io, both GnuTLS), certificates made with openssl.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::*;

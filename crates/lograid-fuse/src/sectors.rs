@@ -13,7 +13,7 @@ use lograid_nbd::Export;
 use parking_lot::Mutex;
 
 /// The export contract's unit: offsets and lengths passed to an [`Export`] are multiples of it.
-pub(crate) const SECTOR: u64 = 512;
+pub(crate) const SECTOR: u64 = lograid_nbd::proto::MIN_BLOCK_SIZE as u64;
 
 fn round_down(x: u64) -> u64 {
     x / SECTOR * SECTOR

@@ -5,6 +5,8 @@
 //! call the export receives must keep its contract. Needs root and /dev/fuse (fails without
 //! them unless LOGRAID_SKIP_EXTERNAL=1).
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::export::{Allocation, Export};
 
-const SECTOR: u64 = 512;
+const SECTOR: u64 = crate::proto::MIN_BLOCK_SIZE as u64;
 /// Most extents one `block_status` call returns.
 const MAX_EXTENTS: usize = 4096;
 

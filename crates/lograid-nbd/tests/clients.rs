@@ -1,6 +1,8 @@
 //! Real clients against the server over a MemExport: nbdinfo, qemu-img, qemu-io, nbdcopy, fio.
 //! A missing tool fails the test unless LOGRAID_SKIP_EXTERNAL=1.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use std::process::Command;

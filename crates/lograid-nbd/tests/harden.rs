@@ -1,6 +1,8 @@
 //! `harden_process_for_block_backing` runs in a child process (it changes the whole process:
 //! mlockall would also lock every other test's memory).
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 use std::process::Command;
 
 #[test]

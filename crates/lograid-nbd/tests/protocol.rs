@@ -1,6 +1,8 @@
 //! Protocol conformance with a raw client: option haggling, simple and structured replies,
 //! block status, error mapping, concurrency, multi-conn flush, read-only, limits, shutdown.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use std::io::Read;

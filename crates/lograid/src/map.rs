@@ -109,6 +109,10 @@ const PACKED_ZERO: u64 = (1 << 48) - 1;
 const PACKED_OPEN: u64 = 1 << 46;
 const PACKED_DISK: u64 = 2 << 46;
 const PACKED_BLOCK_BITS: u32 = 40;
+const _: () = {
+    assert!(crate::format::MAX_MEMBER_BLOCKS <= 1 << PACKED_BLOCK_BITS);
+    assert!(crate::format::MAX_MEMBERS <= 0x3f + 1);
+};
 
 impl Packed {
     fn pack(code: u64) -> Packed {

@@ -3,6 +3,8 @@
 //! every read against its own model; at the end the pool is closed,
 //! reopened and checked whole.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::{Model, SimPool};

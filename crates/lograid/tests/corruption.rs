@@ -14,6 +14,8 @@
 //!   naming the volume and the byte offset, and nothing is rewritten;
 //! - dead members (up to P): degraded reads are right, also with rot.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 #[path = "common/corrupt.rs"]
 mod corrupt;

@@ -46,6 +46,8 @@
 //! Fast: `cargo nextest run -p lograid --test crash_replay`.
 //! Long: `LOGRAID_REPLAY_CUTS=400 cargo nextest run -p lograid --test crash_replay --no-capture`.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::{sector_pattern, sector_tag, test_options, SECTOR};

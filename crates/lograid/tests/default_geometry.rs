@@ -3,6 +3,8 @@
 //! and trims, read back before and after a reopen. (A row whose header
 //! shrank at sealing once overran its buffer with P=0 and 512 KiB chunks.)
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::Model;

@@ -5,6 +5,8 @@
 //! what the members hold then; and an operation that depends on the held
 //! one must wait for it.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::SimPool;
@@ -15,7 +17,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const BLOCK: usize = 4096;
+const BLOCK: usize = lograid::format::BLOCK_SIZE;
 
 /// How long an operation that must wait is watched before it counts as
 /// waiting (a correct one waits until released; a wrong one returned within

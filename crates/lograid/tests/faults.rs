@@ -5,6 +5,8 @@
 //! retried and leaves the member online. Checked against a model, and after
 //! reopening without the failed members.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::{test_options, Model, SimPool};

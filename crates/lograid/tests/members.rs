@@ -5,6 +5,8 @@
 //! the reshape and after reopening with the new member set; a scrub after
 //! each finds nothing wrong.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::{test_options, Model, SimPool};

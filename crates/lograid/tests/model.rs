@@ -4,6 +4,8 @@
 //! against a plain in-memory reference. A run is reproduced by its seed:
 //! `LOGRAID_SEED=<seed> cargo test -p lograid --test model`.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::{Model, SimPool};

@@ -11,6 +11,8 @@
 //! - docs/FORMAT.md: the offset tables of the row header, the superblock and
 //!   the checkpoint prefix are parsed and checked against encoded bytes.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 #[path = "common/corrupt.rs"]
 mod corrupt;

@@ -22,6 +22,8 @@
 //! (the first). A seed fixes the workload, the cut point and what the
 //! members keep; the threads' interleaving varies from run to run.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::{sector_pattern, sector_tag, SimPool, SECTOR};

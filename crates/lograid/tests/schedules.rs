@@ -37,6 +37,8 @@
 //! `LOGRAID_SCHEDULES` sets the number of schedules of each kind (default
 //! 500), `LOGRAID_SCHEDULE_SEED` the first seed. A failing schedule is
 //! printed by shuttle and can be replayed with `shuttle::replay`.
+
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 #![cfg(feature = "shuttle")]
 
 use lograid::device::{CrashMode, Member, PowerCut, SimMember, SimRng};
@@ -46,7 +48,7 @@ use shuttle::scheduler::{PctScheduler, RandomScheduler, Scheduler};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-const BLOCK: usize = 4096;
+const BLOCK: usize = lograid::format::BLOCK_SIZE;
 const MEMBER_BYTES: u64 = 4 << 20;
 /// Blocks of the volume that is deleted during the run.
 const DOOMED_BLOCKS: usize = 48;

@@ -8,6 +8,8 @@
 //! the long run uses 3600, see scripts/long-run.sh); LOGRAID_SOAK_SEED the
 //! seed (printed).
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::{test_options, Model};

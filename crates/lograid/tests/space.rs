@@ -5,6 +5,8 @@
 //! status says so, and filled past that it refuses new blocks promptly
 //! instead of crawling, and gets its capacity back with a replacement.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::{Model, SimPool};

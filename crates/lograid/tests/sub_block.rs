@@ -19,6 +19,8 @@
 //! - errors: an old block unreadable beyond parity fails the flush (the
 //!   write stays, and fails the flush again) until the block is rewritten.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 #[path = "common/corrupt.rs"]
 mod corrupt;

@@ -5,6 +5,8 @@
 //! its file (so every ring write fails with EBADF) and writes through a
 //! read-write one otherwise; `write_at` can be made to fail as well.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 use lograid::device::Member;
 use lograid::{create_pool, CreateOptions, PoolOptions};
 use std::fs::{File, OpenOptions};

@@ -14,8 +14,11 @@ pub use codec::{ByteReader, ByteWriter};
 
 /// The unit of checksums, mapping and member I/O.
 pub const BLOCK_SIZE: usize = 4096;
-/// Same, as u64 for offset arithmetic.
+/// `BLOCK_SIZE` typed for offset arithmetic (the same constant).
 pub const BLOCK_BYTES: u64 = BLOCK_SIZE as u64;
+/// The smallest unit volumes are read and written in (NBD's minimum block
+/// size); a block holds `BLOCK_SIZE / SECTOR_BYTES` of them.
+pub const SECTOR_BYTES: u64 = 512;
 /// The on-disk format version this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
 /// Members per pool, at most.
@@ -32,6 +35,21 @@ pub const MAX_MEMBER_BLOCKS: u64 = 1 << 40;
 pub const DATA_START_BLOCK: u64 = 256;
 /// Blocks reserved at the end of a member for the trailing superblock slots.
 pub const TAIL_BLOCKS: u64 = 2;
+
+// The limits fit the types and packings that carry them.
+const _: () = {
+    assert!(BLOCK_SIZE.is_power_of_two());
+    assert!(BLOCK_BYTES.is_multiple_of(SECTOR_BYTES));
+    // A block's sectors are one bit each in a u8 mask (sub-block writes).
+    assert!(BLOCK_BYTES / SECTOR_BYTES <= 8);
+    // Member sets are u32 masks; the map packs a member index in 6 bits.
+    assert!(MAX_MEMBERS <= 32 && MAX_MEMBERS < 64);
+    assert!(MAX_PARITY < MAX_MEMBERS);
+    // The map packs a block number in 40 bits, a PBA in 48.
+    assert!(MAX_MEMBER_BLOCKS <= 1 << 40);
+    // The data area starts after the head superblock slots.
+    assert!(DATA_START_BLOCK >= 2);
+};
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum FormatError {

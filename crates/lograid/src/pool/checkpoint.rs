@@ -44,6 +44,16 @@ impl Engine {
                 v.map.compact();
             }
             let blob = self.snapshot(&ledger, checkpoint_id);
+            // Paired with `load_image`'s checks when it is read back.
+            debug_assert!(
+                crate::format::checkpoint::CheckpointImage::decode(&blob).is_ok_and(|image| {
+                    image.checkpoint_id == checkpoint_id
+                        && image.next_seq == ledger.next_seq
+                        && image.volumes.len() == ledger.volumes.len()
+                        && image.segments.len() == ledger.segments.len()
+                }),
+                "checkpoint {checkpoint_id} does not decode to what it records"
+            );
             ledger.log_blocks_since_checkpoint = 0;
             (sealed, ledger.next_seq, gen, blob, checkpoint_id)
         };

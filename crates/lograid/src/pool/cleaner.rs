@@ -192,7 +192,11 @@ impl Engine {
     /// then empty and becomes free after the next checkpoint. Returns the
     /// blocks moved. The caller holds `maintenance`.
     pub(crate) fn relocate_segment(&self, victim: u32) -> Result<u64> {
-        let rows = self.ledger.lock().segments[victim as usize].rows.clone();
+        let (rows, live_before) = {
+            let ledger = self.ledger.lock();
+            let seg = &ledger.segments[victim as usize];
+            (seg.rows.clone(), seg.live_blocks)
+        };
         // Rows sealed here are written by a second thread, so that reading
         // the next row overlaps writing the last (a few rows in flight).
         let (tx, rx) = channel::bounded::<Vec<Arc<SealedRow>>>(2);
@@ -215,6 +219,20 @@ impl Engine {
             Ok(moved)
         })?;
         tracing::debug!("cleaner: segment {victim}: moved {moved} blocks");
+        {
+            // Every block moved left the victim's live count; writes only
+            // take more out (unless a flush freed it and it was taken anew).
+            let ledger = self.ledger.lock();
+            let seg = &ledger.segments[victim as usize];
+            if matches!(seg.state, SegState::Sealed | SegState::PendingFree { .. }) {
+                assert!(
+                    seg.live_blocks as u64 + moved <= live_before as u64,
+                    "cleaner: segment {victim} held {live_before} live blocks, {moved} moved, \
+                     {} still live",
+                    seg.live_blocks
+                );
+            }
+        }
         self.flush_log()?;
         self.debug_check("cleaning");
         Ok(moved)

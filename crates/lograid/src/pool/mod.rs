@@ -56,5 +56,5 @@ pub use shape::Shape;
 pub use stats::CleanerState;
 pub use status::{CleanerStatus, MemberStatus, PoolStatus, VolumeStatus};
 
-pub use api::{Pool, Volume, SECTOR};
+pub use api::{Pool, Volume};
 pub use read::Allocation;

@@ -30,6 +30,9 @@ use crate::sync::{thread, Mutex, MutexGuard};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// Attempts of an optimistic sub-block write before giving up.
+const PARTIAL_WRITE_ATTEMPTS: usize = 1000;
+
 /// Overlays resolved at once, and threads reading their bases in parallel.
 const RESOLVE_BATCH: usize = 128;
 
@@ -485,6 +488,3 @@ mod tests {
         pool.check_invariants().unwrap();
     }
 }
-
-/// Attempts of an optimistic sub-block write before giving up.
-const PARTIAL_WRITE_ATTEMPTS: usize = 1000;

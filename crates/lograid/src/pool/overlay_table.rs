@@ -11,8 +11,9 @@ use crate::map::Loc;
 use std::collections::{BTreeMap, HashSet};
 
 /// 512-byte sectors in a block: one bit each in a mask.
-pub(crate) const SECTOR_BYTES: usize = 512;
+pub(crate) const SECTOR_BYTES: usize = crate::format::SECTOR_BYTES as usize;
 pub(crate) const SECTORS: usize = BLOCK_SIZE / SECTOR_BYTES;
+const _: () = assert!(SECTORS * SECTOR_BYTES == BLOCK_SIZE && SECTORS <= 8);
 const FULL: u8 = ((1u16 << SECTORS) - 1) as u8;
 
 /// One block's pending sub-block writes.

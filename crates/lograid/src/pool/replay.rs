@@ -411,7 +411,14 @@ impl Engine {
         let mut blocks = 0u64;
         let rows = found.len() as u64;
         let mut ledger = self.ledger.lock();
+        let mut last_seq = 0;
         for (head, row) in found {
+            assert!(
+                row.header.seq > last_seq,
+                "replay: sequence number {} twice",
+                row.header.seq
+            );
+            last_seq = row.header.seq;
             blocks += row.header.slots as u64;
             self.apply_row(&mut ledger, head, row)?;
         }
@@ -471,6 +478,21 @@ impl Engine {
 
     fn apply_row(&self, ledger: &mut Ledger, head: HeadId, row: FoundRow) -> Result<()> {
         let FoundRow { header, crc, geom } = row;
+        // Chosen because it continues its head's chain (`roll_forward`):
+        // the chain and the order hold where the row is applied too.
+        let last = &ledger.heads[head.index()];
+        assert_eq!(
+            header.head, head,
+            "replay: row {} is not of head {head:?}",
+            header.seq
+        );
+        assert!(
+            header.seq > last.last_seq && header.prev_crc == last.last_crc,
+            "replay: row {} does not continue head {head:?} (after row {})",
+            header.seq,
+            last.last_seq
+        );
+        assert_eq!(header.seq, geom.seq, "replay: row geometry of another row");
         let s = geom.segment as usize;
         if ledger.segments[s].state != SegState::Open(head) {
             // The head moved on to a new segment here.

@@ -48,6 +48,30 @@ impl Engine {
 
     fn write_row(&self, row: &Arc<SealedRow>) -> Result<()> {
         let g = row.geom;
+        // Paired with the header checks of `stripe::load_row_header` when
+        // the row is read back: the header it carries names this row.
+        debug_assert!(
+            {
+                let at = row.start_block * BLOCK_SIZE;
+                let header = &row.buf[at..at + g.header_blocks as usize * BLOCK_SIZE];
+                crate::format::row::RowHeader::decode(header).is_ok_and(|(h, _)| {
+                    h.seq == g.seq
+                        && h.segment == g.segment
+                        && h.offset_blocks == g.offset
+                        && h.height == g.height
+                        && h.data_columns == g.data_columns
+                        && h.slots == g.slots
+                })
+            },
+            "row {} carries a header of another row",
+            g.seq
+        );
+        assert!(
+            (g.data_columns + g.parity) as u32 <= g.members_mask.count_ones()
+                && g.height as u32 <= self.shape.geometry.chunk_blocks,
+            "row {} does not fit its segment",
+            g.seq
+        );
         let column_bytes = g.height as usize * BLOCK_SIZE;
         let parity_bytes = g.parity as usize * column_bytes;
         // Each writing thread keeps its last parity buffer: a fresh one per

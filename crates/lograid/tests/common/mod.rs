@@ -7,7 +7,7 @@ use lograid::device::{CrashMode, Member, SimMember, SimRng};
 use lograid::{create_pool, open_members, CreateOptions, Pool, PoolOptions, Volume};
 use std::sync::Arc;
 
-pub const SECTOR: usize = 512;
+pub const SECTOR: usize = lograid::format::SECTOR_BYTES as usize;
 
 pub fn test_options() -> PoolOptions {
     PoolOptions {

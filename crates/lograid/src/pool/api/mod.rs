@@ -32,8 +32,6 @@ pub struct Pool {
     _resolver: Arc<background::BackgroundThread>,
 }
 
-pub const SECTOR: u64 = 512;
-
 impl Pool {
     pub(crate) fn from_engine(engine: Arc<Engine>) -> Pool {
         engine.start_row_writer();

@@ -5,10 +5,10 @@
 use super::super::range::{self};
 use super::super::read::Allocation;
 use super::super::Engine;
-use super::SECTOR;
 use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE;
+use crate::format::SECTOR_BYTES;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -41,7 +41,7 @@ impl Volume {
         if self.engine.closed.load(Ordering::Relaxed) {
             return Err(Error::ReadOnly(ReadOnlyReason::Closed));
         }
-        if !offset.is_multiple_of(SECTOR) || !length.is_multiple_of(SECTOR) {
+        if !offset.is_multiple_of(SECTOR_BYTES) || !length.is_multiple_of(SECTOR_BYTES) {
             return Err(Error::Misaligned { offset, length });
         }
         let size = self
