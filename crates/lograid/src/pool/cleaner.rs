@@ -5,10 +5,13 @@
 //! writers that find no free segment clean in the foreground.
 
 use super::ledger::SealedRow;
+use crate::device::AlignedBuf;
+use crate::format::row::RowHeader;
+use crate::layout::{Pba, RowGeom};
 use super::log::AppendError;
 
 /// A live block to relocate: volume, LBA, where it is, its CRC, its bytes.
-type LiveBlock<'a> = (u32, u64, crate::layout::Pba, u32, Cow<'a, [u8]>);
+type LiveBlock<'a> = (u32, u64, Pba, u32, Cow<'a, [u8]>);
 use super::ledger::SegState;
 use super::stats::CleanerState;
 use super::{CleanerPolicy, Engine};
@@ -242,126 +245,158 @@ impl Engine {
     /// go to `write`. Returns the blocks moved.
     fn relocate_rows(
         &self,
-        rows: Vec<crate::layout::RowGeom>,
+        rows: Vec<RowGeom>,
         write: &channel::Sender<Vec<Arc<SealedRow>>>,
     ) -> Result<u64> {
-        let mut moved = 0u64;
-        // Every column of a row, read whole, lost ones rebuilt from parity.
-        let read_whole = |geom: &crate::layout::RowGeom| {
-            let _r = self.reuse.read();
-            self.read_row_rebuilt(geom)
-        };
+        let mut moved = 0;
         for geom in rows {
-            // A row whose header column is on a member that is gone (a
-            // rebuild): read it whole and rebuild in memory, header included.
-            let mut whole = None;
-            let header_member = geom.column_member(0) as usize;
-            let found = if self.device(header_member).is_some() {
-                self.load_known_row(&geom).map(|f| f.header)
-            } else {
-                let columns = read_whole(&geom);
-                let header = self.header_from_columns(&geom, &columns);
-                whole = Some(columns);
-                header
-            };
-            let Some(found) = found else {
-                tracing::warn!(
-                    "cleaner: row header at segment {} offset {} unreadable",
-                    geom.segment,
-                    geom.offset
-                );
-                continue;
-            };
-            // Live slots: the map still points at them.
-            let mut live = Vec::new();
-            {
-                let ledger = self.ledger.lock();
-                let mut slot = 0u32;
-                for e in &found.entries {
-                    if !e.kind.owns_slot() {
-                        continue;
-                    }
-                    let pba = geom.slot_pba(&self.shape.geometry, slot);
-                    slot += 1;
-                    if let Some(v) = ledger.volume(e.volume) {
-                        let (loc, crc) = v.map.get(e.lba);
-                        if loc == Loc::Disk(pba) {
-                            live.push((e.volume, e.lba, pba, crc));
-                        }
-                    }
+            moved += self.relocate_row(&geom, write)?;
+        }
+        Ok(moved)
+    }
+
+    /// Moves the live blocks of one row; returns how many.
+    fn relocate_row(
+        &self,
+        geom: &RowGeom,
+        write: &channel::Sender<Vec<Arc<SealedRow>>>,
+    ) -> Result<u64> {
+        let Some((header, whole)) = self.header_to_clean(geom) else {
+            tracing::warn!(
+                "cleaner: row header at segment {} offset {} unreadable",
+                geom.segment,
+                geom.offset
+            );
+            return Ok(0);
+        };
+        let live = self.live_slots(geom, &header);
+        if live.is_empty() {
+            return Ok(0);
+        }
+        // One read per column for the whole row; single blocks are reread
+        // (or rebuilt) only where a checksum does not match.
+        let columns = whole.unwrap_or_else(|| self.read_whole(geom));
+        let blocks = self.live_block_bytes(geom, live, &columns);
+        self.append_relocated(&blocks, write)
+    }
+
+    /// Every column of a row, read whole, lost ones rebuilt from parity
+    /// (with `reuse` held, so the segment is not taken anew meanwhile).
+    fn read_whole(&self, geom: &RowGeom) -> Vec<Option<AlignedBuf>> {
+        let _r = self.reuse.read();
+        self.read_row_rebuilt(geom)
+    }
+
+    /// The row's header, and its whole columns if they had to be read for
+    /// it (its header column is on a member that is gone: a rebuild).
+    fn header_to_clean(
+        &self,
+        geom: &RowGeom,
+    ) -> Option<(RowHeader, Option<Vec<Option<AlignedBuf>>>)> {
+        let header_member = geom.column_member(0) as usize;
+        if self.device(header_member).is_some() {
+            return self.load_known_row(geom).map(|f| (f.header, None));
+        }
+        let columns = self.read_whole(geom);
+        let header = self.header_from_columns(geom, &columns)?;
+        Some((header, Some(columns)))
+    }
+
+    /// The row's slots the maps still point at: (volume, block, where, CRC).
+    fn live_slots(&self, geom: &RowGeom, header: &RowHeader) -> Vec<(u32, u64, Pba, u32)> {
+        let ledger = self.ledger.lock();
+        let slots = header.entries.iter().filter(|e| e.kind.owns_slot());
+        let mut live = Vec::new();
+        for (slot, e) in slots.enumerate() {
+            let pba = geom.slot_pba(&self.shape.geometry, slot as u32);
+            if let Some(v) = ledger.volume(e.volume) {
+                let (loc, crc) = v.map.get(e.lba);
+                if loc == Loc::Disk(pba) {
+                    live.push((e.volume, e.lba, pba, crc));
                 }
             }
-            // One read per column for the whole row; single blocks are
-            // reread (or rebuilt) only where a checksum does not match.
-            let columns = if live.is_empty() {
-                Vec::new()
-            } else if let Some(columns) = whole {
-                columns
-            } else {
-                read_whole(&geom)
-            };
-            // The live blocks' bytes: from the columns read, checked; else
-            // read (or rebuilt) one by one.
-            let mut blocks: Vec<LiveBlock> = Vec::with_capacity(live.len());
-            let in_columns = |pba: crate::layout::Pba, crc: u32| -> Option<&[u8]> {
-                let (col, blk) = geom.locate(&self.shape.geometry, pba)?;
-                let column = columns.get(col)?.as_ref()?;
-                let bytes = &column[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE];
-                (crc32c(bytes) == crc).then_some(bytes)
-            };
-            for (volume, lba, pba, crc) in live {
-                if let Some(bytes) = in_columns(pba, crc) {
-                    blocks.push((volume, lba, pba, crc, Cow::Borrowed(bytes)));
+        }
+        live
+    }
+
+    /// The live blocks' bytes: from the columns read, checked; else read
+    /// (or rebuilt) one by one. A block that cannot be read is left where
+    /// it is (and logged).
+    fn live_block_bytes<'a>(
+        &self,
+        geom: &RowGeom,
+        live: Vec<(u32, u64, Pba, u32)>,
+        columns: &'a [Option<AlignedBuf>],
+    ) -> Vec<LiveBlock<'a>> {
+        let in_columns = |pba: Pba, crc: u32| -> Option<&'a [u8]> {
+            let (col, blk) = geom.locate(&self.shape.geometry, pba)?;
+            let column = columns.get(col)?.as_ref()?;
+            let bytes = &column[blk * BLOCK_SIZE..(blk + 1) * BLOCK_SIZE];
+            (crc32c(bytes) == crc).then_some(bytes)
+        };
+        let mut blocks: Vec<LiveBlock> = Vec::with_capacity(live.len());
+        for (volume, lba, pba, crc) in live {
+            if let Some(bytes) = in_columns(pba, crc) {
+                blocks.push((volume, lba, pba, crc, Cow::Borrowed(bytes)));
+                continue;
+            }
+            match self.read_data_block(geom, pba, crc) {
+                Ok(b) => blocks.push((volume, lba, pba, crc, Cow::Owned(b))),
+                Err(cause) => {
+                    tracing::error!("cleaner: volume {volume} block {lba} unreadable: {cause}")
+                }
+            }
+        }
+        blocks
+    }
+
+    /// Appends `blocks` to the cleaner's head under one hold of the lock,
+    /// each only if the map still points at it (a write may have replaced
+    /// it meanwhile); sealed rows go to `write`. Returns the blocks moved.
+    fn append_relocated(
+        &self,
+        blocks: &[LiveBlock],
+        write: &channel::Sender<Vec<Arc<SealedRow>>>,
+    ) -> Result<u64> {
+        let mut moved = 0;
+        let mut sealed = Vec::new();
+        {
+            let mut ledger = self.ledger.lock();
+            for (volume, lba, pba, crc, bytes) in blocks {
+                let still = ledger
+                    .volume(*volume)
+                    .is_some_and(|v| v.map.get(*lba).0 == Loc::Disk(*pba));
+                if !still {
                     continue;
                 }
-                match self.read_data_block(&geom, pba, crc) {
-                    Ok(b) => blocks.push((volume, lba, pba, crc, Cow::Owned(b))),
-                    Err(detail) => {
-                        tracing::error!("cleaner: volume {volume} block {lba} unreadable: {detail}")
+                let entry = Entry {
+                    kind: EntryKind::Relocated,
+                    volume: *volume,
+                    lba: *lba,
+                    crc: *crc,
+                    count: 1,
+                    source: pba.encode(),
+                };
+                match ledger.append_block(HeadId::Cleaner, entry, bytes, &self.shape) {
+                    Ok(row) => {
+                        ledger.counters.relocated_blocks += 1;
+                        sealed.extend(row);
+                        moved += 1;
+                    }
+                    Err(AppendError::NeedSegment) => {
+                        drop(ledger);
+                        for row in sealed {
+                            let _ = write.send(vec![row]);
+                        }
+                        return Err(Error::NoSpace);
                     }
                 }
             }
-            // Appended under one hold of the lock, each only if the map
-            // still points at it (a write may have replaced it meanwhile).
-            let mut sealed = Vec::new();
-            {
-                let mut ledger = self.ledger.lock();
-                for (volume, lba, pba, crc, bytes) in &blocks {
-                    let still = ledger
-                        .volume(*volume)
-                        .is_some_and(|v| v.map.get(*lba).0 == Loc::Disk(*pba));
-                    if !still {
-                        continue;
-                    }
-                    let entry = Entry {
-                        kind: EntryKind::Relocated,
-                        volume: *volume,
-                        lba: *lba,
-                        crc: *crc,
-                        count: 1,
-                        source: pba.encode(),
-                    };
-                    match ledger.append_block(HeadId::Cleaner, entry, bytes, &self.shape) {
-                        Ok(row) => {
-                            ledger.counters.relocated_blocks += 1;
-                            sealed.extend(row);
-                            moved += 1;
-                        }
-                        Err(AppendError::NeedSegment) => {
-                            drop(ledger);
-                            for row in sealed {
-                                let _ = write.send(vec![row]);
-                            }
-                            return Err(Error::NoSpace);
-                        }
-                    }
-                }
-            }
-            if !sealed.is_empty() {
-                write
-                    .send(sealed)
-                    .map_err(|_| Error::ReadOnly(ReadOnlyReason::RowWriterStopped))?;
-            }
+        }
+        if !sealed.is_empty() {
+            write
+                .send(sealed)
+                .map_err(|_| Error::ReadOnly(ReadOnlyReason::RowWriterStopped))?;
         }
         Ok(moved)
     }

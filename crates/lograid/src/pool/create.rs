@@ -2,7 +2,7 @@
 //! choose the geometry, wipe old superblock slots, and write the first
 //! checkpoint and superblocks.
 
-use super::engine::new_inner;
+use super::engine::Engine;
 use super::ledger::SegState;
 use super::{now_unix, random_u128, random_u64, Pool, PoolOptions, Shape};
 use crate::device::{is_mounted, probe_signature, AlignedBuf, FileMember, Member, OpenMode};
@@ -168,12 +168,50 @@ pub fn create_pool(
 ) -> Result<Pool> {
     let n = members.len();
     opts.validate(n)?;
-    let chunk = opts.chunk_bytes as u64;
-    let chunk_blocks = (chunk / BLOCK_BYTES) as u32;
     let member_blocks: Vec<u64> = members
         .iter()
         .map(|m| m.size_bytes() / BLOCK_BYTES)
         .collect();
+    let segment_blocks = segment_blocks_for(opts, &member_blocks)?;
+    let min_blocks = DATA_START_BLOCK + TAIL_BLOCKS + segment_blocks * MIN_SEGMENTS;
+    for (m, &blocks) in members.iter().zip(&member_blocks) {
+        if blocks < min_blocks {
+            return Err(Error::Refused(Refusal::DriveTooSmall {
+                drive: describe(m.as_ref()),
+                size_bytes: blocks * BLOCK_BYTES,
+                needed_bytes: min_blocks * BLOCK_BYTES,
+            }));
+        }
+    }
+    let shape = new_shape(opts, &member_blocks, segment_blocks);
+    wipe_superblock_slots(&members, &member_blocks)?;
+    let all = (1u32 << n) - 1;
+    let devices = members
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| Some(shape.device(i, m)))
+        .collect();
+    let records = shape.recorded_members.clone();
+    let engine = Arc::new(Engine::new(shape, records, devices, options, all, 0));
+    if engine.ledger.lock().usable_blocks == 0 {
+        return Err(Error::Refused(Refusal::DrivesTooSmall));
+    }
+    start_log(&engine, all)?;
+    engine.checkpoint_log()?;
+    let pool = Pool::from_engine(engine);
+    if let Some((name, size)) = &opts.initial_volume {
+        pool.create_volume(name, *size)?;
+    }
+    Ok(pool)
+}
+
+/// Blocks per segment: as asked (a multiple of the chunk), or about
+/// `TARGET_SEGMENT_BYTES` with at least `MIN_SEGMENTS * 8` segments on the
+/// smallest drive; refused if the largest drive would need more segments
+/// than the format holds.
+fn segment_blocks_for(opts: &CreateOptions, member_blocks: &[u64]) -> Result<u64> {
+    let chunk = opts.chunk_bytes as u64;
+    let chunk_blocks = chunk / BLOCK_BYTES;
     let smallest = *member_blocks.iter().min().expect("members");
     let smallest_data = smallest.saturating_sub(DATA_START_BLOCK + TAIL_BLOCKS);
     let segment_blocks = match opts.segment_bytes {
@@ -188,7 +226,7 @@ pub fn create_pool(
         None => {
             let target =
                 (TARGET_SEGMENT_BYTES / BLOCK_BYTES).min(smallest_data / (MIN_SEGMENTS * 8));
-            (target / chunk_blocks as u64).max(4) * chunk_blocks as u64
+            (target / chunk_blocks).max(4) * chunk_blocks
         }
     };
     if segment_blocks > u16::MAX as u64 * 16 {
@@ -201,28 +239,23 @@ pub fn create_pool(
         return Err(Error::InvalidArgument(format!(
             "drives of {} bytes need a segment size of at least {} bytes",
             largest * BLOCK_BYTES,
-            (largest / crate::format::MAX_SEGMENTS + 1).next_multiple_of(chunk_blocks as u64)
+            (largest / crate::format::MAX_SEGMENTS + 1).next_multiple_of(chunk_blocks)
                 * BLOCK_BYTES
         )));
     }
-    let min_blocks = DATA_START_BLOCK + TAIL_BLOCKS + segment_blocks * MIN_SEGMENTS;
-    for (m, &blocks) in members.iter().zip(&member_blocks) {
-        if blocks < min_blocks {
-            return Err(Error::Refused(Refusal::DriveTooSmall {
-                drive: describe(m.as_ref()),
-                size_bytes: blocks * BLOCK_BYTES,
-                needed_bytes: min_blocks * BLOCK_BYTES,
-            }));
-        }
-    }
+    Ok(segment_blocks)
+}
+
+/// The shape of a new pool: every drive an active member, new identities.
+fn new_shape(opts: &CreateOptions, member_blocks: &[u64], segment_blocks: u64) -> Shape {
     let geometry = Geometry {
-        member_blocks: MemberSizes::new(&member_blocks),
+        member_blocks: MemberSizes::new(member_blocks),
         data_start_block: DATA_START_BLOCK,
         segment_blocks: segment_blocks as u32,
-        chunk_blocks,
+        chunk_blocks: (opts.chunk_bytes as u64 / BLOCK_BYTES) as u32,
     };
     let stale = Shape::no_stale(&geometry);
-    let shape = Shape {
+    Shape {
         geometry,
         parity: opts.parity.into(),
         pool_uuid: random_u128(),
@@ -238,52 +271,43 @@ pub fn create_pool(
             })
             .collect(),
         stale,
-    };
-    // Wipe every superblock slot so no older pool's generation can win.
+    }
+}
+
+/// Zeroes every superblock slot, so that no older pool's generation can win.
+fn wipe_superblock_slots(members: &[Arc<dyn Member>], member_blocks: &[u64]) -> Result<()> {
     let zero = AlignedBuf::zeroed(BLOCK_SIZE);
-    for (m, &blocks) in members.iter().zip(&member_blocks) {
+    for (m, &blocks) in members.iter().zip(member_blocks) {
         for b in [0, 1, blocks - TAIL_BLOCKS, blocks - TAIL_BLOCKS + 1] {
             m.write_at(&zero, b * BLOCK_BYTES)
                 .map_err(|e| Error::io(format!("wiping {}", m.describe()), e))?;
         }
     }
-    let all = (1u32 << n) - 1;
-    let devices = members
-        .into_iter()
-        .enumerate()
-        .map(|(i, m)| Some(shape.device(i, m)))
-        .collect();
-    let records = shape.recorded_members.clone();
-    let engine = Arc::new(new_inner(shape, records, devices, options, all, 0));
-    if engine.ledger.lock().usable_blocks == 0 {
-        return Err(Error::Refused(Refusal::DrivesTooSmall));
-    }
-    {
-        let mut ledger = engine.ledger.lock();
-        for s in 0..ledger.segments.len() {
-            if engine
-                .shape
-                .segment_usable(ledger.segments[s].members_mask, all)
-            {
-                ledger.free.push_back(s as u32);
-            }
+    Ok(())
+}
+
+/// Every usable segment free, and the user and cleaner heads given their
+/// first segments.
+fn start_log(engine: &Engine, all: u32) -> Result<()> {
+    let mut ledger = engine.ledger.lock();
+    for s in 0..ledger.segments.len() {
+        if engine
+            .shape
+            .segment_usable(ledger.segments[s].members_mask, all)
+        {
+            ledger.free.push_back(s as u32);
         }
-        for head in [HeadId::User, HeadId::Cleaner] {
-            ledger
-                .prime_head(head, &engine.shape)
-                .map_err(|_| Error::Refused(Refusal::TooFewSegments))?;
-        }
-        debug_assert!(ledger
-            .segments
-            .iter()
-            .all(|s| s.state != SegState::Checkpoint));
     }
-    engine.checkpoint_log()?;
-    let pool = Pool::from_engine(engine);
-    if let Some((name, size)) = &opts.initial_volume {
-        pool.create_volume(name, *size)?;
+    for head in [HeadId::User, HeadId::Cleaner] {
+        ledger
+            .prime_head(head, &engine.shape)
+            .map_err(|_| Error::Refused(Refusal::TooFewSegments))?;
     }
-    Ok(pool)
+    debug_assert!(ledger
+        .segments
+        .iter()
+        .all(|s| s.state != SegState::Checkpoint));
+    Ok(())
 }
 
 /// Opens an existing pool from paths.

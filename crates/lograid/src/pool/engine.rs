@@ -166,69 +166,73 @@ impl Engine {
     }
 }
 
-pub(crate) fn new_inner(
-    shape: Shape,
-    members: Vec<MemberRecord>,
-    devices: Vec<Option<Arc<Device>>>,
-    options: PoolOptions,
-    active_mask: u32,
-    superblock_generation: u64,
-) -> Engine {
-    let segment_count = shape.geometry.segment_count();
-    let segments: Vec<Segment> = (0..segment_count).map(|_| Segment::free()).collect();
-    let mut ledger = Ledger {
-        volumes: BTreeMap::new(),
-        segments,
-        free: VecDeque::new(),
-        heads: [
-            Head::new(HeadId::User),
-            Head::new(HeadId::Cleaner),
-            Head::new(HeadId::Checkpoint),
-        ],
-        next_seq: 1,
-        next_volume_id: 1,
-        inflight: Vec::new(),
-        user_appends: 0,
-        counters: Default::default(),
-        log_blocks_since_checkpoint: 0,
-        flush_gen: 0,
-        unlogged_since_gen: None,
-        flushed_seq: 0,
-        checkpoint_next_seq: 0,
-        checkpoint: Default::default(),
-        checkpoint_segments: Vec::new(),
-        superblock_generation,
-        members,
-        active_mask,
-        capacity_blocks: 0,
-        usable_blocks: 0,
-        read_only_reason: None,
-        stored_blocks: 0,
-        spare_buffers: Vec::new(),
-        checkpoint_wanted: false,
-        overlays: super::overlay_table::OverlayTable::new(options.max_overlays),
-    };
-    for (s, seg) in ledger.segments.iter_mut().enumerate() {
-        seg.members_mask = shape.geometry.segment_members(s as u32, active_mask);
-        seg.parity = shape.parity();
-    }
-    ledger.update_capacity(&shape);
-    Engine {
-        io: IoPool::new(options.io_threads.max(devices.len()).max(2)),
-        shape,
-        devices: RwLock::new(devices),
-        ledger: Mutex::new(ledger),
-        progress: Condvar::new(),
-        overlay_wake: Condvar::new(),
-        resolving: Mutex::new(()),
-        reuse: RwLock::new(()),
-        maintenance: Mutex::new(()),
-        options,
-        closed: AtomicBool::new(false),
-        recovery_report: Mutex::new(None),
-        stats: Mutex::new(Default::default()),
-        reshape: Mutex::new(Default::default()),
-        reshape_paused: AtomicBool::new(false),
-        row_writer: super::row_writer::RowWriter::inline(),
+impl Engine {
+    /// A new engine over `devices` with an empty ledger (creation and
+    /// recovery fill it).
+    pub(crate) fn new(
+        shape: Shape,
+        members: Vec<MemberRecord>,
+        devices: Vec<Option<Arc<Device>>>,
+        options: PoolOptions,
+        active_mask: u32,
+        superblock_generation: u64,
+    ) -> Engine {
+        let segment_count = shape.geometry.segment_count();
+        let segments: Vec<Segment> = (0..segment_count).map(|_| Segment::free()).collect();
+        let mut ledger = Ledger {
+            volumes: BTreeMap::new(),
+            segments,
+            free: VecDeque::new(),
+            heads: [
+                Head::new(HeadId::User),
+                Head::new(HeadId::Cleaner),
+                Head::new(HeadId::Checkpoint),
+            ],
+            next_seq: 1,
+            next_volume_id: 1,
+            inflight: Vec::new(),
+            user_appends: 0,
+            counters: Default::default(),
+            log_blocks_since_checkpoint: 0,
+            flush_gen: 0,
+            unlogged_since_gen: None,
+            flushed_seq: 0,
+            checkpoint_next_seq: 0,
+            checkpoint: Default::default(),
+            checkpoint_segments: Vec::new(),
+            superblock_generation,
+            members,
+            active_mask,
+            capacity_blocks: 0,
+            usable_blocks: 0,
+            read_only_reason: None,
+            stored_blocks: 0,
+            spare_buffers: Vec::new(),
+            checkpoint_wanted: false,
+            overlays: super::overlay_table::OverlayTable::new(options.max_overlays),
+        };
+        for (s, seg) in ledger.segments.iter_mut().enumerate() {
+            seg.members_mask = shape.geometry.segment_members(s as u32, active_mask);
+            seg.parity = shape.parity();
+        }
+        ledger.update_capacity(&shape);
+        Engine {
+            io: IoPool::new(options.io_threads.max(devices.len()).max(2)),
+            shape,
+            devices: RwLock::new(devices),
+            ledger: Mutex::new(ledger),
+            progress: Condvar::new(),
+            overlay_wake: Condvar::new(),
+            resolving: Mutex::new(()),
+            reuse: RwLock::new(()),
+            maintenance: Mutex::new(()),
+            options,
+            closed: AtomicBool::new(false),
+            recovery_report: Mutex::new(None),
+            stats: Mutex::new(Default::default()),
+            reshape: Mutex::new(Default::default()),
+            reshape_paused: AtomicBool::new(false),
+            row_writer: super::row_writer::RowWriter::inline(),
+        }
     }
 }

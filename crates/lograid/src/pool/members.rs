@@ -65,6 +65,34 @@ impl Engine {
         in_place: bool,
     ) -> Result<usize> {
         check_writable(&self.ledger.lock())?;
+        let blocks = self.check_new_member(member.as_ref(), replacing)?;
+        wipe_superblocks(member.as_ref(), blocks)?;
+        let index = {
+            let mut ledger = self.ledger.lock();
+            let index = take_member_slot(&mut ledger, in_place, replacing)?;
+            self.record_joining(&mut ledger, index, blocks, in_place);
+            index
+        };
+        {
+            let mut devices = self.devices.write();
+            if devices.len() <= index {
+                devices.resize(index + 1, None);
+            }
+            devices[index] = Some(self.shape.device(index, member));
+        }
+        if in_place {
+            // Rows sealed from now on are written to it (their writes look
+            // the device up after this); rows before may not have been.
+            let since = self.ledger.lock().next_seq;
+            self.shape.stale[index].set_since_seq(since);
+        }
+        Ok(index)
+    }
+
+    /// Refuses a drive that cannot join: too small or too large for the
+    /// pool's geometry, open as a member already, a member of this pool
+    /// (other than the one it replaces) or of another. Its size in blocks.
+    fn check_new_member(&self, member: &dyn Member, replacing: Option<usize>) -> Result<u64> {
         let name = member.describe();
         let blocks = member.size_bytes() / BLOCK_BYTES;
         let g = &self.shape.geometry;
@@ -90,60 +118,36 @@ impl Engine {
         {
             return Err(Error::Refused(Refusal::AlreadyOpenMember { drive: name }));
         }
-        if let Ok(sb) = super::open::read_superblock(member.as_ref()) {
-            let ledger = self.ledger.lock();
-            let current = ledger
-                .members
-                .iter()
-                .enumerate()
-                .find(|(_, r)| r.uuid == sb.member_uuid() && r.state != MemberState::Removed);
-            if sb.pool_uuid == self.shape.pool_uuid {
-                if let Some((i, _)) = current {
-                    if Some(i) != replacing {
-                        return Err(Error::Refused(Refusal::AlreadyMember {
-                            drive: name,
-                            member: i,
-                        }));
-                    }
-                }
-            } else {
-                return Err(Error::Refused(Refusal::OtherPoolsMember {
-                    drive: name,
-                    pool: sb.pool_name,
-                    uuid: sb.pool_uuid,
-                }));
-            }
+        let Ok(sb) = super::open::read_superblock(member) else {
+            return Ok(blocks);
+        };
+        if sb.pool_uuid != self.shape.pool_uuid {
+            return Err(Error::Refused(Refusal::OtherPoolsMember {
+                drive: name,
+                pool: sb.pool_name,
+                uuid: sb.pool_uuid,
+            }));
         }
-        // Wipe its superblock slots: until the checkpoint records it, it
-        // is not a member of anything.
-        let zero = AlignedBuf::zeroed(BLOCK_SIZE);
-        for b in [0, 1, blocks - TAIL_BLOCKS, blocks - TAIL_BLOCKS + 1] {
-            member
-                .write_at(&zero, b * BLOCK_BYTES)
-                .and_then(|_| member.flush())
-                .map_err(|e| Error::io(format!("wiping the superblocks of {name}"), e))?;
-        }
-        let mut ledger = self.ledger.lock();
-        let free_slot = ledger
+        let ledger = self.ledger.lock();
+        let current = ledger
             .members
             .iter()
-            .position(|r| r.state == MemberState::Removed);
-        let index = match (in_place, replacing, free_slot) {
-            (true, Some(old), _) => old,
-            (true, None, _) => unreachable!("an in-place join replaces a member"),
-            (false, _, Some(i)) => i,
-            (false, _, None) if ledger.members.len() < MAX_MEMBERS => {
-                ledger.members.push(MemberRecord {
-                    uuid: 0,
-                    size_blocks: 0,
-                    state: MemberState::Removed,
-                });
-                ledger.members.len() - 1
-            }
-            (false, _, None) => {
-                return Err(Error::Refused(Refusal::TooManyMembers { max: MAX_MEMBERS }))
-            }
-        };
+            .position(|r| r.uuid == sb.member_uuid() && r.state != MemberState::Removed);
+        match current {
+            Some(i) if Some(i) != replacing => Err(Error::Refused(Refusal::AlreadyMember {
+                drive: name,
+                member: i,
+            })),
+            _ => Ok(blocks),
+        }
+    }
+
+    /// Records member `index` as joining with `blocks` blocks: the member
+    /// table, the geometry and segment table (a larger member adds
+    /// segments), the capacity, and what it does not hold yet (in place:
+    /// every segment laid over its index, before anyone can read it there).
+    fn record_joining(&self, ledger: &mut Ledger, index: usize, blocks: u64, in_place: bool) {
+        let g = &self.shape.geometry;
         g.member_blocks.set(index, blocks);
         ledger.members[index] = MemberRecord {
             uuid: super::random_u128(),
@@ -158,8 +162,6 @@ impl Engine {
         // the new member set.
         self.reshape.lock().stuck.clear();
         if in_place {
-            // Every row laid over this index so far is stale on the new
-            // drive, before anyone can read it there.
             let stale: Vec<u32> = (0..ledger.segments.len() as u32)
                 .filter(|&s| {
                     let seg = &ledger.segments[s as usize];
@@ -171,21 +173,6 @@ impl Engine {
             // (A slot that a member rebuilt in place had may be reused.)
             self.shape.stale[index].reset(0, []);
         }
-        drop(ledger);
-        {
-            let mut devices = self.devices.write();
-            if devices.len() <= index {
-                devices.resize(index + 1, None);
-            }
-            devices[index] = Some(self.shape.device(index, member));
-        }
-        if in_place {
-            // Rows sealed from now on are written to it (their writes look
-            // the device up after this); rows before may not have been.
-            let since = self.ledger.lock().next_seq;
-            self.shape.stale[index].set_since_seq(since);
-        }
-        Ok(index)
     }
 
     /// Sealed segments the reshape still has to move (all but those whose
@@ -428,4 +415,47 @@ impl Engine {
             user_share: 1.0 - self.options.reshape_share,
         })
     }
+}
+
+/// Zeroes a joining drive's superblock slots: until the checkpoint records
+/// it, it is not a member of anything.
+fn wipe_superblocks(member: &dyn Member, blocks: u64) -> Result<()> {
+    let zero = AlignedBuf::zeroed(BLOCK_SIZE);
+    for b in [0, 1, blocks - TAIL_BLOCKS, blocks - TAIL_BLOCKS + 1] {
+        member
+            .write_at(&zero, b * BLOCK_BYTES)
+            .and_then(|_| member.flush())
+            .map_err(|e| {
+                Error::io(format!("wiping the superblocks of {}", member.describe()), e)
+            })?;
+    }
+    Ok(())
+}
+
+/// The member index a joining drive takes: the one it replaces in place, a
+/// removed member's, or a new one (at most `MAX_MEMBERS`).
+fn take_member_slot(
+    ledger: &mut Ledger,
+    in_place: bool,
+    replacing: Option<usize>,
+) -> Result<usize> {
+    if in_place {
+        return Ok(replacing.expect("an in-place join replaces a member"));
+    }
+    if let Some(i) = ledger
+        .members
+        .iter()
+        .position(|r| r.state == MemberState::Removed)
+    {
+        return Ok(i);
+    }
+    if ledger.members.len() >= MAX_MEMBERS {
+        return Err(Error::Refused(Refusal::TooManyMembers { max: MAX_MEMBERS }));
+    }
+    ledger.members.push(MemberRecord {
+        uuid: 0,
+        size_blocks: 0,
+        state: MemberState::Removed,
+    });
+    Ok(ledger.members.len() - 1)
 }

@@ -5,14 +5,13 @@
 //! even with members missing: a header on a missing or corrupt member is
 //! rebuilt from the other columns of its row.
 
-use super::engine::new_inner;
 use super::stats::RecoveryReport;
 use super::{random_u64, Engine, PoolOptions, Shape};
 use crate::device::{AlignedBuf, Device, Member};
 use crate::error::ReadOnlyReason;
 use crate::error::{Error, Refusal, Result};
 use crate::format::checkpoint::CheckpointImage;
-use crate::format::superblock::{MemberState, Superblock};
+use crate::format::superblock::{MemberRecord, MemberState, Superblock};
 use crate::format::{BLOCK_BYTES, BLOCK_SIZE};
 use crate::layout::{Geometry, MemberSizes};
 use std::sync::Arc;
@@ -84,7 +83,7 @@ fn refuse_foreign_contents(member: &dyn Member) -> Result<()> {
 
 /// Opens the engine of a pool from its members (any order; missing members
 /// are allowed up to the parity count). `read_only` opens without writing
-/// anything. (`Pool::open` / `open_members` wrap it.)
+/// anything. (`open_members` wraps it.)
 pub(crate) fn open_engine(
     members: Vec<Arc<dyn Member>>,
     options: PoolOptions,
@@ -94,143 +93,29 @@ pub(crate) fn open_engine(
     if members.is_empty() {
         return Err(Error::InvalidArgument("no drives given".into()));
     }
-    let mut found: Vec<(Arc<dyn Member>, Superblock)> = Vec::new();
-    for m in members {
-        refuse_foreign_contents(m.as_ref())?;
-        let sb = read_superblock(m.as_ref()).map_err(|e| match e {
-            Error::Format {
-                cause: crate::format::FormatError::BadMagic,
-                ..
-            } => Error::Refused(Refusal::NoSuperblock {
-                drive: m.describe(),
-            }),
-            other => other,
-        })?;
-        found.push((m, sb));
-    }
+    let found = read_superblocks(members)?;
     let newest = found
         .iter()
         .max_by_key(|(_, sb)| sb.generation)
         .map(|(_, sb)| sb.clone())
-        .expect("non-empty");
-    let n = newest.members.len();
-    let mut slots: Vec<Option<Arc<dyn Member>>> = vec![None; n];
-    for (m, sb) in found {
-        if sb.pool_uuid != newest.pool_uuid {
-            return Err(Error::Refused(Refusal::AnotherPool {
-                drive: m.describe(),
-                found: sb.pool_uuid,
-                expected: newest.pool_uuid,
-            }));
-        }
-        let i = sb.member_index as usize;
-        if i < n
-            && newest.members[i].uuid == sb.member_uuid()
-            && newest.members[i].state == MemberState::Removed
-        {
-            return Err(Error::Refused(Refusal::RemovedMember {
-                drive: m.describe(),
-                pool: newest.pool_name.clone(),
-            }));
-        }
-        if i >= n || newest.members[i].uuid != sb.member_uuid() {
-            return Err(Error::Refused(Refusal::NotACurrentMember {
-                drive: m.describe(),
-                pool: newest.pool_name.clone(),
-            }));
-        }
-        if slots[i].is_some() {
-            return Err(Error::InvalidArgument(format!(
-                "{} given twice (member {i})",
-                m.describe()
-            )));
-        }
-        if m.size_bytes() / BLOCK_BYTES < newest.members[i].size_blocks {
-            return Err(Error::Refused(Refusal::ShrunkMember {
-                drive: m.describe(),
-            }));
-        }
-        slots[i] = Some(m);
-    }
-    // Members that may hold rows and are not here.
-    let missing: Vec<usize> = (0..n)
-        .filter(|&i| slots[i].is_none() && newest.members[i].state.may_hold_rows())
-        .collect();
-    // A joining member that is here is active from now on (the checkpoint
-    // recovery writes records it so).
-    let mut members = newest.members.clone();
-    for (i, r) in members.iter_mut().enumerate() {
-        if r.state == MemberState::Joining && slots[i].is_some() {
-            r.state = MemberState::Active;
-        }
-    }
-    let active_mask = members
-        .iter()
-        .enumerate()
-        .filter(|(i, r)| r.state == MemberState::Active && slots[*i].is_some())
-        .fold(0u32, |m, (i, _)| m | 1 << i);
-    if missing.len() > newest.parity as usize {
-        return Err(Error::Refused(Refusal::TooFewMembers {
-            pool: newest.pool_name.clone(),
-            needed: n - newest.parity as usize,
-            members: n,
-            missing,
-        }));
-    }
-    let geometry = Geometry {
-        member_blocks: MemberSizes::new(
-            &newest
-                .members
-                .iter()
-                .map(|r| {
-                    if r.state.may_hold_rows() {
-                        r.size_blocks
-                    } else {
-                        0
-                    }
-                })
-                .collect::<Vec<_>>(),
-        ),
-        data_start_block: newest.data_start_block,
-        segment_blocks: newest.segment_blocks,
-        chunk_blocks: newest.chunk_blocks,
-    };
-    if geometry.segment_count() as u64 > crate::format::MAX_SEGMENTS {
-        return Err(Error::Corrupt(format!(
-            "superblock describes {} segments (at most {} supported)",
-            geometry.segment_count(),
-            crate::format::MAX_SEGMENTS
-        )));
-    }
-    let stale = Shape::no_stale(&geometry);
-    let shape = Shape {
-        geometry,
-        parity: newest.parity.into(),
-        pool_uuid: newest.pool_uuid,
-        pool_name: newest.pool_name.clone(),
-        created_unix: newest.created_unix,
-        nonce: random_u64(),
-        recorded_members: newest.members.clone(),
-        stale,
-    };
+        .expect("at least one member");
+    let slots = place_members(found, &newest)?;
+    let table = MembersAtOpen::new(&newest, &slots)?;
+    let shape = shape_of(&newest)?;
     let devices: Vec<Option<Arc<Device>>> = slots
         .into_iter()
         .enumerate()
         .map(|(i, m)| m.map(|m| shape.device(i, m)))
         .collect();
-    let joining = newest
-        .members
-        .iter()
-        .any(|r| r.state == MemberState::Joining);
-    let engine = Arc::new(new_inner(
+    let engine = Arc::new(Engine::new(
         shape,
-        members,
+        table.members,
         devices,
         options,
-        active_mask,
+        table.active_mask,
         newest.generation,
     ));
-    let report = engine.recover(&newest, started, missing, joining, read_only)?;
+    let report = engine.recover(&newest, started, table.missing, table.joining, read_only)?;
     tracing::info!(
         "pool '{}': checkpoint {} loaded, {} rows ({} blocks) replayed in {:.3} s",
         engine.shape.pool_name,
@@ -244,6 +129,159 @@ pub(crate) fn open_engine(
         engine.ledger.lock().read_only_reason = Some(ReadOnlyReason::Opened);
     }
     Ok(engine)
+}
+
+/// Each drive's newest superblock; a drive with none (or that now holds
+/// something else) is refused.
+fn read_superblocks(members: Vec<Arc<dyn Member>>) -> Result<Vec<(Arc<dyn Member>, Superblock)>> {
+    let mut found = Vec::with_capacity(members.len());
+    for m in members {
+        refuse_foreign_contents(m.as_ref())?;
+        let sb = read_superblock(m.as_ref()).map_err(|e| match e {
+            Error::Format {
+                cause: crate::format::FormatError::BadMagic,
+                ..
+            } => Error::Refused(Refusal::NoSuperblock {
+                drive: m.describe(),
+            }),
+            other => other,
+        })?;
+        found.push((m, sb));
+    }
+    Ok(found)
+}
+
+/// The drives by member index, as the newest superblock's member table
+/// places them; a drive of another pool, a removed or unknown member, one
+/// given twice or one smaller than it was is refused.
+fn place_members(
+    found: Vec<(Arc<dyn Member>, Superblock)>,
+    newest: &Superblock,
+) -> Result<Vec<Option<Arc<dyn Member>>>> {
+    let n = newest.members.len();
+    let mut slots: Vec<Option<Arc<dyn Member>>> = vec![None; n];
+    for (m, sb) in found {
+        if sb.pool_uuid != newest.pool_uuid {
+            return Err(Error::Refused(Refusal::AnotherPool {
+                drive: m.describe(),
+                found: sb.pool_uuid,
+                expected: newest.pool_uuid,
+            }));
+        }
+        let i = sb.member_index as usize;
+        let recorded = newest.members.get(i).filter(|r| r.uuid == sb.member_uuid());
+        if recorded.is_some_and(|r| r.state == MemberState::Removed) {
+            return Err(Error::Refused(Refusal::RemovedMember {
+                drive: m.describe(),
+                pool: newest.pool_name.clone(),
+            }));
+        }
+        let Some(recorded) = recorded else {
+            return Err(Error::Refused(Refusal::NotACurrentMember {
+                drive: m.describe(),
+                pool: newest.pool_name.clone(),
+            }));
+        };
+        if slots[i].is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "{} given twice (member {i})",
+                m.describe()
+            )));
+        }
+        if m.size_bytes() / BLOCK_BYTES < recorded.size_blocks {
+            return Err(Error::Refused(Refusal::ShrunkMember {
+                drive: m.describe(),
+            }));
+        }
+        slots[i] = Some(m);
+    }
+    Ok(slots)
+}
+
+/// The member table the pool opens with, given the drives present.
+struct MembersAtOpen {
+    members: Vec<MemberRecord>,
+    /// Members new rows may use: active and present.
+    active_mask: u32,
+    /// Members that may hold rows and are not here.
+    missing: Vec<usize>,
+    /// The superblock records a member joining.
+    joining: bool,
+}
+
+impl MembersAtOpen {
+    /// Refuses if more members are missing than the parity covers.
+    fn new(newest: &Superblock, slots: &[Option<Arc<dyn Member>>]) -> Result<MembersAtOpen> {
+        let n = newest.members.len();
+        let missing: Vec<usize> = (0..n)
+            .filter(|&i| slots[i].is_none() && newest.members[i].state.may_hold_rows())
+            .collect();
+        if missing.len() > newest.parity as usize {
+            return Err(Error::Refused(Refusal::TooFewMembers {
+                pool: newest.pool_name.clone(),
+                needed: n - newest.parity as usize,
+                members: n,
+                missing,
+            }));
+        }
+        // A joining member that is here is active from now on (the
+        // checkpoint recovery writes records it so).
+        let mut members = newest.members.clone();
+        for (i, r) in members.iter_mut().enumerate() {
+            if r.state == MemberState::Joining && slots[i].is_some() {
+                r.state = MemberState::Active;
+            }
+        }
+        let active_mask = members
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| r.state == MemberState::Active && slots[*i].is_some())
+            .fold(0u32, |m, (i, _)| m | 1 << i);
+        let joining = newest
+            .members
+            .iter()
+            .any(|r| r.state == MemberState::Joining);
+        Ok(MembersAtOpen {
+            members,
+            active_mask,
+            missing,
+            joining,
+        })
+    }
+}
+
+/// The pool's shape as the newest superblock records it (segments over
+/// the members that may hold rows; a fresh nonce for this opening).
+fn shape_of(newest: &Superblock) -> Result<Shape> {
+    let sizes: Vec<u64> = newest
+        .members
+        .iter()
+        .map(|r| if r.state.may_hold_rows() { r.size_blocks } else { 0 })
+        .collect();
+    let geometry = Geometry {
+        member_blocks: MemberSizes::new(&sizes),
+        data_start_block: newest.data_start_block,
+        segment_blocks: newest.segment_blocks,
+        chunk_blocks: newest.chunk_blocks,
+    };
+    if geometry.segment_count() as u64 > crate::format::MAX_SEGMENTS {
+        return Err(Error::Corrupt(format!(
+            "superblock describes {} segments (at most {} supported)",
+            geometry.segment_count(),
+            crate::format::MAX_SEGMENTS
+        )));
+    }
+    let stale = Shape::no_stale(&geometry);
+    Ok(Shape {
+        geometry,
+        parity: newest.parity.into(),
+        pool_uuid: newest.pool_uuid,
+        pool_name: newest.pool_name.clone(),
+        created_unix: newest.created_unix,
+        nonce: random_u64(),
+        recorded_members: newest.members.clone(),
+        stale,
+    })
 }
 
 impl Engine {

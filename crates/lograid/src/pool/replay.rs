@@ -12,11 +12,13 @@ use super::shape::Shape;
 use super::stripe::FoundRow;
 use super::Engine;
 use crate::error::{Error, Result};
-use crate::format::checkpoint::{CheckpointImage, SegmentStateCode};
-use crate::format::row::{EntryKind, HeadId, RowKind};
+use crate::format::checkpoint::{
+    CheckpointImage, HeadRecord, SegmentRecord, SegmentStateCode, VolumeRecord,
+};
+use crate::format::row::{Entry, EntryKind, HeadId, RowHeader, RowKind};
 use crate::format::superblock::{MemberState, Superblock};
 use crate::format::{crc32c, BLOCK_BYTES};
-use crate::layout::Pba;
+use crate::layout::{Pba, RowGeom};
 use crate::map::{Loc, VolumeMap};
 use std::collections::VecDeque;
 
@@ -106,7 +108,6 @@ impl Engine {
 
     /// Installs a decoded checkpoint into the (empty) ledger.
     pub(crate) fn load_image(&self, mut image: CheckpointImage) -> Result<()> {
-        let geometry = &self.shape.geometry;
         let mut ledger = self.ledger.lock();
         // Segments past what the members hold now (the largest member was
         // removed since) must be empty; they are dropped.
@@ -133,91 +134,120 @@ impl Engine {
         ledger.checkpoint_next_seq = image.next_seq;
         ledger.next_volume_id = image.next_volume_id;
         ledger.counters = image.counters;
-        for (s, rec) in image.segments.into_iter().enumerate() {
-            for r in &rec.rows {
-                if r.offset as u64 + r.height as u64 > geometry.segment_blocks as u64
-                    || r.data_columns as usize + r.parity as usize
-                        > rec.members_mask.count_ones() as usize
-                {
-                    return Err(Error::Corrupt(format!(
-                        "checkpoint row record out of bounds in segment {s}"
-                    )));
-                }
-            }
-            let seg = &mut ledger.segments[s];
-            seg.state = match rec.state {
-                SegmentStateCode::Free => SegState::Free,
-                SegmentStateCode::OpenUser => SegState::Open(HeadId::User),
-                SegmentStateCode::OpenCleaner => SegState::Open(HeadId::Cleaner),
-                SegmentStateCode::ReservedUser => SegState::Reserved(HeadId::User),
-                SegmentStateCode::ReservedCleaner => SegState::Reserved(HeadId::Cleaner),
-                SegmentStateCode::Sealed => SegState::Sealed,
-            };
-            if rec.state != SegmentStateCode::Free {
-                seg.members_mask = rec.members_mask;
-                seg.parity = rec.parity;
-            }
-            seg.live_blocks = 0;
-            seg.fill_blocks = rec.fill_blocks;
-            seg.sealed_seq = rec.sealed_seq;
-            seg.rows = rec.rows;
+        for (s, record) in image.segments.into_iter().enumerate() {
+            self.load_segment(&mut ledger, s, record)?;
         }
+        let member_slots = self.devices.read().len();
         for v in image.volumes {
-            let mut map = VolumeMap::default();
-            for (lba, loc, crc) in v.entries {
-                let loc = Loc::decode(loc);
-                match loc {
-                    Loc::Disk(pba) => {
-                        let (s, _) = geometry
-                            .segment_of(pba.block)
-                            .filter(|(s, _)| {
-                                (*s as usize) < ledger.segments.len()
-                                    && (pba.member as usize) < self.devices.read().len()
-                            })
-                            .ok_or_else(|| {
-                                Error::Corrupt(format!(
-                                    "volume '{}' maps block {lba} outside the pool",
-                                    v.name
-                                ))
-                            })?;
-                        ledger.segments[s as usize].live_blocks += 1;
-                    }
-                    Loc::Zero => {}
-                    _ => {
-                        return Err(Error::Corrupt(format!(
-                            "volume '{}' block {lba}: bad location",
-                            v.name
-                        )))
-                    }
-                }
-                if lba
-                    .checked_mul(BLOCK_BYTES)
-                    .is_none_or(|b| b >= v.size_bytes)
-                {
-                    return Err(Error::Corrupt(format!(
-                        "volume '{}' maps block {lba} past its end",
-                        v.name
-                    )));
-                }
-                map.set(lba, loc, crc);
-            }
-            ledger.volumes.insert(
-                v.id,
-                VolumeState {
-                    id: v.id,
-                    name: v.name,
-                    size_bytes: v.size_bytes,
-                    recording_size_bytes: None,
-                    being_created: false,
-                    created_unix: v.created_unix,
-                    map,
-                },
-            );
+            let volume = self.load_volume(&mut ledger, v, member_slots)?;
+            ledger.volumes.insert(volume.id, volume);
         }
-        for (i, h) in image.heads.iter().enumerate().take(2) {
+        self.load_heads(&mut ledger, &image.heads)
+    }
+
+    /// Segment `s` as the checkpoint records it (its live count is rebuilt
+    /// from the volume maps that follow).
+    fn load_segment(&self, ledger: &mut Ledger, s: usize, record: SegmentRecord) -> Result<()> {
+        let segment_blocks = self.shape.geometry.segment_blocks as u64;
+        for r in &record.rows {
+            if r.offset as u64 + r.height as u64 > segment_blocks
+                || r.data_columns as usize + r.parity as usize
+                    > record.members_mask.count_ones() as usize
+            {
+                return Err(Error::Corrupt(format!(
+                    "checkpoint row record out of bounds in segment {s}"
+                )));
+            }
+        }
+        let seg = &mut ledger.segments[s];
+        seg.state = match record.state {
+            SegmentStateCode::Free => SegState::Free,
+            SegmentStateCode::OpenUser => SegState::Open(HeadId::User),
+            SegmentStateCode::OpenCleaner => SegState::Open(HeadId::Cleaner),
+            SegmentStateCode::ReservedUser => SegState::Reserved(HeadId::User),
+            SegmentStateCode::ReservedCleaner => SegState::Reserved(HeadId::Cleaner),
+            SegmentStateCode::Sealed => SegState::Sealed,
+        };
+        if record.state != SegmentStateCode::Free {
+            seg.members_mask = record.members_mask;
+            seg.parity = record.parity;
+        }
+        seg.live_blocks = 0;
+        seg.fill_blocks = record.fill_blocks;
+        seg.sealed_seq = record.sealed_seq;
+        seg.rows = record.rows;
+        Ok(())
+    }
+
+    /// A volume and its map as the checkpoint records them; every mapped
+    /// block counts as live in its segment. Refuses locations outside the
+    /// pool or past the volume's end.
+    fn load_volume(
+        &self,
+        ledger: &mut Ledger,
+        v: VolumeRecord,
+        member_slots: usize,
+    ) -> Result<VolumeState> {
+        let mut map = VolumeMap::default();
+        for (lba, loc, crc) in v.entries {
+            let loc = Loc::decode(loc);
+            match loc {
+                Loc::Disk(pba) => {
+                    let (s, _) = self
+                        .shape
+                        .geometry
+                        .segment_of(pba.block)
+                        .filter(|(s, _)| {
+                            (*s as usize) < ledger.segments.len()
+                                && (pba.member as usize) < member_slots
+                        })
+                        .ok_or_else(|| {
+                            Error::Corrupt(format!(
+                                "volume '{}' maps block {lba} outside the pool",
+                                v.name
+                            ))
+                        })?;
+                    ledger.segments[s as usize].live_blocks += 1;
+                }
+                Loc::Zero => {}
+                _ => {
+                    return Err(Error::Corrupt(format!(
+                        "volume '{}' block {lba}: bad location",
+                        v.name
+                    )))
+                }
+            }
+            if lba
+                .checked_mul(BLOCK_BYTES)
+                .is_none_or(|b| b >= v.size_bytes)
+            {
+                return Err(Error::Corrupt(format!(
+                    "volume '{}' maps block {lba} past its end",
+                    v.name
+                )));
+            }
+            map.set(lba, loc, crc);
+        }
+        Ok(VolumeState {
+            id: v.id,
+            name: v.name,
+            size_bytes: v.size_bytes,
+            recording_size_bytes: None,
+            being_created: false,
+            created_unix: v.created_unix,
+            map,
+        })
+    }
+
+    /// The user and cleaner heads where the checkpoint left them.
+    fn load_heads(&self, ledger: &mut Ledger, heads: &[HeadRecord]) -> Result<()> {
+        for (i, h) in heads.iter().enumerate().take(2) {
             let count = ledger.segments.len() as u32;
             let valid = |s: u32| s == NO_SEGMENT || s < count;
-            if !valid(h.segment) || !valid(h.next_segment) || h.offset > geometry.segment_blocks {
+            if !valid(h.segment)
+                || !valid(h.next_segment)
+                || h.offset > self.shape.geometry.segment_blocks
+            {
                 return Err(Error::Corrupt(format!(
                     "checkpoint log head {i} is out of range"
                 )));
@@ -354,58 +384,9 @@ impl Engine {
     /// Follows each head's chain from its checkpointed position, then applies
     /// the rows found in global sequence order. Returns (rows, blocks).
     pub(crate) fn roll_forward(&self, read_only: bool) -> Result<(u64, u64)> {
-        let geometry = &self.shape.geometry;
         let mut found: Vec<(HeadId, FoundRow)> = Vec::new();
         for head in [HeadId::User, HeadId::Cleaner] {
-            let (mut seg, mut off, mut last_crc, mut last_seq, mut next) = {
-                let ledger = self.ledger.lock();
-                let h = &ledger.heads[head.index()];
-                (h.segment, h.offset, h.last_crc, h.last_seq, h.next_segment)
-            };
-            loop {
-                if seg == NO_SEGMENT {
-                    break;
-                }
-                if off + geometry.chunk_blocks > geometry.segment_blocks {
-                    (seg, off) = (next, 0);
-                    if seg == NO_SEGMENT || seg >= geometry.segment_count() {
-                        break;
-                    }
-                }
-                let accept = |row: &FoundRow| {
-                    let h = &row.header;
-                    h.head == head
-                        && h.kind == RowKind::Data
-                        && h.prev_crc == last_crc
-                        && h.seq > last_seq
-                };
-                let Some((row, at)) = self.find_chain_row(seg, off, next, accept) else {
-                    break;
-                };
-                (seg, off) = at;
-                let h = &row.header;
-                // A row whose columns did not all reach the members (a crash
-                // before any flush covered it) ends the chain.
-                if !self.check_row(&row, !read_only).unrepairable.is_empty() {
-                    // Torn (the log ends here) or rotted beyond parity? A
-                    // later row of this chain that was sealed after a flush
-                    // covering this one proves it was complete once: keep it,
-                    // and let reads of its damaged blocks fail loudly.
-                    if !self.later_row_proves_flushed(head, &row, seg, off) {
-                        tracing::info!("recovery: row {} at segment {seg} offset {off} is torn; the log ends there", h.seq);
-                        break;
-                    }
-                    tracing::error!(
-                        "recovery: row {} at segment {seg} offset {off} is damaged beyond parity; its unreadable blocks will fail reads",
-                        h.seq
-                    );
-                }
-                last_crc = row.crc;
-                last_seq = h.seq;
-                next = h.next_segment;
-                off += row.geom.height as u32;
-                found.push((head, row));
-            }
+            found.extend(self.follow_chain(head, read_only).into_iter().map(|r| (head, r)));
         }
         found.sort_by_key(|(_, r)| r.header.seq);
         let mut blocks = 0u64;
@@ -422,6 +403,82 @@ impl Engine {
             blocks += row.header.slots as u64;
             self.apply_row(&mut ledger, head, row)?;
         }
+        self.settle_after_replay(&mut ledger);
+        Ok((rows, blocks))
+    }
+
+    /// The rows of `head`'s chain written after the checkpoint, in order, up
+    /// to the first one that is missing, does not continue the chain, or is
+    /// torn (incomplete and not proved flushed by a later row). With
+    /// `!read_only`, what parity can repair in them is rewritten.
+    fn follow_chain(&self, head: HeadId, read_only: bool) -> Vec<FoundRow> {
+        let geometry = &self.shape.geometry;
+        let (mut seg, mut off, mut last_crc, mut last_seq, mut next) = {
+            let ledger = self.ledger.lock();
+            let h = &ledger.heads[head.index()];
+            (h.segment, h.offset, h.last_crc, h.last_seq, h.next_segment)
+        };
+        let mut found = Vec::new();
+        while seg != NO_SEGMENT {
+            if off + geometry.chunk_blocks > geometry.segment_blocks {
+                (seg, off) = (next, 0);
+                if seg == NO_SEGMENT || seg >= geometry.segment_count() {
+                    break;
+                }
+            }
+            let accept = |row: &FoundRow| {
+                let h = &row.header;
+                h.head == head && h.kind == RowKind::Data && h.prev_crc == last_crc && h.seq > last_seq
+            };
+            let Some((row, at)) = self.find_chain_row(seg, off, next, accept) else {
+                break;
+            };
+            (seg, off) = at;
+            if !self.row_belongs_to_the_log(head, &row, seg, off, read_only) {
+                break;
+            }
+            last_crc = row.crc;
+            last_seq = row.header.seq;
+            next = row.header.next_segment;
+            off += row.geom.height as u32;
+            found.push(row);
+        }
+        found
+    }
+
+    /// Whether a row found on the chain is part of the log: complete (what
+    /// parity can repair is repaired), or damaged beyond parity but proved
+    /// flushed by a later row of the chain (then kept, and reads of its
+    /// damaged blocks fail loudly). A torn row (its columns did not all
+    /// reach the members before a crash no flush covered) ends the log.
+    fn row_belongs_to_the_log(
+        &self,
+        head: HeadId,
+        row: &FoundRow,
+        seg: u32,
+        off: u32,
+        read_only: bool,
+    ) -> bool {
+        if self.check_row(row, !read_only).unrepairable.is_empty() {
+            return true;
+        }
+        let seq = row.header.seq;
+        if !self.later_row_proves_flushed(head, row, seg, off) {
+            tracing::info!(
+                "recovery: row {seq} at segment {seg} offset {off} is torn; the log ends there"
+            );
+            return false;
+        }
+        tracing::error!(
+            "recovery: row {seq} at segment {seg} offset {off} is damaged beyond parity; \
+             its unreadable blocks will fail reads"
+        );
+        true
+    }
+
+    /// After the rows are applied: the heads' reserved next segments, the
+    /// free list, the next sequence number, and what counts as flushed.
+    fn settle_after_replay(&self, ledger: &mut Ledger) {
         // A head's reserved next segment may have been freed and reserved
         // after the checkpoint; replay has emptied it by now. If not, the
         // head reserves a fresh one when it gets there.
@@ -444,7 +501,22 @@ impl Engine {
                 _ => ledger.heads[head.index()].next_segment = NO_SEGMENT,
             }
         }
-        // Whatever heads reserved must not be handed out again; the rest is free.
+        self.rebuild_free_list(ledger);
+        ledger.log_blocks_since_checkpoint = 0;
+        for h in [HeadId::User, HeadId::Cleaner] {
+            let seq = ledger.heads[h.index()].last_seq;
+            ledger.next_seq = ledger.next_seq.max(seq + 1);
+        }
+        // Everything replayed is made durable before the pool is used: the
+        // opening syncs every member before anything is sealed, so no row
+        // carries this value before that sync.
+        ledger.flushed_seq = ledger.next_seq - 1;
+    }
+
+    /// Free segments the members can hold with full parity go to the free
+    /// list; the checkpoint's own segments are marked and kept out of it
+    /// (whatever heads reserved is not free).
+    fn rebuild_free_list(&self, ledger: &mut Ledger) {
         let mut free = VecDeque::new();
         for s in 0..ledger.segments.len() {
             let mask = self
@@ -457,25 +529,16 @@ impl Engine {
                 ledger.segments[s].rows.clear();
                 free.push_back(s as u32);
             }
-            let cp = ledger.checkpoint_segments.contains(&(s as u32));
-            if cp {
+            if ledger.checkpoint_segments.contains(&(s as u32)) {
                 ledger.segments[s].state = SegState::Checkpoint;
             }
         }
         free.retain(|s| !ledger.checkpoint_segments.contains(s));
         ledger.free = free;
-        ledger.log_blocks_since_checkpoint = 0;
-        for h in [HeadId::User, HeadId::Cleaner] {
-            let seq = ledger.heads[h.index()].last_seq;
-            ledger.next_seq = ledger.next_seq.max(seq + 1);
-        }
-        // Everything replayed is made durable before the pool is used: the
-        // opening syncs every member before anything is sealed, so no row
-        // carries this value before that sync.
-        ledger.flushed_seq = ledger.next_seq - 1;
-        Ok((rows, blocks))
     }
 
+    /// Applies one row of `head` found on its chain: the head enters its
+    /// segment, the row's entries change the maps, and the head moves past it.
     fn apply_row(&self, ledger: &mut Ledger, head: HeadId, row: FoundRow) -> Result<()> {
         let FoundRow { header, crc, geom } = row;
         // Chosen because it continues its head's chain (`roll_forward`):
@@ -493,86 +556,15 @@ impl Engine {
             last.last_seq
         );
         assert_eq!(header.seq, geom.seq, "replay: row geometry of another row");
-        let s = geom.segment as usize;
-        if ledger.segments[s].state != SegState::Open(head) {
-            // The head moved on to a new segment here.
-            let prev = ledger.heads[head.index()].segment;
-            if prev != NO_SEGMENT && prev as usize != s {
-                ledger.seal_segment(prev, header.seq);
-            }
-            let seg = &mut ledger.segments[s];
-            if seg.live_blocks != 0 {
-                return Err(Error::Corrupt(format!(
-                    "segment {s} was reused while it still held {} live blocks",
-                    seg.live_blocks
-                )));
-            }
-            seg.rows.clear();
-            seg.state = SegState::Open(head);
-            seg.members_mask = header.members_mask;
-            seg.parity = header.parity;
-        }
-        {
-            let seg = &mut ledger.segments[s];
-            seg.rows.push(geom);
-            seg.fill_blocks = geom.offset + geom.height as u32;
-        }
+        self.enter_row_segment(ledger, head, &header, &geom)?;
         let mut slot = 0u32;
         for e in &header.entries {
-            match e.kind {
-                EntryKind::Data | EntryKind::Relocated | EntryKind::Payload => {
-                    let pba = geom.slot_pba(&self.shape.geometry, slot);
-                    slot += 1;
-                    let Some(vol) = ledger.volumes.get_mut(&e.volume) else {
-                        continue;
-                    };
-                    if e.lba
-                        .checked_mul(BLOCK_BYTES)
-                        .is_none_or(|b| b >= vol.size_bytes)
-                        || e.kind == EntryKind::Payload
-                    {
-                        continue;
-                    }
-                    if e.kind == EntryKind::Relocated
-                        && vol.map.get(e.lba).0 != Loc::Disk(Pba::decode(e.source))
-                    {
-                        continue;
-                    }
-                    let (old, _) = vol.map.set(e.lba, Loc::Disk(pba), e.crc);
-                    ledger.release_loc(old, &self.shape);
-                    ledger.segments[s].live_blocks += 1;
-                }
-                EntryKind::Trim | EntryKind::Zero => {
-                    let Some(vol) = ledger.volumes.get_mut(&e.volume) else {
-                        continue;
-                    };
-                    let vol_blocks = vol.size_bytes / BLOCK_BYTES;
-                    let end = e.lba.saturating_add(e.count as u64).min(vol_blocks);
-                    let new = if e.kind == EntryKind::Zero {
-                        Loc::Zero
-                    } else {
-                        Loc::Unmapped
-                    };
-                    // Trims touch mapped blocks only; zero records every block.
-                    let blocks: Vec<u64> = if e.kind == EntryKind::Zero {
-                        (e.lba.min(end)..end).collect()
-                    } else {
-                        vol.map
-                            .iter_from(e.lba)
-                            .map(|x| x.0)
-                            .take_while(|&b| b < end)
-                            .collect()
-                    };
-                    for b in blocks {
-                        let (old, _) = ledger
-                            .volumes
-                            .get_mut(&e.volume)
-                            .expect("volume")
-                            .map
-                            .set(b, new, 0);
-                        ledger.release_loc(old, &self.shape);
-                    }
-                }
+            if e.kind.owns_slot() {
+                let pba = geom.slot_pba(&self.shape.geometry, slot);
+                slot += 1;
+                self.replay_block(ledger, e, pba, geom.segment as usize);
+            } else {
+                self.replay_range(ledger, e);
             }
         }
         let h = &mut ledger.heads[head.index()];
@@ -591,6 +583,98 @@ impl Engine {
         }
         ledger.next_seq = ledger.next_seq.max(header.seq + 1);
         Ok(())
+    }
+
+    /// The row's segment as its head writes it: if the head moved on to a
+    /// new segment here, the one it left is sealed and this one opened
+    /// (refused if it still holds live blocks: reused too early).
+    fn enter_row_segment(
+        &self,
+        ledger: &mut Ledger,
+        head: HeadId,
+        header: &RowHeader,
+        geom: &RowGeom,
+    ) -> Result<()> {
+        let s = geom.segment as usize;
+        if ledger.segments[s].state != SegState::Open(head) {
+            let prev = ledger.heads[head.index()].segment;
+            if prev != NO_SEGMENT && prev as usize != s {
+                ledger.seal_segment(prev, header.seq);
+            }
+            let seg = &mut ledger.segments[s];
+            if seg.live_blocks != 0 {
+                return Err(Error::Corrupt(format!(
+                    "segment {s} was reused while it still held {} live blocks",
+                    seg.live_blocks
+                )));
+            }
+            seg.rows.clear();
+            seg.state = SegState::Open(head);
+            seg.members_mask = header.members_mask;
+            seg.parity = header.parity;
+        }
+        let seg = &mut ledger.segments[s];
+        seg.rows.push(*geom);
+        seg.fill_blocks = geom.offset + geom.height as u32;
+        Ok(())
+    }
+
+    /// A block entry: its volume's map points at `pba` (in segment `s`),
+    /// unless the volume is gone, the block is past its end, it is a
+    /// checkpoint payload, or it is a relocation whose source the map no
+    /// longer points at (a write replaced it after the cleaner read it).
+    fn replay_block(&self, ledger: &mut Ledger, e: &Entry, pba: Pba, s: usize) {
+        let Some(vol) = ledger.volumes.get_mut(&e.volume) else {
+            return;
+        };
+        if e.lba
+            .checked_mul(BLOCK_BYTES)
+            .is_none_or(|b| b >= vol.size_bytes)
+            || e.kind == EntryKind::Payload
+        {
+            return;
+        }
+        if e.kind == EntryKind::Relocated
+            && vol.map.get(e.lba).0 != Loc::Disk(Pba::decode(e.source))
+        {
+            return;
+        }
+        let (old, _) = vol.map.set(e.lba, Loc::Disk(pba), e.crc);
+        ledger.release_loc(old, &self.shape);
+        ledger.segments[s].live_blocks += 1;
+    }
+
+    /// A trim (mapped blocks become holes) or zero record (every block of
+    /// the range becomes a zero record), within the volume's end.
+    fn replay_range(&self, ledger: &mut Ledger, e: &Entry) {
+        let Some(vol) = ledger.volumes.get_mut(&e.volume) else {
+            return;
+        };
+        let vol_blocks = vol.size_bytes / BLOCK_BYTES;
+        let end = e.lba.saturating_add(e.count as u64).min(vol_blocks);
+        let new = if e.kind == EntryKind::Zero {
+            Loc::Zero
+        } else {
+            Loc::Unmapped
+        };
+        let blocks: Vec<u64> = if e.kind == EntryKind::Zero {
+            (e.lba.min(end)..end).collect()
+        } else {
+            vol.map
+                .iter_from(e.lba)
+                .map(|x| x.0)
+                .take_while(|&b| b < end)
+                .collect()
+        };
+        for b in blocks {
+            let (old, _) = ledger
+                .volumes
+                .get_mut(&e.volume)
+                .expect("the volume looked up above")
+                .map
+                .set(b, new, 0);
+            ledger.release_loc(old, &self.shape);
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! A snapshot of a pool's state and counters for `lograid status`.
 
-use super::ledger::SegState;
+use super::ledger::{Ledger, SegState};
 use super::stats::CleanerState;
 use super::Engine;
 use crate::device::CounterValues;
@@ -108,56 +108,13 @@ pub fn collect(engine: &Engine) -> PoolStatus {
     let reshape = engine.reshape_status();
     let ledger = engine.ledger.lock();
     let shape = &engine.shape;
-    let members: Vec<MemberStatus> = ledger
-        .members
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| r.state != MemberState::Removed)
-        .map(|(i, r)| {
-            let dev = engine.device_any(i);
-            let state = match (r.state, &dev) {
-                (MemberState::Removing, None) => "leaving (missing)",
-                (MemberState::Removing, Some(_)) => "leaving",
-                (MemberState::Faulted, _) => "faulted",
-                (_, None) => "missing",
-                _ if shape.stale[i].count() > 0 => "rebuilding",
-                (MemberState::Joining, _) => "joining",
-                _ => "online",
-            };
-            MemberStatus {
-                index: i,
-                path: dev
-                    .as_ref()
-                    .map(|d| d.member.describe())
-                    .unwrap_or_else(|| "-".into()),
-                uuid: format!("{:032x}", r.uuid),
-                state: state.to_string(),
-                size_bytes: r.size_blocks * BLOCK_BYTES,
-                counters: dev.map(|d| d.counters.values()).unwrap_or_default(),
-            }
-        })
-        .collect();
-    let volumes: Vec<VolumeStatus> = ledger
-        .volumes
-        .values()
-        .filter(|v| v.exists())
-        .map(|v| VolumeStatus {
-            name: v.name.clone(),
-            size_bytes: v.size_bytes,
-            stored_bytes: v.map.stored_blocks() * BLOCK_BYTES,
-            map_memory_bytes: v.map.memory_bytes(),
-        })
-        .collect();
+    let members = member_statuses(engine, &ledger);
+    let volumes = volume_statuses(&ledger);
     let member_bytes_written: u64 = members.iter().map(|m| m.counters.bytes_written).sum();
     let map_memory_bytes: u64 = volumes.iter().map(|v| v.map_memory_bytes).sum();
     let stored_blocks = ledger.stored_blocks;
     let missing = engine.lost_members(&ledger);
-    let fault = ledger.read_only_reason.as_ref().filter(|r| r.is_fault());
-    let state = match (fault, missing) {
-        (Some(r), _) => format!("read-only ({r})"),
-        (None, 0) => "online".into(),
-        (None, n) => format!("degraded ({n} member(s) unavailable or rebuilding)"),
-    };
+    let state = pool_state(&ledger, missing);
     PoolStatus {
         name: shape.pool_name.clone(),
         uuid: format!("{:032x}", shape.pool_uuid),
@@ -176,21 +133,13 @@ pub fn collect(engine: &Engine) -> PoolStatus {
             * BLOCK_BYTES,
         segments_total: ledger.segments.len(),
         segments_free: ledger.free.len(),
-        segments_sealed: ledger
-            .segments
-            .iter()
-            .filter(|s| s.state == SegState::Sealed)
-            .count(),
-        segments_pending_free: ledger
-            .segments
-            .iter()
-            .filter(|s| matches!(s.state, SegState::PendingFree { .. }))
-            .count(),
-        segments_in_use: ledger
-            .segments
-            .iter()
-            .filter(|s| !matches!(s.state, SegState::Free | SegState::PendingFree { .. }))
-            .count(),
+        segments_sealed: segments_where(&ledger, |s| s == SegState::Sealed),
+        segments_pending_free: segments_where(&ledger, |s| {
+            matches!(s, SegState::PendingFree { .. })
+        }),
+        segments_in_use: segments_where(&ledger, |s| {
+            !matches!(s, SegState::Free | SegState::PendingFree { .. })
+        }),
         cleaner: cleaner_status(engine, &ledger, member_bytes_written),
         volumes,
         counters: ledger.counters,
@@ -254,4 +203,67 @@ fn cleaner_status(
             .then(|| member_bytes.saturating_sub(member0) as f64 / user_delta as f64),
         window_seconds: t_now - t0,
     }
+}
+
+/// Each member that is not removed: its path, state and counters.
+fn member_statuses(engine: &Engine, ledger: &Ledger) -> Vec<MemberStatus> {
+    ledger
+        .members
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.state != MemberState::Removed)
+        .map(|(i, r)| {
+            let dev = engine.device_any(i);
+            let state = match (r.state, &dev) {
+                (MemberState::Removing, None) => "leaving (missing)",
+                (MemberState::Removing, Some(_)) => "leaving",
+                (MemberState::Faulted, _) => "faulted",
+                (_, None) => "missing",
+                _ if engine.shape.stale[i].count() > 0 => "rebuilding",
+                (MemberState::Joining, _) => "joining",
+                _ => "online",
+            };
+            MemberStatus {
+                index: i,
+                path: dev
+                    .as_ref()
+                    .map(|d| d.member.describe())
+                    .unwrap_or_else(|| "-".into()),
+                uuid: format!("{:032x}", r.uuid),
+                state: state.to_string(),
+                size_bytes: r.size_blocks * BLOCK_BYTES,
+                counters: dev.map(|d| d.counters.values()).unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+/// Each volume that exists: its size, what it stores, its map's memory.
+fn volume_statuses(ledger: &Ledger) -> Vec<VolumeStatus> {
+    ledger
+        .volumes
+        .values()
+        .filter(|v| v.exists())
+        .map(|v| VolumeStatus {
+            name: v.name.clone(),
+            size_bytes: v.size_bytes,
+            stored_bytes: v.map.stored_blocks() * BLOCK_BYTES,
+            map_memory_bytes: v.map.memory_bytes(),
+        })
+        .collect()
+}
+
+/// "online", "degraded (...)" or "read-only (reason)" (a pool opened
+/// read-only on purpose is not a fault).
+fn pool_state(ledger: &Ledger, missing: u32) -> String {
+    let fault = ledger.read_only_reason.as_ref().filter(|r| r.is_fault());
+    match (fault, missing) {
+        (Some(r), _) => format!("read-only ({r})"),
+        (None, 0) => "online".into(),
+        (None, n) => format!("degraded ({n} member(s) unavailable or rebuilding)"),
+    }
+}
+
+fn segments_where(ledger: &Ledger, state: impl Fn(SegState) -> bool) -> usize {
+    ledger.segments.iter().filter(|s| state(s.state)).count()
 }
