@@ -5,10 +5,10 @@
 //! writers that find no free segment clean in the foreground.
 
 use super::ledger::SealedRow;
+use super::log::AppendError;
 use crate::device::AlignedBuf;
 use crate::format::row::RowHeader;
 use crate::layout::{Pba, RowGeom};
-use super::log::AppendError;
 
 /// A live block to relocate: volume, LBA, where it is, its CRC, its bytes.
 type LiveBlock<'a> = (u32, u64, Pba, u32, Cow<'a, [u8]>);

@@ -426,7 +426,10 @@ fn wipe_superblocks(member: &dyn Member, blocks: u64) -> Result<()> {
             .write_at(&zero, b * BLOCK_BYTES)
             .and_then(|_| member.flush())
             .map_err(|e| {
-                Error::io(format!("wiping the superblocks of {}", member.describe()), e)
+                Error::io(
+                    format!("wiping the superblocks of {}", member.describe()),
+                    e,
+                )
             })?;
     }
     Ok(())

@@ -256,7 +256,13 @@ fn shape_of(newest: &Superblock) -> Result<Shape> {
     let sizes: Vec<u64> = newest
         .members
         .iter()
-        .map(|r| if r.state.may_hold_rows() { r.size_blocks } else { 0 })
+        .map(|r| {
+            if r.state.may_hold_rows() {
+                r.size_blocks
+            } else {
+                0
+            }
+        })
         .collect();
     let geometry = Geometry {
         member_blocks: MemberSizes::new(&sizes),

@@ -386,7 +386,11 @@ impl Engine {
     pub(crate) fn roll_forward(&self, read_only: bool) -> Result<(u64, u64)> {
         let mut found: Vec<(HeadId, FoundRow)> = Vec::new();
         for head in [HeadId::User, HeadId::Cleaner] {
-            found.extend(self.follow_chain(head, read_only).into_iter().map(|r| (head, r)));
+            found.extend(
+                self.follow_chain(head, read_only)
+                    .into_iter()
+                    .map(|r| (head, r)),
+            );
         }
         found.sort_by_key(|(_, r)| r.header.seq);
         let mut blocks = 0u64;
@@ -428,7 +432,10 @@ impl Engine {
             }
             let accept = |row: &FoundRow| {
                 let h = &row.header;
-                h.head == head && h.kind == RowKind::Data && h.prev_crc == last_crc && h.seq > last_seq
+                h.head == head
+                    && h.kind == RowKind::Data
+                    && h.prev_crc == last_crc
+                    && h.seq > last_seq
             };
             let Some((row, at)) = self.find_chain_row(seg, off, next, accept) else {
                 break;
