@@ -417,55 +417,54 @@ impl Ledger {
         if h.open.as_ref().is_none_or(|r| r.is_empty()) {
             return None;
         }
-        let mut row = h.open.take().expect("open row");
-        let k = row.members_mask.count_ones() as usize - row.parity as usize;
-        let hb = header_blocks_for(row.entries.len());
-        assert!(hb <= row.header_reserve, "header outgrew its reserve");
-        let used = hb as u32 + row.slots();
-        let chunk = shape.geometry.chunk_blocks;
-        let height = used.div_ceil(k as u32).min(chunk);
-        let data_columns = used.div_ceil(height);
-        assert!(
-            data_columns as usize <= k && height <= chunk,
-            "row geometry"
-        );
-        let start_block = (row.header_reserve - hb) as usize;
-        assert!(
-            (start_block + (data_columns * height) as usize) * BLOCK_SIZE <= row.buf.len(),
-            "row does not fit its buffer"
-        );
-        // Zero the padding after the last data block of the last column.
-        let end = (start_block + used as usize) * BLOCK_SIZE;
-        let pad_end = (start_block + (data_columns * height) as usize) * BLOCK_SIZE;
-        row.buf[end..pad_end].fill(0);
+        let mut row = h.open.take()?;
         let seq = self.next_seq;
         self.next_seq += 1;
-        let geom = RowGeom {
-            segment: row.segment,
-            offset: row.offset,
-            height: height as u16,
-            data_columns: data_columns as u8,
-            header_blocks: hb,
-            slots: row.slots(),
-            members_mask: row.members_mask,
-            parity: row.parity,
-            seq,
+        let (geom, start_block) = sealed_geometry(&mut row, shape, seq);
+        let header = self.seal_header(head, &mut row, &geom, shape);
+        let (bytes, crc) = header.encode();
+        let hb = geom.header_blocks as usize;
+        row.buf[start_block * BLOCK_SIZE..(start_block + hb) * BLOCK_SIZE].copy_from_slice(&bytes);
+        self.advance_head(head, &geom, crc, shape);
+        let live = match row.kind {
+            RowKind::Data => self.map_slots_to_disk(head, &row, &header, &geom, shape),
+            _ => 0,
         };
-        let h = &mut self.heads[head.index()];
+        self.account_sealed(&geom, live, shape);
+        let sealed = Arc::new(SealedRow {
+            geom,
+            head,
+            buf: row.buf,
+            start_block,
+        });
+        self.inflight.push(sealed.clone());
+        Some(sealed)
+    }
+
+    /// The header of `row`, sealed as `geom` at the end of `head`'s chain
+    /// (its entries move into it).
+    fn seal_header(
+        &self,
+        head: HeadId,
+        row: &mut OpenRow,
+        geom: &RowGeom,
+        shape: &Shape,
+    ) -> RowHeader {
+        let h = &self.heads[head.index()];
         assert_eq!(h.segment, row.segment, "row outside its head's segment");
         assert_eq!(h.offset, row.offset, "row not at its head's position");
-        let header = RowHeader {
-            header_blocks: hb,
+        RowHeader {
+            header_blocks: geom.header_blocks,
             kind: row.kind,
             head,
             pool_uuid: shape.pool_uuid,
             nonce: shape.nonce,
-            seq,
+            seq: geom.seq,
             prev_crc: h.last_crc,
             segment: row.segment,
             offset_blocks: row.offset,
-            height: height as u16,
-            data_columns: data_columns as u8,
+            height: geom.height,
+            data_columns: geom.data_columns,
             width: row.members_mask.count_ones() as u8,
             parity: row.parity,
             members_mask: row.members_mask,
@@ -476,56 +475,92 @@ impl Ledger {
             payload_bytes: row.payload_bytes,
             flushed_seq: self.flushed_seq,
             entries: std::mem::take(&mut row.entries),
-        };
-        let (bytes, crc) = header.encode();
-        row.buf[start_block * BLOCK_SIZE..(start_block + hb as usize) * BLOCK_SIZE]
-            .copy_from_slice(&bytes);
+        }
+    }
+
+    /// Moves `head` past the row just sealed (to the segment's end if it
+    /// was asked to leave the segment).
+    fn advance_head(&mut self, head: HeadId, geom: &RowGeom, crc: u32, shape: &Shape) {
+        let h = &mut self.heads[head.index()];
         h.last_crc = crc;
-        h.last_seq = seq;
-        h.offset += height;
+        h.last_seq = geom.seq;
+        h.offset += geom.height as u32;
         if std::mem::take(&mut h.leave_segment) {
             h.offset = shape.geometry.segment_blocks;
         }
-        // Move the map from open slots to disk addresses.
+    }
+
+    /// Points the map at the disk address of each slot of a sealed data
+    /// row that still holds its block's newest version; returns how many.
+    fn map_slots_to_disk(
+        &mut self,
+        head: HeadId,
+        row: &OpenRow,
+        header: &RowHeader,
+        geom: &RowGeom,
+        shape: &Shape,
+    ) -> u32 {
         let mut live = 0u32;
-        if row.kind == RowKind::Data {
-            for (slot, &e) in row.slot_entry.iter().enumerate() {
-                let entry = &header.entries[e as usize];
-                let Some(vol) = self.volumes.get_mut(&entry.volume) else {
-                    continue;
-                };
-                let (loc, crc) = vol.map.get(entry.lba);
-                if loc
-                    == (Loc::Open {
-                        head,
-                        slot: slot as u32,
-                    })
-                {
-                    vol.map.set(
-                        entry.lba,
-                        crate::map::Loc::Disk(geom.slot_pba(&shape.geometry, slot as u32)),
-                        crc,
-                    );
-                    live += 1;
-                }
+        for (slot, &e) in row.slot_entry.iter().enumerate() {
+            let entry = &header.entries[e as usize];
+            let Some(vol) = self.volumes.get_mut(&entry.volume) else {
+                continue;
+            };
+            let slot = slot as u32;
+            let (loc, crc) = vol.map.get(entry.lba);
+            if loc == (Loc::Open { head, slot }) {
+                let pba = geom.slot_pba(&shape.geometry, slot);
+                vol.map.set(entry.lba, Loc::Disk(pba), crc);
+                live += 1;
             }
         }
-        let seg = &mut self.segments[row.segment as usize];
+        live
+    }
+
+    /// The segment and counters after a row was sealed.
+    fn account_sealed(&mut self, geom: &RowGeom, live: u32, shape: &Shape) {
+        let seg = &mut self.segments[geom.segment as usize];
         seg.live_blocks += live;
-        seg.fill_blocks = row.offset + height;
-        seg.rows.push(geom);
+        seg.fill_blocks = geom.offset + geom.height as u32;
+        seg.rows.push(*geom);
         self.counters.rows_written += 1;
-        if data_columns * height < (k as u32) * chunk {
+        let full_blocks = geom.data_capacity_columns() as u32 * shape.geometry.chunk_blocks;
+        if u32::from(geom.data_columns) * u32::from(geom.height) < full_blocks {
             self.counters.short_rows += 1;
         }
         self.log_blocks_since_checkpoint += geom.written_blocks();
-        let sealed = Arc::new(SealedRow {
-            geom,
-            head,
-            buf: row.buf,
-            start_block,
-        });
-        self.inflight.push(sealed.clone());
-        Some(sealed)
     }
+}
+
+/// The final geometry of an open row sealed with sequence number `seq`
+/// (as few columns as its blocks need, each at most a chunk high), and the
+/// block of its buffer where the header starts (the reserve is sized for
+/// the most entries a row can take); zeros the padding after the last
+/// data block of the last column.
+fn sealed_geometry(row: &mut OpenRow, shape: &Shape, seq: u64) -> (RowGeom, usize) {
+    let k = row.members_mask.count_ones() - row.parity as u32;
+    let hb = header_blocks_for(row.entries.len());
+    assert!(hb <= row.header_reserve, "header outgrew its reserve");
+    let used = hb as u32 + row.slots();
+    let chunk = shape.geometry.chunk_blocks;
+    let height = used.div_ceil(k).min(chunk);
+    let data_columns = used.div_ceil(height);
+    assert!(data_columns <= k && height <= chunk, "row geometry");
+    let start_block = (row.header_reserve - hb) as usize;
+    let end = (start_block + used as usize) * BLOCK_SIZE;
+    let pad_end = (start_block + (data_columns * height) as usize) * BLOCK_SIZE;
+    assert!(pad_end <= row.buf.len(), "row does not fit its buffer");
+    row.buf[end..pad_end].fill(0);
+    let geom = RowGeom {
+        segment: row.segment,
+        offset: row.offset,
+        height: height as u16,
+        data_columns: data_columns as u8,
+        header_blocks: hb,
+        slots: row.slots(),
+        members_mask: row.members_mask,
+        parity: row.parity,
+        seq,
+    };
+    (geom, start_block)
 }

@@ -30,6 +30,8 @@ mod range;
 mod read;
 mod rebuild;
 mod replay;
+mod row_check;
+mod row_header;
 mod row_writer;
 mod rows;
 mod scrub;

@@ -11,6 +11,8 @@ use super::Engine;
 use crate::error::{Error, Result};
 use crate::format::row::EntryKind;
 use crate::format::{BLOCK_BYTES, BLOCK_SIZE};
+use crate::map::VolumeMap;
+use std::ops::Range;
 
 impl Engine {
     /// Trims or zeroes the whole blocks of a range (see `RangeOp`); the
@@ -27,101 +29,139 @@ impl Engine {
         let first = offset.div_ceil(BLOCK_BYTES);
         let last = end / BLOCK_BYTES;
         if op != RangeOp::Trim {
-            let zeros = vec![0u8; BLOCK_SIZE];
-            if first > last {
-                return self.write(id, name, offset, &zeros[..length as usize]);
-            }
-            if offset < first * BLOCK_BYTES {
-                self.write(
-                    id,
-                    name,
-                    offset,
-                    &zeros[..(first * BLOCK_BYTES - offset) as usize],
-                )?;
-            }
-            if end > last * BLOCK_BYTES {
-                self.write(
-                    id,
-                    name,
-                    last * BLOCK_BYTES,
-                    &zeros[..(end - last * BLOCK_BYTES) as usize],
-                )?;
-            }
+            self.zero_partial_blocks(id, name, offset, end)?;
         }
         let mut lba = first;
-        // Trims and zeroes free room: if the cleaner cannot make any for
-        // their records (a pool holding more than it may, after a member
-        // failed), they may use the cleaner's reserve.
-        let mut relief = false;
-        let mut stalls = SpaceStalls::default();
+        let mut room = RecordRoom::default();
         while lba < last {
-            let mut sealed = Vec::new();
-            let mut need_segment = false;
-            {
-                let mut ledger = self.ledger.lock();
-                self.wait_for_inflight_room(&mut ledger);
-                check_writable(&ledger)?;
-                let vol = ledger.volume(id).ok_or_else(|| gone(name))?;
-                let (start, run_end, kind) = if op == RangeOp::ZeroAllocated {
-                    // Every block becomes a zero record, in bounded steps.
-                    (
-                        lba,
-                        (lba + MAX_RANGE_RECORD_BLOCKS).min(last),
-                        EntryKind::Zero,
-                    )
-                } else {
-                    // Only mapped blocks need a record: the next run of them.
-                    let Some((next, _, _)) = vol.map.iter_from(lba).next().filter(|e| e.0 < last)
-                    else {
-                        // The rest is unmapped: only overlays to drop.
-                        ledger.overlays.remove_range(id, lba, last);
-                        break;
-                    };
-                    let mut run_end = next;
-                    for (b, _, _) in vol.map.iter_from(next) {
-                        if b != run_end || b >= last || run_end - next >= MAX_RANGE_RECORD_BLOCKS {
-                            break;
-                        }
-                        run_end += 1;
-                    }
-                    (next, run_end, EntryKind::Trim)
-                };
-                match ledger.append_range_record(
-                    id,
-                    start,
-                    (run_end - start) as u32,
-                    kind,
-                    relief,
-                    &self.shape,
-                ) {
-                    Ok(row) => {
-                        sealed.extend(row);
-                        // Blocks skipped before the run were unmapped.
-                        ledger.overlays.remove_range(id, lba, run_end);
-                        lba = run_end;
-                    }
-                    Err(AppendError::NeedSegment) => need_segment = true,
-                }
-            }
-            self.write_rows(sealed)?;
-            if need_segment {
-                if relief {
-                    return Err(Error::NoSpace);
-                }
-                // The cleaner at a fixed point: the records may use its reserve.
-                if stalls.check(self.ledger.lock().user_appends).is_err() {
-                    relief = true;
-                    continue;
-                }
-                match self.make_space() {
-                    Ok(()) => {}
-                    Err(Error::NoSpace) => relief = true,
-                    Err(e) => return Err(e),
-                }
+            match self.record_range_step(id, name, lba..last, op, room.relief)? {
+                RecordStep::Done => break,
+                RecordStep::Appended { next } => lba = next,
+                RecordStep::NeedSegment => self.make_room_for_records(&mut room)?,
             }
         }
         Ok(())
     }
+
+    /// Writes zeroes over the parts of `offset..end` that do not cover a
+    /// whole block (all of it when it lies inside one block).
+    fn zero_partial_blocks(&self, id: u32, name: &str, offset: u64, end: u64) -> Result<()> {
+        let zeros = [0u8; BLOCK_SIZE];
+        let first = offset.div_ceil(BLOCK_BYTES);
+        let last = end / BLOCK_BYTES;
+        if first > last {
+            return self.write(id, name, offset, &zeros[..(end - offset) as usize]);
+        }
+        if offset < first * BLOCK_BYTES {
+            let head_bytes = (first * BLOCK_BYTES - offset) as usize;
+            self.write(id, name, offset, &zeros[..head_bytes])?;
+        }
+        if end > last * BLOCK_BYTES {
+            let tail_bytes = (end - last * BLOCK_BYTES) as usize;
+            self.write(id, name, last * BLOCK_BYTES, &zeros[..tail_bytes])?;
+        }
+        Ok(())
+    }
+
+    /// Appends the next record of a range operation over `blocks` (one
+    /// bounded step) and writes the rows it sealed.
+    fn record_range_step(
+        &self,
+        id: u32,
+        name: &str,
+        blocks: Range<u64>,
+        op: RangeOp,
+        relief: bool,
+    ) -> Result<RecordStep> {
+        let sealed = {
+            let mut ledger = self.ledger.lock();
+            self.wait_for_inflight_room(&mut ledger);
+            check_writable(&ledger)?;
+            let vol = ledger.volume(id).ok_or_else(|| gone(name))?;
+            let Some((run, kind)) = next_record(&vol.map, blocks.clone(), op) else {
+                // The rest is unmapped: only overlays to drop.
+                ledger.overlays.remove_range(id, blocks.start, blocks.end);
+                return Ok(RecordStep::Done);
+            };
+            let count = (run.end - run.start) as u32;
+            match ledger.append_range_record(id, run.start, count, kind, relief, &self.shape) {
+                Ok(row) => {
+                    // Blocks skipped before the run were unmapped.
+                    ledger.overlays.remove_range(id, blocks.start, run.end);
+                    (row, run.end)
+                }
+                Err(AppendError::NeedSegment) => return Ok(RecordStep::NeedSegment),
+            }
+        };
+        let (row, next) = sealed;
+        self.write_rows(row.into_iter().collect())?;
+        Ok(RecordStep::Appended { next })
+    }
+
+    /// Room for the next record: the cleaner makes some; if it cannot
+    /// (a pool holding more than it may, after a member failed) or stands
+    /// at a fixed point, the records may use its reserve; if even that is
+    /// full, the pool is.
+    fn make_room_for_records(&self, room: &mut RecordRoom) -> Result<()> {
+        if room.relief {
+            return Err(Error::NoSpace);
+        }
+        if room.stalls.check(self.ledger.lock().user_appends).is_err() {
+            room.relief = true;
+            return Ok(());
+        }
+        match self.make_space() {
+            Ok(()) => Ok(()),
+            Err(Error::NoSpace) => {
+                room.relief = true;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Where a range operation stands after one step.
+enum RecordStep {
+    /// Nothing left to record.
+    Done,
+    /// A record was appended; the operation goes on at `next`.
+    Appended { next: u64 },
+    /// No free segment for the record.
+    NeedSegment,
+}
+
+/// Trims and zeroes free room, so they may use the cleaner's reserve when
+/// the cleaner cannot make room for their records (`relief`).
+#[derive(Default)]
+struct RecordRoom {
+    relief: bool,
+    stalls: SpaceStalls,
+}
+
+/// The blocks the next record over `blocks` covers, and its kind: for
+/// `ZeroAllocated` every block (a zero record, in bounded steps); else the
+/// next run of mapped blocks (a trim record; unmapped blocks need none).
+/// None: nothing left to record.
+fn next_record(
+    map: &VolumeMap,
+    blocks: Range<u64>,
+    op: RangeOp,
+) -> Option<(Range<u64>, EntryKind)> {
+    let (lba, last) = (blocks.start, blocks.end);
+    if op == RangeOp::ZeroAllocated {
+        let end = (lba + MAX_RANGE_RECORD_BLOCKS).min(last);
+        return Some((lba..end, EntryKind::Zero));
+    }
+    let (next, _, _) = map.iter_from(lba).next().filter(|e| e.0 < last)?;
+    let mut run_end = next;
+    for (b, _, _) in map.iter_from(next) {
+        if b != run_end || b >= last || run_end - next >= MAX_RANGE_RECORD_BLOCKS {
+            break;
+        }
+        run_end += 1;
+    }
+    Some((next..run_end, EntryKind::Trim))
 }
 
 /// Blocks one trim or zero record covers at most (bounds the time the ledger

@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
 use crate::layout::Pba;
 use crate::map::Loc;
+use std::ops::Range;
 use std::sync::atomic::Ordering;
 
 impl Engine {
@@ -41,123 +42,131 @@ impl Engine {
         snapshot: impl FnOnce(&mut Ledger) -> T,
     ) -> Result<T> {
         let _guard = self.reuse.read();
-        let mut plan: Vec<(usize, Pba, u32)> = Vec::new();
+        let mut blocks = Vec::new();
         let snap = {
             let mut ledger = self.ledger.lock();
-            let vol = ledger.volume(id).ok_or_else(|| gone(name))?;
-            for (i, block) in out.chunks_exact_mut(BLOCK_SIZE).enumerate() {
-                let (loc, crc) = vol.map.get(lba + i as u64);
-                match loc {
-                    Loc::Unmapped | Loc::Zero => block.fill(0),
-                    Loc::Open { head, slot } => {
-                        let row = ledger.heads[head.index()]
-                            .open
-                            .as_ref()
-                            .expect("map points into an open row");
-                        block.copy_from_slice(row.slot_bytes(slot));
-                    }
-                    Loc::Disk(pba) => match ledger.inflight_block(&self.shape.geometry, pba) {
-                        Some(src) => block.copy_from_slice(src),
-                        None => plan.push((i, pba, crc)),
-                    },
-                }
-            }
+            self.look_up_blocks(&ledger, id, name, lba, out, &mut blocks)?;
             snapshot(&mut ledger)
         };
-        // Coalesce runs of consecutive blocks on one member into one read.
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        let mut start = 0;
-        while start < plan.len() {
-            let mut end = start + 1;
-            while end < plan.len()
-                && plan[end].1.member == plan[start].1.member
-                && plan[end].1.block == plan[start].1.block + (end - start) as u64
-                && plan[end].0 == plan[start].0 + (end - start)
-                && end - start < 256
-            {
-                end += 1;
-            }
-            runs.push((start, end));
-            start = end;
-        }
+        let plan = ReadPlan::new(name, lba, blocks);
         // Each run is read and settled at once (a healthy read holds one
         // run's buffer at a time). The runs of a member that is gone or
-        // failing are rebuilt after, a row at a time, from the same range of
-        // the other columns, taking what the other runs put in `out` where
-        // they cover it (a sequential degraded read reads each surviving
-        // column once).
-        let mut read_ok = vec![false; runs.len()];
-        for (r, &(s, e)) in runs.iter().enumerate() {
-            let mut buf = AlignedBuf::zeroed((e - s) * BLOCK_SIZE);
-            let first = plan[s].1;
+        // failing are rebuilt after.
+        let read_ok = self.read_runs(&plan, out)?;
+        if read_ok.iter().any(|ok| !ok) {
+            self.check_read_health();
+            self.rebuild_failed_runs(&plan, &read_ok, out)?;
+        }
+        Ok(snap)
+    }
+
+    /// Fills the blocks of `out` that need no member read (holes, zeroes,
+    /// blocks still in memory) and lists the others in `to_read`.
+    fn look_up_blocks(
+        &self,
+        ledger: &Ledger,
+        id: u32,
+        name: &str,
+        lba: u64,
+        out: &mut [u8],
+        to_read: &mut Vec<(usize, Pba, u32)>,
+    ) -> Result<()> {
+        let vol = ledger.volume(id).ok_or_else(|| gone(name))?;
+        for (i, block) in out.chunks_exact_mut(BLOCK_SIZE).enumerate() {
+            let (loc, crc) = vol.map.get(lba + i as u64);
+            match loc {
+                Loc::Unmapped | Loc::Zero => block.fill(0),
+                Loc::Open { head, slot } => {
+                    let row = ledger.heads[head.index()]
+                        .open
+                        .as_ref()
+                        .expect("map points into an open row");
+                    block.copy_from_slice(row.slot_bytes(slot));
+                }
+                Loc::Disk(pba) => match ledger.inflight_block(&self.shape.geometry, pba) {
+                    Some(src) => block.copy_from_slice(src),
+                    None => to_read.push((i, pba, crc)),
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads each run of the plan with one member read and settles it into
+    /// `out`; returns which runs their member returned.
+    fn read_runs(&self, plan: &ReadPlan, out: &mut [u8]) -> Result<Vec<bool>> {
+        let mut read_ok = vec![false; plan.runs.len()];
+        for (r, run) in plan.runs.iter().enumerate() {
+            let mut buf = AlignedBuf::zeroed(run.len() * BLOCK_SIZE);
+            let first = plan.blocks[run.start].1;
             read_ok[r] = self
                 .device(first.member as usize)
                 .is_some_and(|dev| dev.read_at(&mut buf, first.byte_offset()).is_ok());
             if read_ok[r] {
-                self.settle_run(name, lba, &plan[s..e], &buf, true, &[], out)?;
+                self.settle_run(plan, run.clone(), &buf, None, out)?;
             }
         }
-        if read_ok.iter().any(|ok| !ok) {
-            self.check_read_health();
-        }
-        for (r, &(s, e)) in runs.iter().enumerate() {
+        Ok(read_ok)
+    }
+
+    /// The runs whose member failed them, rebuilt a row at a time from the
+    /// same range of the other columns, taking what the other runs put in
+    /// `out` where they cover it (a sequential degraded read reads each
+    /// surviving column once), then settled into `out`.
+    fn rebuild_failed_runs(&self, plan: &ReadPlan, read_ok: &[bool], out: &mut [u8]) -> Result<()> {
+        for (r, run) in plan.runs.iter().enumerate() {
             if read_ok[r] {
                 continue;
             }
-            let mut buf = AlignedBuf::zeroed((e - s) * BLOCK_SIZE);
-            let mut rebuilt = vec![false; e - s];
-            {
-                let done: &[u8] = out;
-                // A run read from the same member that overlaps the range
-                // (its blocks are in `out`, checked).
-                let have = |pba: Pba, n: usize| -> Option<(u64, &[u8])> {
-                    runs.iter().zip(&read_ok).find_map(|(&(s2, e2), ok)| {
-                        let f = plan[s2].1;
-                        (*ok && f.member == pba.member
-                            && f.block < pba.block + n as u64
-                            && pba.block < f.block + (e2 - s2) as u64)
-                            .then(|| {
-                                let at = plan[s2].0 * BLOCK_SIZE;
-                                (f.block, &done[at..at + (e2 - s2) * BLOCK_SIZE])
-                            })
-                    })
-                };
-                let run = &plan[s..e];
-                let mut j = 0;
-                while j < run.len() {
-                    let n = self.rebuild_run(&run[j..], &mut buf[j * BLOCK_SIZE..], &have);
-                    rebuilt[j..j + n.max(1)].fill(n > 0);
-                    j += n.max(1);
-                }
-            }
-            self.settle_run(name, lba, &plan[s..e], &buf, false, &rebuilt, out)?;
+            let (buf, rebuilt) = self.rebuild_run_blocks(plan, run.clone(), read_ok, out);
+            self.settle_run(plan, run.clone(), &buf, Some(&rebuilt), out)?;
         }
-        Ok(snap)
+        Ok(())
+    }
+
+    /// The blocks of one run rebuilt from their rows, and which of them
+    /// could be (`done`: the request's blocks settled so far).
+    fn rebuild_run_blocks(
+        &self,
+        plan: &ReadPlan,
+        run: Range<usize>,
+        read_ok: &[bool],
+        done: &[u8],
+    ) -> (AlignedBuf, Vec<bool>) {
+        let mut buf = AlignedBuf::zeroed(run.len() * BLOCK_SIZE);
+        let mut rebuilt = vec![false; run.len()];
+        let have = |pba: Pba, n: usize| plan.settled_overlapping(read_ok, done, pba, n);
+        let blocks = &plan.blocks[run];
+        let mut j = 0;
+        while j < blocks.len() {
+            let n = self.rebuild_run(&blocks[j..], &mut buf[j * BLOCK_SIZE..], &have);
+            rebuilt[j..j + n.max(1)].fill(n > 0);
+            j += n.max(1);
+        }
+        (buf, rebuilt)
     }
 
     /// Checks the blocks of a run (`buf`: as read, or as rebuilt where
     /// `rebuilt` says) against their checksums and puts them in `out`; a
     /// block that does not check out is rebuilt from its stripe (and
     /// rewritten), or the read fails.
-    #[allow(clippy::too_many_arguments)]
     fn settle_run(
         &self,
-        name: &str,
-        lba: u64,
-        run: &[(usize, Pba, u32)],
+        plan: &ReadPlan,
+        run: Range<usize>,
         buf: &[u8],
-        read_ok: bool,
-        rebuilt: &[bool],
+        rebuilt: Option<&[bool]>,
         out: &mut [u8],
     ) -> Result<()> {
-        for (j, &(i, pba, crc)) in run.iter().enumerate() {
+        for (j, &(i, pba, crc)) in plan.blocks[run].iter().enumerate() {
             let got = &buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE];
             let dest = &mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
-            if (read_ok || rebuilt[j]) && crc32c(got) == crc {
+            let usable = rebuilt.is_none_or(|r| r[j]);
+            if usable && crc32c(got) == crc {
                 dest.copy_from_slice(got);
                 continue;
             }
-            if read_ok {
+            if rebuilt.is_none() {
                 if let Some(dev) = self.device(pba.member as usize) {
                     dev.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
                 }
@@ -165,8 +174,8 @@ impl Engine {
             let fixed = self
                 .rebuild_block(pba, crc)
                 .map_err(|cause| Error::Unrecoverable {
-                    volume: name.to_string(),
-                    offset: (lba + i as u64) * BLOCK_BYTES,
+                    volume: plan.name.to_string(),
+                    offset: (plan.lba + i as u64) * BLOCK_BYTES,
                     cause,
                 })?;
             dest.copy_from_slice(&fixed);
@@ -216,6 +225,67 @@ impl Engine {
             pos = next;
         }
         out
+    }
+}
+
+/// The member reads one request needs: each block not found in memory
+/// (its place in the request, its address, its checksum), grouped into
+/// runs of blocks consecutive both on one member and in the request.
+struct ReadPlan<'a> {
+    name: &'a str,
+    lba: u64,
+    blocks: Vec<(usize, Pba, u32)>,
+    runs: Vec<Range<usize>>,
+}
+
+/// Blocks one member read covers at most.
+const MAX_RUN_BLOCKS: usize = 256;
+
+impl<'a> ReadPlan<'a> {
+    fn new(name: &'a str, lba: u64, blocks: Vec<(usize, Pba, u32)>) -> Self {
+        let mut runs = Vec::new();
+        let mut start = 0;
+        while start < blocks.len() {
+            let (i0, first, _) = blocks[start];
+            let mut end = start + 1;
+            while end < blocks.len()
+                && blocks[end].1.member == first.member
+                && blocks[end].1.block == first.block + (end - start) as u64
+                && blocks[end].0 == i0 + (end - start)
+                && end - start < MAX_RUN_BLOCKS
+            {
+                end += 1;
+            }
+            runs.push(start..end);
+            start = end;
+        }
+        ReadPlan {
+            name,
+            lba,
+            blocks,
+            runs,
+        }
+    }
+
+    /// A run read whole from the same member that overlaps the `n` blocks
+    /// from `pba`: its first block number and its checked bytes in `done`.
+    fn settled_overlapping<'o>(
+        &self,
+        read_ok: &[bool],
+        done: &'o [u8],
+        pba: Pba,
+        n: usize,
+    ) -> Option<(u64, &'o [u8])> {
+        self.runs.iter().zip(read_ok).find_map(|(run, ok)| {
+            let (i, f, _) = self.blocks[run.start];
+            let overlaps = f.member == pba.member
+                && f.block < pba.block + n as u64
+                && pba.block < f.block + run.len() as u64;
+            (*ok && overlaps).then(|| {
+                let at = i * BLOCK_SIZE;
+                (f.block, &done[at..at + run.len() * BLOCK_SIZE])
+            })
+        })
     }
 }
 
