@@ -4,8 +4,52 @@
 //! arithmetic, no I/O; docs/FORMAT.md, "Data area, segments and rows".
 
 use crate::format::{BLOCK_BYTES, MAX_MEMBERS, TAIL_BLOCKS};
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+/// A member's index in the pool: its bit in a members mask, its entry in
+/// the engine's device table and in the superblock's member list
+/// (0..MAX_MEMBERS). On disk it is a byte (`Pba::member`, row headers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemberIndex(pub usize);
+
+impl MemberIndex {
+    /// Its bit in a members mask.
+    pub fn bit(self) -> u32 {
+        1 << self.0
+    }
+    /// The members of `mask`, lowest index first.
+    pub fn all_in(mask: u32) -> impl Iterator<Item = MemberIndex> {
+        (0..MAX_MEMBERS)
+            .filter(move |m| mask & (1 << m) != 0)
+            .map(MemberIndex)
+    }
+}
+
+impl fmt::Display for MemberIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A segment's number in the data area: its entry in the ledger's segment
+/// table and its place on each member (`Geometry::segment_base`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SegmentIndex(pub u32);
+
+impl SegmentIndex {
+    /// Its entry in a table indexed by segment.
+    pub fn slot(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for SegmentIndex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
 
 /// A physical block address: member index and absolute block on that member.
 /// Encoded in a u64 as `member << 48 | block`; never 0 for a data block
@@ -30,6 +74,10 @@ impl Pba {
     }
     pub fn byte_offset(self) -> u64 {
         self.block * BLOCK_BYTES
+    }
+    /// The member holding the block.
+    pub fn member_index(self) -> MemberIndex {
+        MemberIndex(self.member as usize)
     }
 }
 
@@ -130,6 +178,10 @@ pub struct RowGeom {
 }
 
 impl RowGeom {
+    /// The segment the row lies in.
+    pub fn segment_index(&self) -> SegmentIndex {
+        SegmentIndex(self.segment)
+    }
     pub fn width(&self) -> usize {
         self.members_mask.count_ones() as usize
     }

@@ -17,6 +17,7 @@ use crate::format::checkpoint::{
 use crate::format::row::{Entry, EntryKind, HeadId, RowKind};
 use crate::format::superblock::{CheckpointPointer, MemberRecord, MemberState, Superblock};
 use crate::format::{crc32c, BLOCK_SIZE};
+use crate::layout::{MemberIndex, SegmentIndex};
 
 impl Engine {
     /// Writes a checkpoint of the bookkeeping (the log up to now made
@@ -68,7 +69,7 @@ impl Engine {
             let mut ledger = self.ledger.lock();
             // The previous checkpoint's segments are no longer referenced.
             for s in std::mem::replace(&mut ledger.checkpoint_segments, visited) {
-                ledger.release_segment(s, &self.shape);
+                ledger.release_segment(SegmentIndex(s), &self.shape);
             }
             ledger.checkpoint = pointer;
             ledger.checkpoint_next_seq = target_seq;
@@ -281,10 +282,10 @@ impl Engine {
             ledger.superblock_generation += 1;
             (ledger.superblock_generation, ledger.members.clone())
         };
-        let mut jobs: Vec<IoJob<(usize, std::io::Result<()>)>> = Vec::new();
+        let mut jobs: Vec<IoJob<(MemberIndex, std::io::Result<()>)>> = Vec::new();
         for (m, dev) in self.open_devices() {
             if !matches!(
-                members[m].state,
+                members[m.0].state,
                 MemberState::Active | MemberState::Joining | MemberState::Removing
             ) {
                 continue; // faulted: left as it is, recorded as faulted on the others
@@ -293,7 +294,7 @@ impl Engine {
                 pool_uuid: self.shape.pool_uuid,
                 pool_name: self.shape.pool_name.clone(),
                 created_unix: self.shape.created_unix,
-                member_index: m as u8,
+                member_index: m.0 as u8,
                 generation,
                 parity: self.shape.parity(),
                 chunk_blocks: self.shape.geometry.chunk_blocks,
@@ -302,7 +303,7 @@ impl Engine {
                 members: members.clone(),
                 checkpoint: pointer,
             };
-            let size_blocks = members[m].size_blocks;
+            let size_blocks = members[m.0].size_blocks;
             jobs.push(Box::new(move || {
                 let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
                 buf.copy_from_slice(&sb.encode());
@@ -316,7 +317,7 @@ impl Engine {
         for (m, r) in self.io.run_all(jobs) {
             if let Err(e) = r {
                 let reason = ReadOnlyReason::SuperblockWrite {
-                    member: m,
+                    member: m.0,
                     cause: e.to_string(),
                 };
                 self.ledger

@@ -8,6 +8,7 @@ use super::ledger::SealedRow;
 use super::log::AppendError;
 use crate::device::AlignedBuf;
 use crate::format::row::RowHeader;
+use crate::layout::MemberIndex;
 use crate::layout::{Pba, RowGeom};
 
 /// A live block to relocate: volume, LBA, where it is, its CRC, its bytes.
@@ -293,7 +294,7 @@ impl Engine {
         &self,
         geom: &RowGeom,
     ) -> Option<(RowHeader, Option<Vec<Option<AlignedBuf>>>)> {
-        let header_member = geom.column_member(0) as usize;
+        let header_member = MemberIndex(geom.column_member(0) as usize);
         if self.device(header_member).is_some() {
             return self.load_known_row(geom).map(|f| (f.header, None));
         }

@@ -12,6 +12,7 @@ use super::Engine;
 use crate::device::{Device, IoJob};
 use crate::error::Result;
 use crate::format::BLOCK_BYTES;
+use crate::layout::{MemberIndex, SegmentIndex};
 use std::sync::Arc;
 
 impl Engine {
@@ -66,12 +67,12 @@ impl Engine {
     /// faulted, never flushed again; past the parity the pool stops
     /// writing and this fails.
     pub(crate) fn sync_members(&self) -> Result<()> {
-        let dirty: Vec<(usize, Arc<Device>)> = self
+        let dirty: Vec<(MemberIndex, Arc<Device>)> = self
             .open_devices()
             .into_iter()
             .filter(|(_, d)| d.dirty())
             .collect();
-        let results: Vec<(usize, Arc<Device>, std::io::Result<()>)> = if dirty.len() <= 1 {
+        let results: Vec<(MemberIndex, Arc<Device>, std::io::Result<()>)> = if dirty.len() <= 1 {
             dirty
                 .into_iter()
                 .map(|(m, d)| {
@@ -136,24 +137,25 @@ impl Engine {
     }
 
     fn release_pending(&self, ready: impl Fn(&Ledger, &super::ledger::Segment, u64) -> bool) {
-        let is_ready = |ledger: &Ledger, s: usize| match ledger.segments[s].state {
-            SegState::PendingFree { flush_gen } => ready(ledger, &ledger.segments[s], flush_gen),
+        let is_ready = |ledger: &Ledger, s: SegmentIndex| match ledger.segment(s).state {
+            SegState::PendingFree { flush_gen } => ready(ledger, ledger.segment(s), flush_gen),
             _ => false,
         };
         {
             let ledger = self.ledger.lock();
-            if !(0..ledger.segments.len()).any(|s| is_ready(&ledger, s)) {
+            if !ledger.segment_indices().any(|s| is_ready(&ledger, s)) {
                 return;
             }
         }
         // Wait for readers that may still read the old contents.
         let _w = self.reuse.write();
         if self.options.discard {
-            let ready: Vec<(u32, u32)> = {
+            let ready: Vec<(SegmentIndex, u32)> = {
                 let ledger = self.ledger.lock();
-                (0..ledger.segments.len())
+                ledger
+                    .segment_indices()
                     .filter(|&s| is_ready(&ledger, s))
-                    .map(|s| (s as u32, ledger.segments[s].members_mask))
+                    .map(|s| (s, ledger.segment(s).members_mask))
                     .collect()
             };
             // Still pending (so never handed out) while their blocks are
@@ -163,13 +165,14 @@ impl Engine {
             }
         }
         let mut ledger = self.ledger.lock();
-        for s in 0..ledger.segments.len() {
+        for s in ledger.segment_indices() {
             if is_ready(&ledger, s) {
                 assert_eq!(
-                    ledger.segments[s].live_blocks, 0,
+                    ledger.segment(s).live_blocks,
+                    0,
                     "freeing segment {s} with live blocks"
                 );
-                ledger.release_segment(s as u32, &self.shape);
+                ledger.release_segment(s, &self.shape);
             }
         }
         self.progress.notify_all();
@@ -179,12 +182,12 @@ impl Engine {
 
     /// Tells the members that segment `s` no longer holds anything. Advisory:
     /// a member that fails it is logged and the segment is freed anyway.
-    fn discard_segment(&self, s: u32, members_mask: u32) {
+    fn discard_segment(&self, s: SegmentIndex, members_mask: u32) {
         let g = &self.shape.geometry;
-        let offset = g.segment_base(s) * BLOCK_BYTES;
+        let offset = g.segment_base(s.0) * BLOCK_BYTES;
         let len = g.segment_blocks as u64 * BLOCK_BYTES;
         for (m, dev) in self.open_devices() {
-            if members_mask & (1 << m) == 0 {
+            if members_mask & m.bit() == 0 {
                 continue;
             }
             match dev.discard(offset, len) {

@@ -16,6 +16,7 @@ use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
 use crate::format::row::HeadId;
 use crate::format::superblock::MemberRecord;
+use crate::layout::MemberIndex;
 use crate::sync::{Condvar, Mutex, RwLock};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -112,27 +113,27 @@ impl Engine {
     }
 
     /// The open member at index `m`, if any.
-    pub(crate) fn device(&self, m: usize) -> Option<Arc<Device>> {
+    pub(crate) fn device(&self, m: MemberIndex) -> Option<Arc<Device>> {
         self.devices
             .read()
-            .get(m)
+            .get(m.0)
             .cloned()
             .flatten()
             .filter(|d| !d.retired.load(Ordering::Relaxed))
     }
 
     /// The member at index `m` even if faulted (for its counters).
-    pub(crate) fn device_any(&self, m: usize) -> Option<Arc<Device>> {
-        self.devices.read().get(m).cloned().flatten()
+    pub(crate) fn device_any(&self, m: MemberIndex) -> Option<Arc<Device>> {
+        self.devices.read().get(m.0).cloned().flatten()
     }
 
     /// Every open member, with its index.
-    pub(crate) fn open_devices(&self) -> Vec<(usize, Arc<Device>)> {
+    pub(crate) fn open_devices(&self) -> Vec<(MemberIndex, Arc<Device>)> {
         self.devices
             .read()
             .iter()
             .enumerate()
-            .filter_map(|(m, d)| Some((m, d.clone()?)))
+            .filter_map(|(m, d)| Some((MemberIndex(m), d.clone()?)))
             .filter(|(_, d)| !d.retired.load(Ordering::Relaxed))
             .collect()
     }
@@ -159,7 +160,7 @@ impl Engine {
     }
 
     /// The path of member `m`, or "-".
-    pub(crate) fn member_name(&self, m: usize) -> String {
+    pub(crate) fn member_name(&self, m: MemberIndex) -> String {
         self.device(m)
             .map(|d| d.member.describe())
             .unwrap_or_else(|| "-".into())

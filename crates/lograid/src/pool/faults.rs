@@ -9,19 +9,20 @@ use super::Engine;
 use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
 use crate::format::superblock::MemberState;
+use crate::layout::MemberIndex;
 use std::sync::atomic::Ordering;
 
 impl Engine {
     /// A member failed `what` after its retries: fault it (new rows go to
     /// the others with full parity; reads rebuild its columns), or, if that
     /// would leave more members lost than the pool has parity, stop writing.
-    pub(crate) fn fault_member(&self, m: usize, what: &str, e: std::io::Error) -> Result<()> {
+    pub(crate) fn fault_member(&self, m: MemberIndex, what: &str, e: std::io::Error) -> Result<()> {
         let name = self
             .device(m)
             .map(|d| d.member.describe())
             .unwrap_or_else(|| "-".into());
         let mut ledger = self.ledger.lock();
-        let state = ledger.members.get(m).map(|r| r.state);
+        let state = ledger.members.get(m.0).map(|r| r.state);
         if !matches!(
             state,
             Some(MemberState::Active | MemberState::Joining | MemberState::Removing)
@@ -33,7 +34,7 @@ impl Engine {
         let lost = self.lost_members(&ledger) + u32::from(!self.is_lost(&ledger, m));
         if lost > self.shape.parity() as u32 {
             let reason = ReadOnlyReason::MemberFailed {
-                member: m,
+                member: m.0,
                 name,
                 what: what.to_string(),
                 cause: e.to_string(),
@@ -49,14 +50,14 @@ impl Engine {
              the pool goes on degraded, new rows use the other members with full parity"
         );
         if state != Some(MemberState::Removing) {
-            ledger.members[m].state = MemberState::Faulted;
+            ledger.members[m.0].state = MemberState::Faulted;
         }
         // Not read or written any more: its columns are rebuilt from parity.
         if let Some(dev) = self.device(m) {
             dev.retired.store(true, Ordering::Relaxed);
         }
         self.event(format!("member {m} ({name}) faulted: {what} failed: {e}"));
-        ledger.active_mask &= !(1 << m);
+        ledger.active_mask &= !m.bit();
         ledger.member_set_changed(&self.shape);
         // New rows are narrower: the pool holds less (writes of new blocks
         // get NoSpace once it is full at the new width).
@@ -80,11 +81,11 @@ impl Engine {
         }
     }
 
-    fn is_lost(&self, ledger: &Ledger, m: usize) -> bool {
-        let r = &ledger.members[m];
+    fn is_lost(&self, ledger: &Ledger, m: MemberIndex) -> bool {
+        let r = &ledger.members[m.0];
         r.state == MemberState::Faulted
             || (r.state.may_hold_rows()
-                && (self.device(m).is_none() || self.shape.stale[m].count() > 0))
+                && (self.device(m).is_none() || self.shape.stale[m.0].count() > 0))
     }
 
     /// Members that may hold rows but cannot be read (all of them): faulted,
@@ -92,7 +93,7 @@ impl Engine {
     /// onto it.
     pub(crate) fn lost_members(&self, ledger: &Ledger) -> u32 {
         (0..ledger.members.len())
-            .filter(|&m| self.is_lost(ledger, m))
+            .filter(|&m| self.is_lost(ledger, MemberIndex(m)))
             .count() as u32
     }
 }

@@ -10,7 +10,7 @@ use crate::format::checkpoint::PoolCounters;
 use crate::format::row::{entries_capacity, Entry, HeadId, RowKind};
 use crate::format::superblock::{CheckpointPointer, MemberRecord, MemberState};
 use crate::format::BLOCK_SIZE;
-use crate::layout::{Pba, RowGeom};
+use crate::layout::{Pba, RowGeom, SegmentIndex};
 use crate::map::VolumeMap;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -260,6 +260,21 @@ impl Ledger {
             .enumerate()
             .filter(|(_, r)| r.state == state)
             .fold(0, |mask, (i, _)| mask | 1 << i)
+    }
+
+    /// Segment `s`'s bookkeeping.
+    pub fn segment(&self, s: SegmentIndex) -> &Segment {
+        &self.segments[s.slot()]
+    }
+
+    /// Segment `s`'s bookkeeping, to change.
+    pub fn segment_mut(&mut self, s: SegmentIndex) -> &mut Segment {
+        &mut self.segments[s.slot()]
+    }
+
+    /// Every segment of the data area, in order.
+    pub fn segment_indices(&self) -> impl Iterator<Item = SegmentIndex> {
+        (0..self.segments.len() as u32).map(SegmentIndex)
     }
 
     pub fn volume(&self, id: u32) -> Option<&VolumeState> {

@@ -11,7 +11,7 @@ use super::ledger::{
 use super::Shape;
 use crate::format::row::{header_blocks_for, Entry, EntryKind, HeadId, RowHeader, RowKind};
 use crate::format::BLOCK_SIZE;
-use crate::layout::RowGeom;
+use crate::layout::{RowGeom, SegmentIndex};
 use crate::map::Loc;
 use std::sync::Arc;
 
@@ -97,7 +97,7 @@ impl Ledger {
             Some(n) => n,
             None => {
                 if fresh {
-                    self.release_reserved(current);
+                    self.release_reserved(SegmentIndex(current));
                 }
                 return Err(AppendError::NeedSegment);
             }
@@ -112,7 +112,7 @@ impl Ledger {
             if head == HeadId::Checkpoint {
                 self.segments[old as usize].state = SegState::Checkpoint;
             } else {
-                self.seal_segment(old, seq);
+                self.seal_segment(SegmentIndex(old), seq);
             }
         }
         let seg = &mut self.segments[current as usize];
@@ -173,14 +173,14 @@ impl Ledger {
     /// Segment `s` is empty and no longer needed: free, and in the free
     /// list if the members active now can hold it with full parity (a
     /// segment only members that left could hold stays out of it).
-    pub fn release_segment(&mut self, s: u32, shape: &Shape) {
+    pub fn release_segment(&mut self, s: SegmentIndex, shape: &Shape) {
         let active = self.active_mask;
-        let seg = &mut self.segments[s as usize];
+        let seg = self.segment_mut(s);
         seg.state = SegState::Free;
         seg.rows.clear();
-        seg.members_mask = shape.geometry.segment_members(s, active);
+        seg.members_mask = shape.geometry.segment_members(s.0, active);
         if shape.segment_usable(seg.members_mask, active) {
-            self.free.push_back(s);
+            self.free.push_back(s.0);
         }
     }
 
@@ -201,15 +201,15 @@ impl Ledger {
         self.ensure_head_room(head, shape, None)
     }
 
-    fn release_reserved(&mut self, s: u32) {
-        self.segments[s as usize].state = SegState::Free;
-        self.free.push_front(s);
+    fn release_reserved(&mut self, s: SegmentIndex) {
+        self.segment_mut(s).state = SegState::Free;
+        self.free.push_front(s.0);
     }
 
     /// A segment a head has left: sealed, or pending free if nothing in it is live.
-    pub fn seal_segment(&mut self, s: u32, seq: u64) {
+    pub fn seal_segment(&mut self, s: SegmentIndex, seq: u64) {
         let flush_gen = self.flush_gen;
-        let seg = &mut self.segments[s as usize];
+        let seg = self.segment_mut(s);
         seg.sealed_seq = seq;
         seg.state = if seg.live_blocks == 0 {
             SegState::PendingFree { flush_gen }

@@ -23,6 +23,7 @@ use crate::error::{Error, Refusal, Result};
 use crate::format::row::HeadId;
 use crate::format::superblock::{MemberRecord, MemberState};
 use crate::format::{BLOCK_BYTES, BLOCK_SIZE, MAX_MEMBERS, TAIL_BLOCKS};
+use crate::layout::{MemberIndex, SegmentIndex};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -185,7 +186,7 @@ impl Engine {
             .filter(|&s| {
                 ledger.segments[s].state == SegState::Sealed
                     && !reshape.stuck.contains(&(s as u32))
-                    && self.misshapen(ledger, s, leaving, faulted)
+                    && self.misshapen(ledger, SegmentIndex(s as u32), leaving, faulted)
             })
             .collect()
     }
@@ -194,15 +195,12 @@ impl Engine {
     /// parity would lay it? Yes if it uses a member that is leaving, or
     /// (when no member is faulted) if the current members would lay it
     /// wider or with another parity.
-    fn misshapen(&self, ledger: &Ledger, s: usize, leaving: u32, faulted: u32) -> bool {
-        let seg = &ledger.segments[s];
+    fn misshapen(&self, ledger: &Ledger, s: SegmentIndex, leaving: u32, faulted: u32) -> bool {
+        let seg = ledger.segment(s);
         if seg.members_mask & leaving != 0 {
             return true;
         }
-        let target = self
-            .shape
-            .geometry
-            .segment_members(s as u32, ledger.active_mask);
+        let target = self.shape.geometry.segment_members(s.0, ledger.active_mask);
         faulted == 0
             && seg.members_mask & !ledger.active_mask == 0
             && (seg.members_mask != target || seg.parity != self.shape.segment_parity(target))
@@ -237,9 +235,9 @@ impl Engine {
             // Segments over a leaving member that cannot be read first
             // (they are the ones at risk), then the rest in order.
             let leaving = ledger.members_in(MemberState::Removing);
-            let gone = (0..ledger.members.len())
-                .filter(|&m| leaving & (1 << m) != 0 && self.device(m).is_none())
-                .fold(0u32, |mask, m| mask | 1 << m);
+            let gone = MemberIndex::all_in(leaving)
+                .filter(|&m| self.device(m).is_none())
+                .fold(0u32, |mask, m| mask | m.bit());
             self.reshape_todo(&ledger)
                 .into_iter()
                 .min_by_key(|&s| (ledger.segments[s].members_mask & gone == 0, s))
@@ -283,7 +281,7 @@ impl Engine {
                 .filter(|h| {
                     let s = ledger.heads[h.index()].segment;
                     (s as usize) < ledger.segments.len()
-                        && self.misshapen(ledger, s as usize, leaving, faulted)
+                        && self.misshapen(ledger, SegmentIndex(s), leaving, faulted)
                 })
                 .collect()
         };

@@ -100,7 +100,7 @@ impl Engine {
             let mut buf = AlignedBuf::zeroed(run.len() * BLOCK_SIZE);
             let first = plan.blocks[run.start].1;
             read_ok[r] = self
-                .device(first.member as usize)
+                .device(first.member_index())
                 .is_some_and(|dev| dev.read_at(&mut buf, first.byte_offset()).is_ok());
             if read_ok[r] {
                 self.settle_run(plan, run.clone(), &buf, None, out)?;
@@ -167,7 +167,7 @@ impl Engine {
                 continue;
             }
             if rebuilt.is_none() {
-                if let Some(dev) = self.device(pba.member as usize) {
+                if let Some(dev) = self.device(pba.member_index()) {
                     dev.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -187,7 +187,7 @@ impl Engine {
     /// Writes a repaired block back where it belongs (its row's parity is
     /// unchanged, since the block is restored to what the parity covers).
     fn rewrite_block(&self, pba: Pba, block: &[u8]) {
-        let Some(dev) = self.device(pba.member as usize) else {
+        let Some(dev) = self.device(pba.member_index()) else {
             return;
         };
         if self.ledger.lock().read_only_reason.is_some() {

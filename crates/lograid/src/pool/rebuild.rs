@@ -23,6 +23,7 @@ use crate::error::Result;
 use crate::format::superblock::MemberState;
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
 use crate::layout::RowGeom;
+use crate::layout::{MemberIndex, SegmentIndex};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
@@ -52,7 +53,7 @@ impl Engine {
                         ledger.members[m].state,
                         MemberState::Active | MemberState::Joining
                     )
-                    && self.device(m).is_some()
+                    && self.device(MemberIndex(m)).is_some()
             })
             .fold(0, |mask, m| mask | 1 << m)
     }
@@ -85,7 +86,7 @@ impl Engine {
                     let list = self.shape.stale[m].list();
                     list.into_iter()
                         .find(|s| !stuck.contains(s))
-                        .map(|s| (m, s))
+                        .map(|s| (MemberIndex(m), SegmentIndex(s)))
                 });
             let Some(next) = next else {
                 return Ok(false);
@@ -101,13 +102,13 @@ impl Engine {
         if done.lost_rows > 0 {
             // Its column stays unrebuilt (the member stays counted as lost)
             // and the segment is not tried again while the pool is open.
-            self.reshape.lock().stuck.insert(s);
+            self.reshape.lock().stuck.insert(s.0);
             self.event(format!(
                 "rebuild of member {m}: segment {s}: {} row(s) have more columns lost than parity; \
                  left unrebuilt (their blocks read as errors until a missing member is back)",
                 done.lost_rows
             ));
-        } else if self.shape.stale[m].count() == 0 {
+        } else if self.shape.stale[m.0].count() == 0 {
             self.ledger.lock().checkpoint_wanted = true;
             self.event(format!(
                 "member {m} ({}) rebuilt: every row is whole again",
@@ -124,20 +125,20 @@ impl Engine {
     /// Rebuilds member `m`'s columns of segment `s` in place and, if every
     /// row could be rebuilt, marks the segment no longer stale. None if `m`
     /// can no longer be written (it failed meanwhile).
-    fn rebuild_segment(&self, m: usize, s: u32) -> Result<Option<SegmentRebuild>> {
+    fn rebuild_segment(&self, m: MemberIndex, s: SegmentIndex) -> Result<Option<SegmentRebuild>> {
         // The segment cannot be freed and reused while its column is written.
         let _r = self.reuse.read();
         let (rows, live_blocks) = {
             let ledger = self.ledger.lock();
-            let seg = &ledger.segments[s as usize];
+            let seg = &ledger.segments[s.slot()];
             // Taken anew since it was picked (its bit is clear then), or
             // holding no row over `m`: nothing old to rebuild in it.
-            if !self.shape.stale[m].contains(s)
+            if !self.shape.stale[m.0].contains(s.0)
                 || matches!(seg.state, SegState::Free | SegState::Reserved(_))
-                || seg.members_mask & (1 << m) == 0
+                || seg.members_mask & m.bit() == 0
             {
                 drop(ledger);
-                self.shape.stale[m].clear(s);
+                self.shape.stale[m.0].clear(s.0);
                 return Ok(Some(SegmentRebuild {
                     live_bytes: 0,
                     lost_rows: 0,
@@ -150,7 +151,7 @@ impl Engine {
             let rows: Vec<RowGeom> = seg
                 .rows
                 .iter()
-                .filter(|r| r.member_column(m as u8).is_some_and(|c| r.column_used(c)))
+                .filter(|r| r.member_column(m.0 as u8).is_some_and(|c| r.column_used(c)))
                 .filter(|r| !ledger.inflight.iter().any(|f| f.geom == **r))
                 .copied()
                 .collect();
@@ -211,7 +212,7 @@ impl Engine {
             }
         }
         if lost_rows == 0 {
-            self.shape.stale[m].clear(s);
+            self.shape.stale[m.0].clear(s.0);
         }
         Ok(Some(SegmentRebuild {
             live_bytes: live_blocks * BLOCK_BYTES,
@@ -225,8 +226,8 @@ impl Engine {
     /// it could not rebuild; an error if `m` could not be written.
     fn rebuild_group(
         &self,
-        m: usize,
-        s: u32,
+        m: MemberIndex,
+        s: SegmentIndex,
         dev: &Device,
         rows: &[RowGeom],
     ) -> std::io::Result<u64> {
@@ -234,10 +235,9 @@ impl Engine {
         let first = rows[0].offset;
         let last = &rows[rows.len() - 1];
         let span = (last.offset + last.height as u32 - first) as usize * BLOCK_SIZE;
-        let base = (geometry.segment_base(s) + first as u64) * BLOCK_BYTES;
-        let mask = rows[0].members_mask & !(1 << m);
-        let slices: Vec<(usize, Option<AlignedBuf>)> = (0..32)
-            .filter(|j| mask & (1 << j) != 0)
+        let base = (geometry.segment_base(s.0) + first as u64) * BLOCK_BYTES;
+        let mask = rows[0].members_mask & !m.bit();
+        let slices: Vec<(MemberIndex, Option<AlignedBuf>)> = MemberIndex::all_in(mask)
             .map(|j| {
                 let buf = self.device(j).and_then(|d| {
                     let mut buf = AlignedBuf::zeroed(span);
@@ -249,7 +249,7 @@ impl Engine {
         let slice_of = |member: u8| -> Option<&[u8]> {
             slices
                 .iter()
-                .find(|(j, _)| *j == member as usize)
+                .find(|(j, _)| *j == MemberIndex(member as usize))
                 .and_then(|(_, b)| b.as_deref())
         };
         let mut out = AlignedBuf::zeroed(span);
@@ -289,10 +289,10 @@ impl Engine {
     fn rebuild_row<'a>(
         &self,
         geom: &RowGeom,
-        m: usize,
+        m: MemberIndex,
         column_of: impl Fn(u8) -> Option<&'a [u8]>,
     ) -> Option<AlignedBuf> {
-        let target = geom.member_column(m as u8)?;
+        let target = geom.member_column(m.0 as u8)?;
         let len = geom.height as usize * BLOCK_SIZE;
         let mut columns: Vec<Option<AlignedBuf>> = (0..geom.width())
             .map(|c| {

@@ -18,7 +18,8 @@ use crate::format::checkpoint::{
 use crate::format::row::{Entry, EntryKind, HeadId, RowHeader, RowKind};
 use crate::format::superblock::{MemberState, Superblock};
 use crate::format::{crc32c, BLOCK_BYTES};
-use crate::layout::{Pba, RowGeom};
+use crate::layout::MemberIndex;
+use crate::layout::{Pba, RowGeom, SegmentIndex};
 use crate::map::{Loc, VolumeMap};
 use std::collections::VecDeque;
 
@@ -126,7 +127,7 @@ impl Engine {
             )));
         }
         for (i, c) in image.member_counters.iter().enumerate() {
-            if let Some(d) = self.device(i) {
+            if let Some(d) = self.device(MemberIndex(i)) {
                 d.counters.restore(c);
             }
         }
@@ -135,7 +136,7 @@ impl Engine {
         ledger.next_volume_id = image.next_volume_id;
         ledger.counters = image.counters;
         for (s, record) in image.segments.into_iter().enumerate() {
-            self.load_segment(&mut ledger, s, record)?;
+            self.load_segment(&mut ledger, SegmentIndex(s as u32), record)?;
         }
         let member_slots = self.devices.read().len();
         for v in image.volumes {
@@ -147,7 +148,12 @@ impl Engine {
 
     /// Segment `s` as the checkpoint records it (its live count is rebuilt
     /// from the volume maps that follow).
-    fn load_segment(&self, ledger: &mut Ledger, s: usize, record: SegmentRecord) -> Result<()> {
+    fn load_segment(
+        &self,
+        ledger: &mut Ledger,
+        s: SegmentIndex,
+        record: SegmentRecord,
+    ) -> Result<()> {
         let segment_blocks = self.shape.geometry.segment_blocks as u64;
         for r in &record.rows {
             if r.offset as u64 + r.height as u64 > segment_blocks
@@ -159,7 +165,7 @@ impl Engine {
                 )));
             }
         }
-        let seg = &mut ledger.segments[s];
+        let seg = ledger.segment_mut(s);
         seg.state = match record.state {
             SegmentStateCode::Free => SegState::Free,
             SegmentStateCode::OpenUser => SegState::Open(HeadId::User),
@@ -569,7 +575,7 @@ impl Engine {
             if e.kind.owns_slot() {
                 let pba = geom.slot_pba(&self.shape.geometry, slot);
                 slot += 1;
-                self.replay_block(ledger, e, pba, geom.segment as usize);
+                self.replay_block(ledger, e, pba, geom.segment_index());
             } else {
                 self.replay_range(ledger, e);
             }
@@ -606,7 +612,7 @@ impl Engine {
         if ledger.segments[s].state != SegState::Open(head) {
             let prev = ledger.heads[head.index()].segment;
             if prev != NO_SEGMENT && prev as usize != s {
-                ledger.seal_segment(prev, header.seq);
+                ledger.seal_segment(SegmentIndex(prev), header.seq);
             }
             let seg = &mut ledger.segments[s];
             if seg.live_blocks != 0 {
@@ -630,7 +636,7 @@ impl Engine {
     /// unless the volume is gone, the block is past its end, it is a
     /// checkpoint payload, or it is a relocation whose source the map no
     /// longer points at (a write replaced it after the cleaner read it).
-    fn replay_block(&self, ledger: &mut Ledger, e: &Entry, pba: Pba, s: usize) {
+    fn replay_block(&self, ledger: &mut Ledger, e: &Entry, pba: Pba, s: SegmentIndex) {
         let Some(vol) = ledger.volumes.get_mut(&e.volume) else {
             return;
         };
@@ -648,7 +654,7 @@ impl Engine {
         }
         let (old, _) = vol.map.set(e.lba, Loc::Disk(pba), e.crc);
         ledger.release_loc(old, &self.shape);
-        ledger.segments[s].live_blocks += 1;
+        ledger.segment_mut(s).live_blocks += 1;
     }
 
     /// A trim (mapped blocks become holes) or zero record (every block of

@@ -191,7 +191,7 @@ impl Engine {
     fn write_repairs(&self, geom: &RowGeom, blk: usize, repairs: Vec<(usize, Vec<u8>)>) {
         for (c, bytes) in repairs {
             let pba = geom.pba(&self.shape.geometry, c, blk);
-            let Some(dev) = self.device(pba.member as usize) else {
+            let Some(dev) = self.device(pba.member_index()) else {
                 continue;
             };
             let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);

@@ -98,7 +98,7 @@ impl HeaderSearch<'_> {
     /// Data block `i` of the row `geom`, as its member returns it.
     fn read_block(&self, geom: &RowGeom, i: u32) -> Option<Vec<u8>> {
         let pba = geom.data_block_pba(&self.engine.shape.geometry, i);
-        let dev = self.engine.device(pba.member as usize)?;
+        let dev = self.engine.device(pba.member_index())?;
         let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
         dev.read_at(&mut buf, pba.byte_offset()).ok()?;
         Some(buf.to_vec())

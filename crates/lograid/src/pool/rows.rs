@@ -14,7 +14,7 @@ use crate::device::{uring, AlignedBuf, Device, IoJob};
 use crate::error::Result;
 use crate::format::row::HeadId;
 use crate::format::BLOCK_SIZE;
-use crate::layout::Pba;
+use crate::layout::{MemberIndex, Pba};
 use std::sync::{Arc, Weak};
 
 thread_local! {
@@ -93,7 +93,7 @@ impl Engine {
         let targets: Vec<(usize, Pba, Arc<Device>)> = columns
             .filter_map(|col| {
                 let pba = g.pba(&self.shape.geometry, col, 0);
-                self.device(pba.member as usize).map(|dev| (col, pba, dev))
+                self.device(pba.member_index()).map(|dev| (col, pba, dev))
             })
             .collect();
         if uring::enabled() {
@@ -103,14 +103,14 @@ impl Engine {
             }
         }
         let parity = Arc::new(parity);
-        let mut jobs: Vec<IoJob<(u8, std::io::Result<()>)>> = Vec::new();
+        let mut jobs: Vec<IoJob<(MemberIndex, std::io::Result<()>)>> = Vec::new();
         for (col, pba, dev) in targets {
             let row = row.clone();
             let parity = parity.clone();
             jobs.push(Box::new(move || {
                 let bytes = column_of(&row, &parity, col);
                 (
-                    pba.member,
+                    pba.member_index(),
                     with_retries(|| dev.write_at(bytes, pba.byte_offset())),
                 )
             }));
@@ -132,7 +132,7 @@ impl Engine {
         row: &SealedRow,
         parity: &[u8],
         targets: &[(usize, Pba, Arc<Device>)],
-    ) -> Option<Vec<(u8, std::io::Result<()>)>> {
+    ) -> Option<Vec<(MemberIndex, std::io::Result<()>)>> {
         let batch: Vec<uring::ColumnWrite<'_>> = targets
             .iter()
             .map(|(col, pba, dev)| uring::ColumnWrite {
@@ -155,7 +155,7 @@ impl Engine {
                             dev.write_at(column_of(row, parity, *col), pba.byte_offset())
                         })
                     });
-                    (pba.member, r)
+                    (pba.member_index(), r)
                 })
                 .collect(),
         )
@@ -168,12 +168,12 @@ impl Engine {
     fn finish_row_write(
         &self,
         row: &Arc<SealedRow>,
-        results: Vec<(u8, std::io::Result<()>)>,
+        results: Vec<(MemberIndex, std::io::Result<()>)>,
     ) -> Result<()> {
         let mut error = None;
         for (member, r) in results {
             if let Err(e) = r {
-                if let Err(e) = self.fault_member(member as usize, "a write", e) {
+                if let Err(e) = self.fault_member(member, "a write", e) {
                     error.get_or_insert(e);
                 }
             }

@@ -7,6 +7,7 @@ use crate::device::CounterValues;
 use crate::format::checkpoint::PoolCounters;
 use crate::format::superblock::MemberState;
 use crate::format::BLOCK_BYTES;
+use crate::layout::MemberIndex;
 use serde::{Deserialize, Serialize};
 
 /// The cleaner's state and the write amplification it causes.
@@ -213,7 +214,7 @@ fn member_statuses(engine: &Engine, ledger: &Ledger) -> Vec<MemberStatus> {
         .enumerate()
         .filter(|(_, r)| r.state != MemberState::Removed)
         .map(|(i, r)| {
-            let dev = engine.device_any(i);
+            let dev = engine.device_any(MemberIndex(i));
             let state = match (r.state, &dev) {
                 (MemberState::Removing, None) => "leaving (missing)",
                 (MemberState::Removing, Some(_)) => "leaving",

@@ -28,7 +28,7 @@ impl Engine {
         if let Some(src) = self.ledger.lock().inflight_block(&self.shape.geometry, pba) {
             return Ok(src.to_vec());
         }
-        if let Some(dev) = self.device(pba.member as usize) {
+        if let Some(dev) = self.device(pba.member_index()) {
             let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
             if dev.read_at(&mut buf, pba.byte_offset()).is_ok() && crc32c(&buf) == crc {
                 return Ok(buf.to_vec());
@@ -70,7 +70,7 @@ impl Engine {
                     return Some(vec![0u8; BLOCK_SIZE]);
                 }
                 let pba = geom.pba(&self.shape.geometry, c, blk);
-                let dev = self.device(pba.member as usize)?;
+                let dev = self.device(pba.member_index())?;
                 let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
                 dev.read_at(&mut buf, pba.byte_offset()).ok()?;
                 Some(buf.to_vec())
@@ -147,7 +147,7 @@ impl Engine {
                     }
                     None => (0, 0), // nothing taken: all read below
                 };
-                let dev = self.device(pba.member as usize);
+                let dev = self.device(pba.member_index());
                 for (a, b) in [(0, lo), (hi, n as u64)] {
                     if a < b {
                         let part = &mut buf[a as usize * BLOCK_SIZE..b as usize * BLOCK_SIZE];
@@ -195,7 +195,7 @@ impl Engine {
         let jobs: Vec<crate::device::IoJob<Option<AlignedBuf>>> = (0..g.width())
             .map(|c| {
                 let pba = g.pba(&self.shape.geometry, c, 0);
-                let dev = self.device(pba.member as usize);
+                let dev = self.device(pba.member_index());
                 let unused = !g.column_used(c);
                 Box::new(move || {
                     let dev = dev.filter(|_| !unused)?;

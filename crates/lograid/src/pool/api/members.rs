@@ -10,6 +10,7 @@ use crate::device::Member;
 use crate::error::{Error, Refusal, Result};
 use crate::format::superblock::MemberState;
 use crate::format::BLOCK_BYTES;
+use crate::layout::MemberIndex;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -29,7 +30,10 @@ impl Pool {
                 added.push(self.engine.join_member(m, None, false)?);
             }
             self.engine.checkpoint_log_locked()?;
-            let names: Vec<String> = added.iter().map(|&i| self.engine.member_name(i)).collect();
+            let names: Vec<String> = added
+                .iter()
+                .map(|&i| self.engine.member_name(MemberIndex(i)))
+                .collect();
             self.engine
                 .event(format!("added member(s) {}; rebalancing", names.join(", ")));
             Ok(added)
@@ -53,13 +57,13 @@ impl Pool {
                 }
                 _ => return Err(Error::NotFound(format!("member {old} in this pool"))),
             }
-            let old_name = self.engine.member_name(old);
+            let old_name = self.engine.member_name(MemberIndex(old));
             // A member that failed or is gone gets its columns back in
             // place, if the new drive can hold all it held.
             let in_place = {
                 let ledger = self.engine.ledger.lock();
                 (ledger.members[old].state == MemberState::Faulted
-                    || self.engine.device(old).is_none())
+                    || self.engine.device(MemberIndex(old)).is_none())
                     && new.size_bytes() / BLOCK_BYTES >= ledger.members[old].size_blocks
             };
             if in_place {
@@ -67,7 +71,7 @@ impl Pool {
                 self.engine.checkpoint_log_locked()?;
                 self.engine.event(format!(
                     "replacing member {old} ({old_name}) by {} in place; rebuilding its columns",
-                    self.engine.member_name(index)
+                    self.engine.member_name(MemberIndex(index))
                 ));
                 return Ok(index);
             }
@@ -88,7 +92,7 @@ impl Pool {
             self.engine.checkpoint_log_locked()?;
             self.engine.event(format!(
                 "replacing member {old} ({old_name}) by member {index} ({}); rebuilding",
-                self.engine.member_name(index)
+                self.engine.member_name(MemberIndex(index))
             ));
             Ok(index)
         })
@@ -107,7 +111,7 @@ impl Pool {
     pub fn remove_member(&self, m: usize) -> Result<()> {
         self.engine.guarded("removing a member", || {
             let _m = self.engine.maintenance.lock();
-            let name = self.engine.member_name(m);
+            let name = self.engine.member_name(MemberIndex(m));
             let was = {
                 let mut ledger = self.engine.ledger.lock();
                 check_writable(&ledger)?;
@@ -131,7 +135,7 @@ impl Pool {
                                 ledger.members[i].state,
                                 MemberState::Active | MemberState::Joining
                             )
-                            && self.engine.device(i).is_some()
+                            && self.engine.device(MemberIndex(i)).is_some()
                     })
                     .count();
                 if left < parity + 1 || left < 2 {
