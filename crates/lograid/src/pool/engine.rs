@@ -44,7 +44,8 @@ pub(crate) struct Engine {
     /// that no two threads merge the same overlay).
     pub resolving: Mutex<()>,
     pub reuse: RwLock<()>,
-    /// Serializes flushes, checkpoints and cleaning passes.
+    /// Serializes checkpoints, cleaning passes, member changes and the
+    /// reshape (flushes do not take it).
     pub maintenance: Mutex<()>,
     pub io: IoPool,
     pub options: PoolOptions,

@@ -1,15 +1,72 @@
-//! A pool: N members turned into thin volumes protected by P parity columns.
-//! This module owns the pool's lifecycle (create, open with recovery, close
-//! with a checkpoint), the volume table, and the public API. The data path
-//! is split by concern: `log` (heads, open rows, sealing), `io` (writing
-//! rows, flush, reads with checksum verification and repair), `overlay`
-//! (sub-block writes held in memory until merged into their blocks), `recovery`
-//! (checkpoint load and roll-forward), `checkpoint`, `cleaner`, `create`.
+//! A pool: N members turned into thin volumes protected by P parity
+//! columns, written as a log of rows (docs/DESIGN.md walks the data flow).
+//!
+//! Modules, from the bottom up; each imports only modules above it in
+//! this list (checked: no cycles), and everything else is a method of
+//! `Engine` defined in the module that owns the concept.
+//!
+//! Bookkeeping, no I/O (pure, or run under the ledger lock):
+//! - `shape`: what never changes while open (geometry, parity, identity).
+//! - `options`: run-time knobs (`PoolOptions`, cleaner policy).
+//! - `overlay_table`: sub-block writes held in memory, as a table.
+//! - `stats`: counters and reports (runtime, cleaner, reshape, recovery).
+//! - `ledger`: `Ledger`, all mutable bookkeeping behind one mutex
+//!   (segments, heads, volume maps, rows in flight, read-only reason).
+//! - `log`: the log heads: opening, appending to and sealing rows.
+//! - `space`: capacity, the cleaner's floors, stall detection.
+//! - `row_writer`: the bounded queue of sealed rows and its thread.
+//!
+//! The engine:
+//! - `engine`: `Engine` (shape, options, ledger, devices, I/O pool,
+//!   background threads), member lookup, events, invariant checks.
+//! - `background`: the cleaner/checkpoint and overlay-resolver threads.
+//!
+//! The data path:
+//! - `faults`: a member's failed I/O faults it, or stops the pool.
+//! - `stripe`: reading rows' columns and rebuilding them from parity.
+//! - `row_header`: finding a row header whose own column is gone or stale.
+//! - `row_check`: checking a whole row against its header and parity.
+//! - `rows`: writing sealed rows (parity, one write per column).
+//! - `durability`: flushing the log and syncing members (`flush_log`,
+//!   `make_durable`), releasing segments once a flush covers them.
+//! - `checkpoint`: writing the checkpoint and the superblocks.
+//! - `read`: the read path (map lookup, member reads, checks, repair).
+//! - `cleaner`: choosing segments and moving their live blocks.
+//! - `write`: the write path for whole blocks.
+//! - `overlay`: sub-block writes, flushing and checkpointing everything
+//!   acknowledged (`flush_acknowledged`, `checkpoint_acknowledged`).
+//! - `range`: trims and zeroes.
+//!
+//! Maintenance and lifecycle:
+//! - `rebuild`: rebuilding a replaced member's columns in place.
+//! - `scrub`: checking and repairing every row.
+//! - `members`: adding, replacing and removing members, and the reshape
+//!   that moves rows off members that leave.
+//! - `replay`: recovery: loading the checkpoint and rolling the log forward.
+//! - `open`: opening a pool from its members' superblocks.
+//! - `create`: creating a pool.
+//! - `status`: what `lograid status` shows.
+//! - `api`: the public `Pool` and `Volume`.
+//!
+//! A write from request to member: `Volume::write` (api/volume.rs) →
+//! `Engine::write` (overlay.rs: whole blocks go on, partial ones become
+//! overlays) → `Engine::write_blocks` (write.rs: `Ledger::append_block`
+//! puts each block in the user head's open row, under the ledger lock;
+//! a full row is sealed, `Ledger::seal` in log.rs) → `submit_rows`
+//! (rows.rs: to the row writer's queue, or written here when it is full)
+//! → `write_row` (rows.rs: parity encoded, one write per column to each
+//! `Device`, device/) → `finish_row_write` (a failed member is faulted,
+//! faults.rs; the row leaves the in-flight list). The write is
+//! acknowledged once its block is in the open row. `Volume::flush` →
+//! `flush_acknowledged` (overlay.rs) → `flush_log` (durability.rs: open
+//! rows sealed and written) → `make_durable` (rows below the target
+//! written, every member synced, then `flushed_seq` raised).
 //!
 //! Locking: one mutex (`Ledger`) guards all bookkeeping and is never held
 //! across member I/O. `reuse` is a read-write lock that readers hold while
 //! reading member blocks, so that a segment freed by the cleaner is never
-//! rewritten under a reader.
+//! rewritten under a reader. `maintenance` serialises checkpoints, cleaning
+//! passes, member changes and the reshape; flushes do not take it.
 
 mod api;
 mod background;
