@@ -16,6 +16,52 @@ pub const CHECKPOINT_MAGIC: [u8; 8] = *b"LGRDCKPT";
 const MAX_VOLUMES: u64 = 1 << 16;
 const MAX_ROWS_PER_SEGMENT: u64 = 1 << 20;
 const MAX_RUNS: u64 = 1 << 40;
+const MAX_HEADS: u64 = 8;
+
+/// Sizes of the checkpoint's parts (docs/FORMAT.md, "Checkpoint: fixed
+/// prefix" and the tables after it). The decoder bounds allocations with
+/// them; the offsets below are the documented ones.
+const MEMBER_COUNTER_COUNT_AT: usize = 88;
+const MEMBER_COUNTERS_AT: usize = 96;
+/// Per member: 8 u64 counters.
+const MEMBER_COUNTER_BYTES: usize = 64;
+/// A map entry of a run: location (u64) and CRC (u32).
+const MAP_ENTRY_BYTES: usize = 12;
+/// A segment record without its rows (row count included).
+const SEGMENT_RECORD_BYTES: usize = 30;
+/// A row record of a segment.
+const ROW_RECORD_BYTES: usize = 21;
+/// A head record.
+const HEAD_RECORD_BYTES: usize = 24;
+/// A rebuild run: start and length (u32 each).
+const REBUILD_RUN_BYTES: usize = 8;
+
+// The documented sizes and offsets are the sums of the fields' widths, in
+// the order the writer streams them.
+const _: () = {
+    const U8: usize = size_of::<u8>();
+    const U16: usize = size_of::<u16>();
+    const U32: usize = size_of::<u32>();
+    const U64: usize = size_of::<u64>();
+    // magic, version, checkpoint_id, next_seq, next_volume_id, 7 counters.
+    let counters_at = CHECKPOINT_MAGIC.len() + U32 + U64 + U64 + U32;
+    assert!(counters_at == 32);
+    assert!(counters_at + 7 * U64 == MEMBER_COUNTER_COUNT_AT);
+    assert!(MEMBER_COUNTER_COUNT_AT + U64 == MEMBER_COUNTERS_AT);
+    assert!(MEMBER_COUNTER_BYTES == 8 * U64);
+    assert!(MAP_ENTRY_BYTES == U64 + U32);
+    // state, members_mask, parity, live_blocks, fill_blocks, sealed_seq, row_count.
+    assert!(SEGMENT_RECORD_BYTES == U8 + U32 + U8 + U32 + U32 + U64 + U64);
+    // offset, height, data_columns, header_blocks, slots, seq.
+    assert!(ROW_RECORD_BYTES == U32 + U16 + U8 + U16 + U32 + U64);
+    // segment, offset, next_segment, last_crc, last_seq.
+    assert!(HEAD_RECORD_BYTES == 4 * U32 + U64);
+    assert!(REBUILD_RUN_BYTES == 2 * U32);
+    // Segment numbers (u32 on disk) and row records' segment field.
+    assert!(MAX_SEGMENTS <= u32::MAX as u64);
+    // The heads the engine writes fit the decoder's limit.
+    assert!(super::row::HeadId::ALL.len() as u64 <= MAX_HEADS);
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegmentStateCode {
@@ -159,6 +205,11 @@ impl CheckpointWriter {
                 w.u64(v);
             }
         }
+        debug_assert_eq!(
+            w.len(),
+            MEMBER_COUNTERS_AT + MEMBER_COUNTER_BYTES * member_counters.len(),
+            "checkpoint prefix layout"
+        );
         w.u64(volume_count as u64);
         CheckpointWriter { w }
     }
@@ -212,6 +263,7 @@ impl CheckpointWriter {
 
     pub fn segments(&mut self, segments: &[SegmentRecord]) {
         let w = &mut self.w;
+        let at = w.len();
         w.u64(segments.len() as u64);
         for s in segments {
             w.u8(s.state as u8);
@@ -230,10 +282,19 @@ impl CheckpointWriter {
                 w.u64(r.seq);
             }
         }
+        debug_assert_eq!(
+            w.len() - at,
+            8 + segments
+                .iter()
+                .map(|s| SEGMENT_RECORD_BYTES + ROW_RECORD_BYTES * s.rows.len())
+                .sum::<usize>(),
+            "checkpoint segment table layout"
+        );
     }
 
     pub fn finish(mut self, heads: &[HeadRecord], rebuilds: &[RebuildRecord]) -> Vec<u8> {
         let w = &mut self.w;
+        let at = w.len();
         w.u64(heads.len() as u64);
         for h in heads {
             w.u32(h.segment);
@@ -242,6 +303,11 @@ impl CheckpointWriter {
             w.u32(h.last_crc);
             w.u64(h.last_seq);
         }
+        debug_assert_eq!(
+            w.len() - at,
+            8 + HEAD_RECORD_BYTES * heads.len(),
+            "checkpoint heads layout"
+        );
         w.u64(rebuilds.len() as u64);
         for r in rebuilds {
             w.u8(r.member);
@@ -258,164 +324,17 @@ impl CheckpointWriter {
 }
 
 impl CheckpointImage {
+    /// Decodes a blob, part by part in the order the writer streams them:
+    /// the fixed prefix, the member counters, the volumes, the segment
+    /// table, the heads and the rebuilds; nothing may follow.
     pub fn decode(bytes: &[u8]) -> Result<CheckpointImage, FormatError> {
         let mut r = ByteReader::new(bytes);
-        if r.take(8)? != CHECKPOINT_MAGIC {
-            return Err(FormatError::BadMagic);
-        }
-        let version = r.u32()?;
-        if version != FORMAT_VERSION {
-            return Err(FormatError::BadVersion(version));
-        }
-        let checkpoint_id = r.u64()?;
-        let next_seq = r.u64()?;
-        let next_volume_id = r.u32()?;
-        let counters = PoolCounters {
-            user_bytes_written: r.u64()?,
-            user_bytes_read: r.u64()?,
-            relocated_blocks: r.u64()?,
-            trimmed_blocks: r.u64()?,
-            checkpoints: r.u64()?,
-            rows_written: r.u64()?,
-            short_rows: r.u64()?,
-        };
-        let n = r.count(super::MAX_MEMBERS as u64, "member counters")?;
-        let mut member_counters = Vec::with_capacity(n);
-        for _ in 0..n {
-            member_counters.push(CounterValues {
-                bytes_read: r.u64()?,
-                bytes_written: r.u64()?,
-                reads: r.u64()?,
-                writes: r.u64()?,
-                flushes: r.u64()?,
-                io_errors: r.u64()?,
-                checksum_errors: r.u64()?,
-                repaired_blocks: r.u64()?,
-            });
-        }
-        let nv = r.count(MAX_VOLUMES, "volume")?;
-        let mut volumes = Vec::with_capacity(nv);
-        for _ in 0..nv {
-            let id = r.u32()?;
-            let name = r.str16()?;
-            let size_bytes = r.u64()?;
-            let created_unix = r.u64()?;
-            let runs = r.count(MAX_RUNS, "map run")?;
-            let mut entries: Vec<(u64, u64, u32)> = Vec::new();
-            for _ in 0..runs {
-                let start = r.u64()?;
-                if entries.last().is_some_and(|e| e.0 >= start) {
-                    return Err(FormatError::Invalid(format!(
-                        "volume {id}: map runs out of order at block {start}"
-                    )));
-                }
-                let len = r.u32()? as u64;
-                if len > (r.remaining() / 12) as u64 {
-                    return Err(FormatError::Truncated {
-                        needed: (len * 12) as usize,
-                        available: r.remaining(),
-                    });
-                }
-                for i in 0..len {
-                    let lba = start
-                        .checked_add(i)
-                        .ok_or_else(|| FormatError::Invalid("map run overflows".into()))?;
-                    let loc = r.u64()?;
-                    let crc = r.u32()?;
-                    entries.push((lba, loc, crc));
-                }
-            }
-            volumes.push(VolumeRecord {
-                id,
-                name,
-                size_bytes,
-                created_unix,
-                entries,
-            });
-        }
-        let ns = r.count(MAX_SEGMENTS, "segment")?;
-        let mut segments = Vec::with_capacity(ns.min(r.remaining() / 26));
-        for s in 0..ns {
-            let state = SegmentStateCode::from_code(r.u8()?)?;
-            let members_mask = r.u32()?;
-            let parity = r.u8()?;
-            let live_blocks = r.u32()?;
-            let fill_blocks = r.u32()?;
-            let sealed_seq = r.u64()?;
-            let nr = r.count(MAX_ROWS_PER_SEGMENT, "row")?;
-            let mut rows = Vec::with_capacity(nr.min(r.remaining() / 21));
-            for _ in 0..nr {
-                rows.push(RowGeom {
-                    segment: s as u32,
-                    offset: r.u32()?,
-                    height: r.u16()?,
-                    data_columns: r.u8()?,
-                    header_blocks: r.u16()?,
-                    slots: r.u32()?,
-                    members_mask,
-                    parity,
-                    seq: r.u64()?,
-                });
-            }
-            segments.push(SegmentRecord {
-                state,
-                members_mask,
-                parity,
-                live_blocks,
-                fill_blocks,
-                sealed_seq,
-                rows,
-            });
-        }
-        let nh = r.count(8, "head")?;
-        let mut heads = Vec::with_capacity(nh);
-        for _ in 0..nh {
-            heads.push(HeadRecord {
-                segment: r.u32()?,
-                offset: r.u32()?,
-                next_segment: r.u32()?,
-                last_crc: r.u32()?,
-                last_seq: r.u64()?,
-            });
-        }
-        let mut rebuilds: Vec<RebuildRecord> = Vec::new();
-        let segments_total = segments.len() as u64;
-        {
-            let nr = r.count(super::MAX_MEMBERS as u64, "rebuild")?;
-            for _ in 0..nr {
-                let member = r.u8()?;
-                if member as usize >= super::MAX_MEMBERS
-                    || rebuilds.last().is_some_and(|p| p.member >= member)
-                {
-                    return Err(FormatError::Invalid(format!(
-                        "rebuild of member {member}: out of range or out of order"
-                    )));
-                }
-                let since_seq = r.u64()?;
-                let runs = r.count((r.remaining() / 8) as u64, "rebuild run")?;
-                let mut listed: Vec<u32> = Vec::new();
-                for _ in 0..runs {
-                    let (start, len) = (r.u32()?, r.u32()?);
-                    let end = start as u64 + len as u64;
-                    // Within the segment table (which bounds what this
-                    // allocates by the blob's own size).
-                    if len == 0
-                        || end > segments_total
-                        || listed.last().is_some_and(|&l| l >= start)
-                    {
-                        return Err(FormatError::Invalid(format!(
-                            "rebuild of member {member}: bad segment run {start}+{len}"
-                        )));
-                    }
-                    listed.extend(start..end as u32);
-                }
-                rebuilds.push(RebuildRecord {
-                    member,
-                    since_seq,
-                    segments: listed,
-                });
-            }
-        }
+        let prefix = read_prefix(&mut r)?;
+        let member_counters = read_member_counters(&mut r)?;
+        let volumes = read_volumes(&mut r)?;
+        let segments = read_segments(&mut r)?;
+        let heads = read_heads(&mut r)?;
+        let rebuilds = read_rebuilds(&mut r, segments.len() as u64)?;
         if r.remaining() != 0 {
             return Err(FormatError::Invalid(format!(
                 "{} trailing bytes",
@@ -423,10 +342,10 @@ impl CheckpointImage {
             )));
         }
         Ok(CheckpointImage {
-            checkpoint_id,
-            next_seq,
-            next_volume_id,
-            counters,
+            checkpoint_id: prefix.checkpoint_id,
+            next_seq: prefix.next_seq,
+            next_volume_id: prefix.next_volume_id,
+            counters: prefix.counters,
             member_counters,
             volumes,
             segments,
@@ -434,6 +353,232 @@ impl CheckpointImage {
             rebuilds,
         })
     }
+}
+
+/// The fixed prefix up to the member counters (offsets 0 to 88).
+struct Prefix {
+    checkpoint_id: u64,
+    next_seq: u64,
+    next_volume_id: u32,
+    counters: PoolCounters,
+}
+
+/// Magic, version, ids and the pool counters.
+fn read_prefix(r: &mut ByteReader) -> Result<Prefix, FormatError> {
+    if r.take(CHECKPOINT_MAGIC.len())? != CHECKPOINT_MAGIC {
+        return Err(FormatError::BadMagic);
+    }
+    let version = r.u32()?;
+    if version != FORMAT_VERSION {
+        return Err(FormatError::BadVersion(version));
+    }
+    Ok(Prefix {
+        checkpoint_id: r.u64()?,
+        next_seq: r.u64()?,
+        next_volume_id: r.u32()?,
+        counters: PoolCounters {
+            user_bytes_written: r.u64()?,
+            user_bytes_read: r.u64()?,
+            relocated_blocks: r.u64()?,
+            trimmed_blocks: r.u64()?,
+            checkpoints: r.u64()?,
+            rows_written: r.u64()?,
+            short_rows: r.u64()?,
+        },
+    })
+}
+
+/// The member counter count, then 8 u64 per member.
+fn read_member_counters(r: &mut ByteReader) -> Result<Vec<CounterValues>, FormatError> {
+    let n = r.count(super::MAX_MEMBERS as u64, "member counters")?;
+    let mut member_counters = Vec::with_capacity(n);
+    for _ in 0..n {
+        member_counters.push(CounterValues {
+            bytes_read: r.u64()?,
+            bytes_written: r.u64()?,
+            reads: r.u64()?,
+            writes: r.u64()?,
+            flushes: r.u64()?,
+            io_errors: r.u64()?,
+            checksum_errors: r.u64()?,
+            repaired_blocks: r.u64()?,
+        });
+    }
+    Ok(member_counters)
+}
+
+/// "Volumes": the volume count, then each volume and its map.
+fn read_volumes(r: &mut ByteReader) -> Result<Vec<VolumeRecord>, FormatError> {
+    let nv = r.count(MAX_VOLUMES, "volume")?;
+    let mut volumes = Vec::with_capacity(nv);
+    for _ in 0..nv {
+        let id = r.u32()?;
+        let name = r.str16()?;
+        let size_bytes = r.u64()?;
+        let created_unix = r.u64()?;
+        let entries = read_map_runs(r, id)?;
+        volumes.push(VolumeRecord {
+            id,
+            name,
+            size_bytes,
+            created_unix,
+            entries,
+        });
+    }
+    Ok(volumes)
+}
+
+/// A volume's map: the run count, then the runs, their LBAs strictly
+/// increasing over the volume.
+fn read_map_runs(r: &mut ByteReader, id: u32) -> Result<Vec<(u64, u64, u32)>, FormatError> {
+    let runs = r.count(MAX_RUNS, "map run")?;
+    let mut entries: Vec<(u64, u64, u32)> = Vec::new();
+    for _ in 0..runs {
+        let start = r.u64()?;
+        if entries.last().is_some_and(|e| e.0 >= start) {
+            return Err(FormatError::Invalid(format!(
+                "volume {id}: map runs out of order at block {start}"
+            )));
+        }
+        read_map_run_entries(r, start, &mut entries)?;
+    }
+    Ok(entries)
+}
+
+/// One run after its start LBA: its length, then that many entries (a
+/// location and a CRC each) for LBAs `start`, `start + 1`, ...
+fn read_map_run_entries(
+    r: &mut ByteReader,
+    start: u64,
+    entries: &mut Vec<(u64, u64, u32)>,
+) -> Result<(), FormatError> {
+    let len = r.u32()? as u64;
+    if len > (r.remaining() / MAP_ENTRY_BYTES) as u64 {
+        return Err(FormatError::Truncated {
+            needed: (len * MAP_ENTRY_BYTES as u64) as usize,
+            available: r.remaining(),
+        });
+    }
+    for i in 0..len {
+        let lba = start
+            .checked_add(i)
+            .ok_or_else(|| FormatError::Invalid("map run overflows".into()))?;
+        let loc = r.u64()?;
+        let crc = r.u32()?;
+        entries.push((lba, loc, crc));
+    }
+    Ok(())
+}
+
+/// "Segments": the segment count, then each segment record and its rows.
+fn read_segments(r: &mut ByteReader) -> Result<Vec<SegmentRecord>, FormatError> {
+    let ns = r.count(MAX_SEGMENTS, "segment")?;
+    let mut segments = Vec::with_capacity(ns.min(r.remaining() / SEGMENT_RECORD_BYTES));
+    for s in 0..ns {
+        segments.push(read_segment(r, s as u32)?);
+    }
+    Ok(segments)
+}
+
+/// Segment `s`'s record: its fixed fields, the row count, the rows.
+fn read_segment(r: &mut ByteReader, s: u32) -> Result<SegmentRecord, FormatError> {
+    let state = SegmentStateCode::from_code(r.u8()?)?;
+    let members_mask = r.u32()?;
+    let parity = r.u8()?;
+    let live_blocks = r.u32()?;
+    let fill_blocks = r.u32()?;
+    let sealed_seq = r.u64()?;
+    let nr = r.count(MAX_ROWS_PER_SEGMENT, "row")?;
+    let mut rows = Vec::with_capacity(nr.min(r.remaining() / ROW_RECORD_BYTES));
+    for _ in 0..nr {
+        rows.push(RowGeom {
+            segment: s,
+            offset: r.u32()?,
+            height: r.u16()?,
+            data_columns: r.u8()?,
+            header_blocks: r.u16()?,
+            slots: r.u32()?,
+            members_mask,
+            parity,
+            seq: r.u64()?,
+        });
+    }
+    Ok(SegmentRecord {
+        state,
+        members_mask,
+        parity,
+        live_blocks,
+        fill_blocks,
+        sealed_seq,
+        rows,
+    })
+}
+
+/// "Heads": the head count (at most 8), then 24 bytes per head.
+fn read_heads(r: &mut ByteReader) -> Result<Vec<HeadRecord>, FormatError> {
+    let nh = r.count(MAX_HEADS, "head")?;
+    let mut heads = Vec::with_capacity(nh);
+    for _ in 0..nh {
+        heads.push(HeadRecord {
+            segment: r.u32()?,
+            offset: r.u32()?,
+            next_segment: r.u32()?,
+            last_crc: r.u32()?,
+            last_seq: r.u64()?,
+        });
+    }
+    Ok(heads)
+}
+
+/// "Rebuilds": the count, then each member's record, in increasing member
+/// order; its runs lie within the `segments_total` segments of the table.
+fn read_rebuilds(
+    r: &mut ByteReader,
+    segments_total: u64,
+) -> Result<Vec<RebuildRecord>, FormatError> {
+    let mut rebuilds: Vec<RebuildRecord> = Vec::new();
+    let nr = r.count(super::MAX_MEMBERS as u64, "rebuild")?;
+    for _ in 0..nr {
+        let member = r.u8()?;
+        if member as usize >= super::MAX_MEMBERS
+            || rebuilds.last().is_some_and(|p| p.member >= member)
+        {
+            return Err(FormatError::Invalid(format!(
+                "rebuild of member {member}: out of range or out of order"
+            )));
+        }
+        let since_seq = r.u64()?;
+        let segments = read_rebuild_runs(r, member, segments_total)?;
+        rebuilds.push(RebuildRecord {
+            member,
+            since_seq,
+            segments,
+        });
+    }
+    Ok(rebuilds)
+}
+
+/// A rebuild's run count (bounded by what remains, 8 bytes a run), then
+/// its runs: non-empty, strictly increasing, within the segment table
+/// (which bounds what this allocates by the blob's own size).
+fn read_rebuild_runs(
+    r: &mut ByteReader,
+    member: u8,
+    segments_total: u64,
+) -> Result<Vec<u32>, FormatError> {
+    let runs = r.count((r.remaining() / REBUILD_RUN_BYTES) as u64, "rebuild run")?;
+    let mut listed: Vec<u32> = Vec::new();
+    for _ in 0..runs {
+        let (start, len) = (r.u32()?, r.u32()?);
+        let end = start as u64 + len as u64;
+        if len == 0 || end > segments_total || listed.last().is_some_and(|&l| l >= start) {
+            return Err(FormatError::Invalid(format!(
+                "rebuild of member {member}: bad segment run {start}+{len}"
+            )));
+        }
+        listed.extend(start..end as u32);
+    }
+    Ok(listed)
 }
 
 /// Strictly increasing segments as (start, length) runs.

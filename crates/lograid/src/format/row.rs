@@ -16,6 +16,83 @@ const CRC_AT: usize = 124;
 /// Header blocks per row, at most (bounds what a hostile image can ask us to read).
 pub const MAX_HEADER_BLOCKS: u16 = 64;
 
+/// Offsets in the fixed part (docs/FORMAT.md, "Row header: fixed part").
+const HEADER_BLOCKS_AT: usize = 12;
+/// The geometry `peek_geometry` reads: `segment` to `members_mask`.
+const GEOMETRY_AT: usize = 52;
+const GEOMETRY_END: usize = 69;
+const ENTRY_COUNT_AT: usize = 77;
+/// End of the last field (`flushed_seq`); reserved bytes follow up to the CRC.
+const FIXED_FIELDS_END: usize = 109;
+
+/// Widths of the fixed part's fields, in the order they are written: magic,
+/// version, header_blocks, kind, head, pool_uuid, nonce, seq, prev_crc,
+/// segment, offset_blocks, height, data_columns, width, parity,
+/// members_mask, next_segment, slots, entry_count, checkpoint_id,
+/// checkpoint_offset, payload_bytes, flushed_seq.
+const FIXED_FIELD_BYTES: [usize; 23] = {
+    const U8: usize = size_of::<u8>();
+    const U16: usize = size_of::<u16>();
+    const U32: usize = size_of::<u32>();
+    const U64: usize = size_of::<u64>();
+    const U128: usize = size_of::<u128>();
+    [
+        ROW_MAGIC.len(),
+        U32,
+        U16,
+        U8,
+        U8,
+        U128,
+        U64,
+        U64,
+        U32,
+        U32,
+        U32,
+        U16,
+        U8,
+        U8,
+        U8,
+        U32,
+        U32,
+        U32,
+        U32,
+        U64,
+        U64,
+        U32,
+        U64,
+    ]
+};
+
+/// Offset of fixed field `i` (its index in `FIXED_FIELD_BYTES`).
+const fn fixed_field_at(i: usize) -> usize {
+    let mut at = 0;
+    let mut k = 0;
+    while k < i {
+        at += FIXED_FIELD_BYTES[k];
+        k += 1;
+    }
+    at
+}
+
+// The documented offsets are the sums of the fields' widths.
+const _: () = {
+    assert!(fixed_field_at(2) == HEADER_BLOCKS_AT);
+    assert!(fixed_field_at(9) == GEOMETRY_AT);
+    assert!(fixed_field_at(16) == GEOMETRY_END);
+    assert!(fixed_field_at(18) == ENTRY_COUNT_AT);
+    assert!(fixed_field_at(FIXED_FIELD_BYTES.len()) == FIXED_FIELDS_END);
+    assert!(FIXED_FIELDS_END <= CRC_AT);
+    assert!(CRC_AT + size_of::<u32>() == HEADER_FIXED_BYTES);
+    assert!(HEADER_FIXED_BYTES <= BLOCK_SIZE);
+    // Entry: kind, 3 reserved, volume, lba, crc, count, source.
+    assert!(ENTRY_BYTES == 1 + 3 + 4 + 8 + 4 + 4 + 8);
+    // entry_count and slots are u32: the largest header's entries fit.
+    assert!(
+        (MAX_HEADER_BLOCKS as usize * BLOCK_SIZE - HEADER_FIXED_BYTES) / ENTRY_BYTES
+            <= u32::MAX as usize
+    );
+};
+
 /// Which log head wrote a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum HeadId {
@@ -190,6 +267,7 @@ impl RowHeader {
         w.u64(self.checkpoint_offset);
         w.u32(self.payload_bytes);
         w.u64(self.flushed_seq);
+        debug_assert_eq!(w.len(), FIXED_FIELDS_END, "row header layout");
         assert!(w.len() <= CRC_AT);
         w.bytes.resize(HEADER_FIXED_BYTES, 0);
         for e in &self.entries {
@@ -206,6 +284,12 @@ impl RowHeader {
         b.resize(total, 0);
         let crc = crc32c_skipping(&b, CRC_AT);
         b[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+        // Paired with `decode`: what is written reads back as itself.
+        debug_assert!(
+            matches!(RowHeader::decode(&b), Ok((ref d, c)) if d == self && c == crc),
+            "row header {} does not decode to itself",
+            self.seq
+        );
         (b, crc)
     }
 
@@ -221,7 +305,10 @@ impl RowHeader {
         if first_block[..8] != ROW_MAGIC {
             return Err(FormatError::BadMagic);
         }
-        let hb = u16::from_le_bytes([first_block[12], first_block[13]]);
+        let hb = u16::from_le_bytes([
+            first_block[HEADER_BLOCKS_AT],
+            first_block[HEADER_BLOCKS_AT + 1],
+        ]);
         if hb == 0 || hb > MAX_HEADER_BLOCKS {
             return Err(FormatError::Invalid(format!("row header blocks {hb}")));
         }
@@ -232,7 +319,7 @@ impl RowHeader {
     /// covers every header block): used to locate the rest of a header.
     pub fn peek_geometry(first_block: &[u8]) -> Result<PeekedGeometry, FormatError> {
         let header_blocks = Self::peek_header_blocks(first_block)?;
-        let mut r = ByteReader::new(&first_block[52..]);
+        let mut r = ByteReader::new(&first_block[GEOMETRY_AT..]);
         let segment = r.u32()?;
         let offset_blocks = r.u32()?;
         let height = r.u16()?;
@@ -255,129 +342,163 @@ impl RowHeader {
         })
     }
 
-    /// Decodes and verifies a header; returns it with its CRC.
+    /// Decodes and verifies a header; returns it with its CRC. In order:
+    /// the header's blocks and CRC, the fixed part, its sizes and geometry,
+    /// then the entries.
     pub fn decode(bytes: &[u8]) -> Result<(RowHeader, u32), FormatError> {
-        let hb = Self::peek_header_blocks(bytes)?;
-        let total = hb as usize * BLOCK_SIZE;
-        if bytes.len() < total {
-            return Err(FormatError::Truncated {
-                needed: total,
-                available: bytes.len(),
-            });
-        }
-        let bytes = &bytes[..total];
-        let stored = u32::from_le_bytes(bytes[CRC_AT..CRC_AT + 4].try_into().expect("4 bytes"));
-        let computed = crc32c_skipping(bytes, CRC_AT);
-        if stored != computed {
-            return Err(FormatError::BadChecksum { stored, computed });
-        }
+        let (bytes, stored) = verified_header_blocks(bytes)?;
         let mut r = ByteReader::new(bytes);
-        r.take(8)?;
-        let version = r.u32()?;
-        if version != FORMAT_VERSION {
-            return Err(FormatError::BadVersion(version));
-        }
-        let header_blocks = r.u16()?;
-        let kind = match r.u8()? {
-            0 => RowKind::Data,
-            1 => RowKind::Checkpoint,
-            k => return Err(FormatError::Invalid(format!("row kind {k}"))),
-        };
-        let head = HeadId::from_code(r.u8()?)?;
-        let pool_uuid = r.u128()?;
-        let nonce = r.u64()?;
-        let seq = r.u64()?;
-        let prev_crc = r.u32()?;
-        let segment = r.u32()?;
-        let offset_blocks = r.u32()?;
-        let height = r.u16()?;
-        let data_columns = r.u8()?;
-        let width = r.u8()?;
-        let parity = r.u8()?;
-        let members_mask = r.u32()?;
-        let next_segment = r.u32()?;
-        let slots = r.u32()?;
-        let entry_count = r.u32()? as usize;
-        let checkpoint_id = r.u64()?;
-        let checkpoint_offset = r.u64()?;
-        let payload_bytes = r.u32()?;
-        let flushed_seq = r.u64()?;
-        if entry_count > entries_capacity(header_blocks) {
-            return Err(FormatError::Invalid(format!(
-                "{entry_count} entries in {header_blocks} header blocks"
-            )));
-        }
-        if header_blocks != header_blocks_for(entry_count) {
-            return Err(FormatError::Invalid(
-                "header size does not match entry count".into(),
-            ));
-        }
-        if height == 0
-            || data_columns == 0
-            || parity as usize > super::MAX_PARITY
-            || (width as usize) > super::MAX_MEMBERS
-            || data_columns as usize + parity as usize > width as usize
-            || members_mask.count_ones() != width as u32
-        {
-            return Err(FormatError::Invalid("row geometry".into()));
-        }
-        let capacity = height as u64 * data_columns as u64;
-        if header_blocks as u64 + slots as u64 > capacity {
-            return Err(FormatError::Invalid("row slots exceed its geometry".into()));
-        }
-        let mut r = ByteReader::new(&bytes[HEADER_FIXED_BYTES..]);
-        let mut entries = Vec::with_capacity(entry_count);
-        let mut slot_entries = 0u32;
-        for _ in 0..entry_count {
-            let kind = EntryKind::from_code(r.u8()?)?;
-            r.take(3)?;
-            let volume = r.u32()?;
-            let lba = r.u64()?;
-            let crc = r.u32()?;
-            let count = r.u32()?;
-            let source = r.u64()?;
-            if kind.owns_slot() {
-                slot_entries += 1;
-            }
-            entries.push(Entry {
-                kind,
-                volume,
-                lba,
-                crc,
-                count,
-                source,
-            });
-        }
-        if slot_entries != slots {
-            return Err(FormatError::Invalid(
-                "slot entries do not match slot count".into(),
-            ));
-        }
-        Ok((
-            RowHeader {
-                header_blocks,
-                kind,
-                head,
-                pool_uuid,
-                nonce,
-                seq,
-                prev_crc,
-                segment,
-                offset_blocks,
-                height,
-                data_columns,
-                width,
-                parity,
-                members_mask,
-                next_segment,
-                slots,
-                checkpoint_id,
-                checkpoint_offset,
-                payload_bytes,
-                flushed_seq,
-                entries,
-            },
-            stored,
-        ))
+        let (mut header, entry_count) = read_fixed_part(&mut r)?;
+        check_entry_count(header.header_blocks, entry_count)?;
+        check_geometry(&header)?;
+        header.entries = read_entries(bytes, entry_count, header.slots)?;
+        Ok((header, stored))
     }
+}
+
+/// The `header_blocks` blocks a header claims, after its magic and block
+/// count (`peek_header_blocks`), its length and its CRC; with the CRC.
+fn verified_header_blocks(bytes: &[u8]) -> Result<(&[u8], u32), FormatError> {
+    let hb = RowHeader::peek_header_blocks(bytes)?;
+    let total = hb as usize * BLOCK_SIZE;
+    let Some(bytes) = bytes.get(..total) else {
+        return Err(FormatError::Truncated {
+            needed: total,
+            available: bytes.len(),
+        });
+    };
+    let mut crc_field = ByteReader::new(bytes.get(CRC_AT..).unwrap_or_default());
+    let stored = crc_field.u32()?;
+    let computed = crc32c_skipping(bytes, CRC_AT);
+    if stored != computed {
+        return Err(FormatError::BadChecksum { stored, computed });
+    }
+    Ok((bytes, stored))
+}
+
+/// The fixed part after the magic: version, codes, chain, geometry,
+/// checkpoint fields. The header comes back without its entries, with the
+/// entry count read.
+fn read_fixed_part(r: &mut ByteReader) -> Result<(RowHeader, usize), FormatError> {
+    r.take(ROW_MAGIC.len())?;
+    let version = r.u32()?;
+    if version != FORMAT_VERSION {
+        return Err(FormatError::BadVersion(version));
+    }
+    let header_blocks = r.u16()?;
+    let kind = match r.u8()? {
+        0 => RowKind::Data,
+        1 => RowKind::Checkpoint,
+        k => return Err(FormatError::Invalid(format!("row kind {k}"))),
+    };
+    let head = HeadId::from_code(r.u8()?)?;
+    let pool_uuid = r.u128()?;
+    let nonce = r.u64()?;
+    let seq = r.u64()?;
+    let prev_crc = r.u32()?;
+    let segment = r.u32()?;
+    let offset_blocks = r.u32()?;
+    let height = r.u16()?;
+    let data_columns = r.u8()?;
+    let width = r.u8()?;
+    let parity = r.u8()?;
+    let members_mask = r.u32()?;
+    let next_segment = r.u32()?;
+    let slots = r.u32()?;
+    let entry_count = r.u32()? as usize;
+    let header = RowHeader {
+        header_blocks,
+        kind,
+        head,
+        pool_uuid,
+        nonce,
+        seq,
+        prev_crc,
+        segment,
+        offset_blocks,
+        height,
+        data_columns,
+        width,
+        parity,
+        members_mask,
+        next_segment,
+        slots,
+        checkpoint_id: r.u64()?,
+        checkpoint_offset: r.u64()?,
+        payload_bytes: r.u32()?,
+        flushed_seq: r.u64()?,
+        entries: Vec::new(),
+    };
+    Ok((header, entry_count))
+}
+
+/// The entries fit in the header's blocks, and the header is exactly as
+/// many blocks as they need.
+fn check_entry_count(header_blocks: u16, entry_count: usize) -> Result<(), FormatError> {
+    if entry_count > entries_capacity(header_blocks) {
+        return Err(FormatError::Invalid(format!(
+            "{entry_count} entries in {header_blocks} header blocks"
+        )));
+    }
+    if header_blocks != header_blocks_for(entry_count) {
+        return Err(FormatError::Invalid(
+            "header size does not match entry count".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Columns within the limits and the members mask, and the header and
+/// slots within the row's data blocks.
+fn check_geometry(h: &RowHeader) -> Result<(), FormatError> {
+    if h.height == 0
+        || h.data_columns == 0
+        || h.parity as usize > super::MAX_PARITY
+        || (h.width as usize) > super::MAX_MEMBERS
+        || h.data_columns as usize + h.parity as usize > h.width as usize
+        || h.members_mask.count_ones() != h.width as u32
+    {
+        return Err(FormatError::Invalid("row geometry".into()));
+    }
+    let capacity = h.height as u64 * h.data_columns as u64;
+    if h.header_blocks as u64 + h.slots as u64 > capacity {
+        return Err(FormatError::Invalid("row slots exceed its geometry".into()));
+    }
+    Ok(())
+}
+
+/// The `entry_count` entries after the fixed part of `bytes` (the whole
+/// header); as many of them must own a slot as the header has `slots`.
+fn read_entries(bytes: &[u8], entry_count: usize, slots: u32) -> Result<Vec<Entry>, FormatError> {
+    let mut r = ByteReader::new(bytes);
+    r.take(HEADER_FIXED_BYTES)?;
+    let mut entries = Vec::with_capacity(entry_count);
+    let mut slot_entries = 0u32;
+    for _ in 0..entry_count {
+        let entry = read_entry(&mut r)?;
+        if entry.kind.owns_slot() {
+            slot_entries += 1;
+        }
+        entries.push(entry);
+    }
+    if slot_entries != slots {
+        return Err(FormatError::Invalid(
+            "slot entries do not match slot count".into(),
+        ));
+    }
+    Ok(entries)
+}
+
+/// One 32-byte entry: kind, 3 reserved bytes, then its fields.
+fn read_entry(r: &mut ByteReader) -> Result<Entry, FormatError> {
+    let kind = EntryKind::from_code(r.u8()?)?;
+    r.take(3)?;
+    Ok(Entry {
+        kind,
+        volume: r.u32()?,
+        lba: r.u64()?,
+        crc: r.u32()?,
+        count: r.u32()?,
+        source: r.u64()?,
+    })
 }
