@@ -69,8 +69,30 @@ fn volume_files_carry_every_call_to_the_export_within_its_contract() {
     let m = mount(&files, exports, &FuseOptions::default()).unwrap();
     assert!(is_mount_point(&files));
 
-    // The directory lists one file per export, with the export's size; read-only is 0400.
-    let mut names: Vec<String> = std::fs::read_dir(&files)
+    directory_lists_one_file_per_export(&files);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(files.join("vol0"))
+        .unwrap();
+    let a = reads_and_writes_reach_the_export(&file, &vol);
+    fsync_punch_hole_and_zero_range_reach_the_export(&file, &vol, &a);
+    growing_truncating_and_odd_modes_are_refused(&file);
+    let sync_file = o_dsync_writes_are_fua_writes(&files, &vol);
+    o_trunc_is_refused_and_cuts_nothing(&files, &vol, &file);
+    let ro_file = read_only_export_is_readable_not_writable(&files);
+    files_are_neither_created_nor_removed(&files);
+
+    drop((file, sync_file, ro_file));
+    assert_eq!(m.unmount().unwrap(), Unmounted::Clean);
+    assert!(!is_mount_point(&files));
+    assert_eq!(vol.contract_violations(), 0);
+    assert_eq!(ro.contract_violations(), 0);
+}
+
+/// The directory lists one file per export, with the export's size; read-only is 0400.
+fn directory_lists_one_file_per_export(files: &Path) {
+    let mut names: Vec<String> = std::fs::read_dir(files)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
@@ -91,12 +113,11 @@ fn volume_files_carry_every_call_to_the_export_within_its_contract() {
         errno_of(std::fs::metadata(files.join("nothing"))),
         libc::ENOENT
     );
+}
 
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(files.join("vol0"))
-        .unwrap();
+/// Writes and reads, aligned and not, and at the end of the file, reach the export; returns
+/// the data written at 4096.
+fn reads_and_writes_reach_the_export(file: &File, vol: &MemExport) -> Vec<u8> {
     // Aligned: straight through.
     let a = pattern(64 << 10, 1);
     file.write_all_at(&a, 4096).unwrap();
@@ -116,13 +137,19 @@ fn volume_files_carry_every_call_to_the_export_within_its_contract() {
     assert_eq!(vol.contents(SIZE - 4096, 4096), pattern(4096, 3));
     assert_eq!(errno_of(file.write_at(&[1; 512], SIZE)), libc::ENOSPC);
     assert_eq!(file.read_at(&mut back, SIZE).unwrap(), 0);
+    a
+}
+
+/// fsync is the export's flush; punching a hole is a trim (of `a`, written at 4096), zero
+/// range a write-zeroes.
+fn fsync_punch_hole_and_zero_range_reach_the_export(file: &File, vol: &MemExport, a: &[u8]) {
     // fsync is the export's flush.
     let flushes = vol.flush_count();
     file.sync_all().unwrap();
     assert!(vol.flush_count() > flushes);
     // Punching a hole trims whole sectors and zeroes the edges; the middle becomes a hole.
     fallocate(
-        &file,
+        file,
         libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
         4096 + 100,
         20_000,
@@ -134,20 +161,26 @@ fn volume_files_carry_every_call_to_the_export_within_its_contract() {
     assert_eq!(after[20_100..], a[20_100..]);
     assert_eq!(vol.allocation_at(8192), Allocation::Hole);
     // Zero range: zeroes that stay allocated.
-    fallocate(&file, libc::FALLOC_FL_ZERO_RANGE, 40_960, 8192).unwrap();
+    fallocate(file, libc::FALLOC_FL_ZERO_RANGE, 40_960, 8192).unwrap();
     assert!(vol.contents(40_960, 8192).iter().all(|&x| x == 0));
     assert_eq!(vol.allocation_at(40_960), Allocation::Zero);
-    // Growing by allocation, truncating, and odd modes are refused; allocating what is there
-    // (or past the end with KEEP_SIZE) is a no-op.
-    assert_eq!(errno_of(fallocate(&file, 0, SIZE - 512, 4096)), libc::EFBIG);
-    fallocate(&file, 0, 0, 4096).unwrap();
-    fallocate(&file, libc::FALLOC_FL_KEEP_SIZE, SIZE - 512, 4096).unwrap();
+}
+
+/// Growing by allocation, truncating, and odd modes are refused; allocating what is there
+/// (or past the end with KEEP_SIZE) is a no-op.
+fn growing_truncating_and_odd_modes_are_refused(file: &File) {
+    assert_eq!(errno_of(fallocate(file, 0, SIZE - 512, 4096)), libc::EFBIG);
+    fallocate(file, 0, 0, 4096).unwrap();
+    fallocate(file, libc::FALLOC_FL_KEEP_SIZE, SIZE - 512, 4096).unwrap();
     assert_eq!(errno_of(file.set_len(SIZE / 2)), libc::EINVAL);
     assert_eq!(
-        errno_of(fallocate(&file, libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096)),
+        errno_of(fallocate(file, libc::FALLOC_FL_COLLAPSE_RANGE, 0, 4096)),
         libc::EOPNOTSUPP
     );
-    // O_DSYNC writes are FUA writes.
+}
+
+/// O_DSYNC writes are FUA writes; returns the O_DSYNC file.
+fn o_dsync_writes_are_fua_writes(files: &Path, vol: &MemExport) -> File {
     let sync_file = OpenOptions::new()
         .write(true)
         .custom_flags(libc::O_DSYNC)
@@ -156,8 +189,11 @@ fn volume_files_carry_every_call_to_the_export_within_its_contract() {
     let fua = vol.fua_write_count();
     sync_file.write_all_at(&pattern(4096, 4), 0).unwrap();
     assert!(vol.fua_write_count() > fua);
+    sync_file
+}
 
-    // O_TRUNC is refused (a truncation), and cuts nothing.
+/// O_TRUNC is refused (a truncation), and cuts nothing (`file` still reads what was there).
+fn o_trunc_is_refused_and_cuts_nothing(files: &Path, vol: &MemExport, file: &File) {
     let before = vol.contents(0, 8192);
     assert_eq!(
         errno_of(
@@ -170,10 +206,13 @@ fn volume_files_carry_every_call_to_the_export_within_its_contract() {
     );
     assert_eq!(std::fs::metadata(files.join("vol0")).unwrap().len(), SIZE);
     assert_eq!(vol.contents(0, 8192), before);
+    let mut back = vec![0u8; 512];
     file.read_exact_at(&mut back[..512], 0).unwrap();
     assert_eq!(back[..512], before[..512]);
+}
 
-    // A read-only export: readable, not writable.
+/// A read-only export: readable, not writable; returns the file opened for reading.
+fn read_only_export_is_readable_not_writable(files: &Path) -> File {
     assert_eq!(
         errno_of(OpenOptions::new().write(true).open(files.join("ro1"))),
         libc::EROFS
@@ -182,18 +221,16 @@ fn volume_files_carry_every_call_to_the_export_within_its_contract() {
     let mut first = vec![0u8; 4096];
     ro_file.read_exact_at(&mut first, 0).unwrap();
     assert_eq!(first, pattern(1 << 20, 9)[..4096]);
-    // Files are neither created nor removed here.
+    ro_file
+}
+
+/// Files are neither created nor removed here.
+fn files_are_neither_created_nor_removed(files: &Path) {
     assert_eq!(errno_of(File::create(files.join("new"))), libc::EPERM);
     assert_eq!(
         errno_of(std::fs::remove_file(files.join("vol0"))),
         libc::EPERM
     );
-
-    drop((file, sync_file, ro_file));
-    assert_eq!(m.unmount().unwrap(), Unmounted::Clean);
-    assert!(!is_mount_point(&files));
-    assert_eq!(vol.contract_violations(), 0);
-    assert_eq!(ro.contract_violations(), 0);
 }
 
 /// A mount point already in use is refused: another filesystem's, and a live lograid mount

@@ -167,6 +167,21 @@ impl Live {
     }
 }
 
+/// The sector a byte offset falls in.
+fn sec(off: u64) -> usize {
+    (off / SECTOR as u64) as usize
+}
+
+/// What the workload drives and keeps between operations: the live
+/// contents, the ranges written so far (for overwrites), and the counts.
+struct Workload<'a> {
+    volume: &'a Volume,
+    pool: &'a lograid::Pool,
+    live: Live,
+    written: Vec<(u64, u64)>,
+    stats: &'a mut WorkloadStats,
+}
+
 /// Runs the workload; returns the operations with their log positions.
 fn run_workload(
     volume: &Volume,
@@ -177,155 +192,22 @@ fn run_workload(
     stats: &mut WorkloadStats,
 ) -> Vec<Op> {
     let sectors = (volume.size_bytes() / SECTOR as u64) as usize;
-    let mut live = Live {
-        current: vec![0; sectors],
-        next_tag: 1,
+    let mut workload = Workload {
+        volume,
+        pool,
+        live: Live {
+            current: vec![0; sectors],
+            next_tag: 1,
+        },
+        written: Vec::new(),
+        stats,
     };
     let mut history: Vec<Op> = Vec::new();
-    let mut written: Vec<(u64, u64)> = Vec::new();
-    let sec = |off: u64| (off / SECTOR as u64) as usize;
     for i in 0..ops {
         let start = log.len();
         // One explicit checkpoint in the middle, whatever the dice say.
         let dice = if i == ops / 2 { 87 } else { rng.below(100) };
-        let (what, steps): (&'static str, Vec<Step>) = match dice {
-            // A write, or an overwrite of a range written before.
-            0..=49 => {
-                let over = dice >= 40 && !written.is_empty();
-                let (off, len) = if over {
-                    written[rng.below(written.len() as u64) as usize]
-                } else {
-                    live.random_range(rng, 64 * 1024)
-                };
-                let tag = live.next_tag;
-                live.next_tag += 1;
-                let acked = match volume.write(off, &Live::data(tag, off, len)) {
-                    Ok(()) => true,
-                    Err(lograid::Error::NoSpace) => false,
-                    Err(e) => panic!("op {i}: write failed: {e}"),
-                };
-                let (first, n) = (sec(off), sec(len));
-                let value = if acked { tag } else { u64::MAX };
-                live.current[first..first + n].fill(value);
-                stats.no_space += usize::from(!acked);
-                if over {
-                    stats.overwrites += 1;
-                } else {
-                    stats.writes += 1;
-                    written.push((off, len));
-                }
-                let step = Step::Write {
-                    first,
-                    n,
-                    tag,
-                    acked,
-                };
-                (if over { "overwrite" } else { "write" }, vec![step])
-            }
-            // Trim: whole blocks inside the range read as zero.
-            50..=57 => {
-                let (off, len) = live.random_range(rng, 256 * 1024);
-                volume
-                    .trim(off, len)
-                    .unwrap_or_else(|e| panic!("op {i}: trim failed: {e}"));
-                stats.trims += 1;
-                let (a, b) = (off.div_ceil(4096) * 4096, (off + len) / 4096 * 4096);
-                if a < b {
-                    live.current[sec(a)..sec(b)].fill(0);
-                    (
-                        "trim",
-                        vec![Step::Zero {
-                            first: sec(a),
-                            n: sec(b - a),
-                        }],
-                    )
-                } else {
-                    ("trim", vec![])
-                }
-            }
-            // Write zeroes (the whole range reads as zero).
-            58..=61 => {
-                let (off, len) = live.random_range(rng, 64 * 1024);
-                volume
-                    .write_zeroes(off, len, rng.below(2) == 0)
-                    .unwrap_or_else(|e| panic!("op {i}: write zeroes failed: {e}"));
-                stats.zeroes += 1;
-                live.current[sec(off)..sec(off + len)].fill(0);
-                let step = Step::Zero {
-                    first: sec(off),
-                    n: sec(len),
-                };
-                ("write-zeroes", vec![step])
-            }
-            62..=75 => {
-                volume
-                    .flush()
-                    .unwrap_or_else(|e| panic!("op {i}: flush failed: {e}"));
-                stats.flushes += 1;
-                ("flush", vec![Step::Flush])
-            }
-            // A FUA write: the write, then a flush, in one call.
-            76..=81 => {
-                let (off, len) = live.random_range(rng, 16 * 1024);
-                let tag = live.next_tag;
-                live.next_tag += 1;
-                let acked = match volume.write_fua(off, &Live::data(tag, off, len)) {
-                    Ok(()) => true,
-                    Err(lograid::Error::NoSpace) => false,
-                    Err(e) => panic!("op {i}: FUA write failed: {e}"),
-                };
-                let (first, n) = (sec(off), sec(len));
-                live.current[first..first + n].fill(if acked { tag } else { u64::MAX });
-                stats.fua += 1;
-                stats.no_space += usize::from(!acked);
-                let write = Step::Write {
-                    first,
-                    n,
-                    tag,
-                    acked,
-                };
-                // A failed FUA write did not flush.
-                let steps = if acked {
-                    vec![write, Step::Flush]
-                } else {
-                    vec![write]
-                };
-                ("fua-write", steps)
-            }
-            // Cleaning: relocates live blocks and checkpoints.
-            82..=86 => {
-                let freed = pool
-                    .clean(1 + rng.below(3) as usize)
-                    .unwrap_or_else(|e| panic!("op {i}: clean failed: {e}"));
-                stats.cleans += 1;
-                stats.segments_cleaned += freed;
-                ("clean", vec![Step::Flush])
-            }
-            87..=88 => {
-                pool.checkpoint()
-                    .unwrap_or_else(|e| panic!("op {i}: checkpoint failed: {e}"));
-                stats.checkpoints += 1;
-                ("checkpoint", vec![Step::Flush])
-            }
-            // A read of the live pool, which must be exact.
-            _ => {
-                let (off, len) = live.random_range(rng, 128 * 1024);
-                let mut buf = vec![0u8; len as usize];
-                volume
-                    .read(off, &mut buf)
-                    .unwrap_or_else(|e| panic!("op {i}: read failed: {e}"));
-                for (j, bytes) in buf.chunks(SECTOR).enumerate() {
-                    let s = sec(off) + j;
-                    let want = live.current[s];
-                    let got = sector_tag(bytes, s as u64);
-                    if want != u64::MAX && got != Some(want) {
-                        panic!("op {i}: live read of sector {s}: got {got:?}, want write #{want}");
-                    }
-                }
-                stats.reads += 1;
-                ("read", vec![])
-            }
-        };
+        let (what, steps) = workload.op(i, dice, rng);
         let end = log.len();
         for step in steps {
             history.push(Op {
@@ -339,6 +221,172 @@ fn run_workload(
     pool.check_invariants()
         .unwrap_or_else(|m| panic!("after the workload: invariant: {m}"));
     history
+}
+
+impl Workload<'_> {
+    /// Runs operation `i`, the kind `dice` picks; returns its name and what
+    /// it did to the volume's sectors.
+    fn op(&mut self, i: usize, dice: u64, rng: &mut SimRng) -> (&'static str, Vec<Step>) {
+        match dice {
+            // A write, or an overwrite of a range written before.
+            0..=49 => {
+                let over = dice >= 40 && !self.written.is_empty();
+                self.write(i, over, rng)
+            }
+            // Trim: whole blocks inside the range read as zero.
+            50..=57 => self.trim(i, rng),
+            // Write zeroes (the whole range reads as zero).
+            58..=61 => self.write_zeroes(i, rng),
+            62..=75 => self.flush(i),
+            // A FUA write: the write, then a flush, in one call.
+            76..=81 => self.fua_write(i, rng),
+            // Cleaning: relocates live blocks and checkpoints.
+            82..=86 => self.clean(i, rng),
+            87..=88 => self.checkpoint(i),
+            // A read of the live pool, which must be exact.
+            _ => self.read_live(i, rng),
+        }
+    }
+
+    fn write(&mut self, i: usize, over: bool, rng: &mut SimRng) -> (&'static str, Vec<Step>) {
+        let (off, len) = if over {
+            self.written[rng.below(self.written.len() as u64) as usize]
+        } else {
+            self.live.random_range(rng, 64 * 1024)
+        };
+        let tag = self.live.next_tag;
+        self.live.next_tag += 1;
+        let acked = match self.volume.write(off, &Live::data(tag, off, len)) {
+            Ok(()) => true,
+            Err(lograid::Error::NoSpace) => false,
+            Err(e) => panic!("op {i}: write failed: {e}"),
+        };
+        let (first, n) = (sec(off), sec(len));
+        let value = if acked { tag } else { u64::MAX };
+        self.live.current[first..first + n].fill(value);
+        self.stats.no_space += usize::from(!acked);
+        if over {
+            self.stats.overwrites += 1;
+        } else {
+            self.stats.writes += 1;
+            self.written.push((off, len));
+        }
+        let step = Step::Write {
+            first,
+            n,
+            tag,
+            acked,
+        };
+        (if over { "overwrite" } else { "write" }, vec![step])
+    }
+
+    fn trim(&mut self, i: usize, rng: &mut SimRng) -> (&'static str, Vec<Step>) {
+        let (off, len) = self.live.random_range(rng, 256 * 1024);
+        self.volume
+            .trim(off, len)
+            .unwrap_or_else(|e| panic!("op {i}: trim failed: {e}"));
+        self.stats.trims += 1;
+        let (a, b) = (off.div_ceil(4096) * 4096, (off + len) / 4096 * 4096);
+        if a < b {
+            self.live.current[sec(a)..sec(b)].fill(0);
+            (
+                "trim",
+                vec![Step::Zero {
+                    first: sec(a),
+                    n: sec(b - a),
+                }],
+            )
+        } else {
+            ("trim", vec![])
+        }
+    }
+
+    fn write_zeroes(&mut self, i: usize, rng: &mut SimRng) -> (&'static str, Vec<Step>) {
+        let (off, len) = self.live.random_range(rng, 64 * 1024);
+        self.volume
+            .write_zeroes(off, len, rng.below(2) == 0)
+            .unwrap_or_else(|e| panic!("op {i}: write zeroes failed: {e}"));
+        self.stats.zeroes += 1;
+        self.live.current[sec(off)..sec(off + len)].fill(0);
+        let step = Step::Zero {
+            first: sec(off),
+            n: sec(len),
+        };
+        ("write-zeroes", vec![step])
+    }
+
+    fn flush(&mut self, i: usize) -> (&'static str, Vec<Step>) {
+        self.volume
+            .flush()
+            .unwrap_or_else(|e| panic!("op {i}: flush failed: {e}"));
+        self.stats.flushes += 1;
+        ("flush", vec![Step::Flush])
+    }
+
+    fn fua_write(&mut self, i: usize, rng: &mut SimRng) -> (&'static str, Vec<Step>) {
+        let (off, len) = self.live.random_range(rng, 16 * 1024);
+        let tag = self.live.next_tag;
+        self.live.next_tag += 1;
+        let acked = match self.volume.write_fua(off, &Live::data(tag, off, len)) {
+            Ok(()) => true,
+            Err(lograid::Error::NoSpace) => false,
+            Err(e) => panic!("op {i}: FUA write failed: {e}"),
+        };
+        let (first, n) = (sec(off), sec(len));
+        self.live.current[first..first + n].fill(if acked { tag } else { u64::MAX });
+        self.stats.fua += 1;
+        self.stats.no_space += usize::from(!acked);
+        let write = Step::Write {
+            first,
+            n,
+            tag,
+            acked,
+        };
+        // A failed FUA write did not flush.
+        let steps = if acked {
+            vec![write, Step::Flush]
+        } else {
+            vec![write]
+        };
+        ("fua-write", steps)
+    }
+
+    fn clean(&mut self, i: usize, rng: &mut SimRng) -> (&'static str, Vec<Step>) {
+        let freed = self
+            .pool
+            .clean(1 + rng.below(3) as usize)
+            .unwrap_or_else(|e| panic!("op {i}: clean failed: {e}"));
+        self.stats.cleans += 1;
+        self.stats.segments_cleaned += freed;
+        ("clean", vec![Step::Flush])
+    }
+
+    fn checkpoint(&mut self, i: usize) -> (&'static str, Vec<Step>) {
+        self.pool
+            .checkpoint()
+            .unwrap_or_else(|e| panic!("op {i}: checkpoint failed: {e}"));
+        self.stats.checkpoints += 1;
+        ("checkpoint", vec![Step::Flush])
+    }
+
+    /// Reads a random range of the live pool and checks it exactly.
+    fn read_live(&mut self, i: usize, rng: &mut SimRng) -> (&'static str, Vec<Step>) {
+        let (off, len) = self.live.random_range(rng, 128 * 1024);
+        let mut buf = vec![0u8; len as usize];
+        self.volume
+            .read(off, &mut buf)
+            .unwrap_or_else(|e| panic!("op {i}: read failed: {e}"));
+        for (j, bytes) in buf.chunks(SECTOR).enumerate() {
+            let s = sec(off) + j;
+            let want = self.live.current[s];
+            let got = sector_tag(bytes, s as u64);
+            if want != u64::MAX && got != Some(want) {
+                panic!("op {i}: live read of sector {s}: got {got:?}, want write #{want}");
+            }
+        }
+        self.stats.reads += 1;
+        ("read", vec![])
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -671,12 +719,25 @@ fn check_cut(
     later: &BTreeMap<usize, Vec<u64>>,
 ) -> Result<CheckStats, String> {
     let mut stats = CheckStats::default();
+    let (pool, volume) = open_cut(images, durable, &mut stats)?;
+    check_sectors(&volume, durable, later, &mut stats)?;
+    check_scrub(&pool, durable, &mut stats)?;
+    check_takes_a_write(&volume)?;
+    Ok(stats)
+}
+
+/// Check 1: the pool opens from the images, with no manual repair, and
+/// holds the volume at the size it was created with.
+fn open_cut(
+    images: Vec<Vec<u8>>,
+    durable: &[Vec<u64>],
+    stats: &mut CheckStats,
+) -> Result<(lograid::Pool, Volume), String> {
     let members: Vec<Arc<dyn Member>> = images
         .into_iter()
         .enumerate()
         .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)) as Arc<dyn Member>)
         .collect();
-    // 1. It opens, with no manual repair.
     let pool =
         open_members(members, test_options(), false).map_err(|e| format!("open failed: {e}"))?;
     stats.rows_replayed = pool.recovery_report().map_or(0, |r| r.rows_replayed);
@@ -692,10 +753,18 @@ fn check_cut(
             durable.len() * SECTOR
         ));
     }
+    Ok((pool, volume))
+}
 
-    // 2. Every sector reads back a value it may hold: the durable one (what
-    //    the last completed flush covered) or one written after that flush.
-    let (data, read_errors) = read_volume(&volume);
+/// Check 2: every sector reads back a value it may hold: the durable one (what
+/// the last completed flush covered) or one written after that flush.
+fn check_sectors(
+    volume: &Volume,
+    durable: &[Vec<u64>],
+    later: &BTreeMap<usize, Vec<u64>>,
+    stats: &mut CheckStats,
+) -> Result<(), String> {
+    let (data, read_errors) = read_volume(volume);
     let mut problems = read_errors;
     for (s, bytes) in data.chunks(SECTOR).enumerate() {
         let allowed = &durable[s];
@@ -741,8 +810,15 @@ fn check_cut(
             problems.join("\n    ")
         ));
     }
+    Ok(())
+}
 
-    // 3. A scrub (checking only) loses no block a flush covered.
+/// Check 3: a scrub (checking only) loses no block a flush covered.
+fn check_scrub(
+    pool: &lograid::Pool,
+    durable: &[Vec<u64>],
+    stats: &mut CheckStats,
+) -> Result<(), String> {
     let report = pool
         .scrub(false, |_, _| true)
         .map_err(|e| format!("scrub failed: {e}"))?;
@@ -767,8 +843,11 @@ fn check_cut(
     }
     pool.check_invariants()
         .map_err(|m| format!("invariant after scrub: {m}"))?;
+    Ok(())
+}
 
-    // 4. The recovered pool works: a write, a flush, and it reads back.
+/// Check 4: the recovered pool works: a write, a flush, and it reads back.
+fn check_takes_a_write(volume: &Volume) -> Result<(), String> {
     let probe: Vec<u8> = (0..4096).map(|i| (i % 251) as u8 + 1).collect();
     volume
         .write(0, &probe)
@@ -781,7 +860,7 @@ fn check_cut(
     if back != probe {
         return Err("a write after recovery did not read back".into());
     }
-    Ok(stats)
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -855,6 +934,33 @@ struct Failure {
     message: String,
 }
 
+/// A shape's run: its knobs (from the environment) and its name.
+struct Knobs {
+    seed: u64,
+    cuts_wanted: usize,
+    ops_wanted: usize,
+    members: usize,
+    parity: u8,
+    shape: String,
+}
+
+/// What recording a shape's workload left: every member's I/O in one log,
+/// the workload's operations placed in it, and the volume it ran on.
+struct Recording {
+    records: Vec<Record>,
+    /// `prefix[k]`: the cut after the first `k` records.
+    prefix: Vec<Cut>,
+    ops: Vec<Op>,
+    /// The first record of the workload (cut points start there).
+    base: usize,
+    /// The volume's size in bytes.
+    size: u64,
+    /// The volume's size as a fraction of usable capacity.
+    fill: f64,
+    /// The I/O fingerprint.
+    print: u64,
+}
+
 fn replay_shape(members: usize, parity: u8) {
     let seed = env_num("LOGRAID_REPLAY_SEED", DEFAULT_SEED);
     let cuts_wanted = env_num("LOGRAID_REPLAY_CUTS", DEFAULT_CUTS as u64) as usize;
@@ -863,11 +969,43 @@ fn replay_shape(members: usize, parity: u8) {
     if only == Some(None) {
         return; // another shape is being reproduced
     }
-    let shape = format!("{members}x{parity}");
-    let started = Instant::now();
+    let knobs = Knobs {
+        seed,
+        cuts_wanted,
+        ops_wanted,
+        members,
+        parity,
+        shape: format!("{members}x{parity}"),
+    };
+    let rec = record(&knobs);
+    let boundaries = flush_boundaries(&rec);
+    let cuts: Vec<(Cut, CutKind)> = match only {
+        Some(Some(cut)) => vec![cut],
+        _ => choose_cuts(&knobs, &rec, &boundaries),
+    };
+    let failures = check_cuts(&knobs, &rec, &cuts, boundaries.len());
+    let shape = &knobs.shape;
+    if let Some(f) = failures.first() {
+        panic!(
+            "crash replay {shape}, seed {seed:#x}: {} of {} cut points failed; first: cut {} \
+             ({}, {:?}, {}): {}",
+            failures.len(),
+            cuts.len(),
+            cut_name(&f.cut),
+            f.kind.name(),
+            f.keep,
+            f.during,
+            f.message
+        );
+    }
+}
 
-    // Record: a pool on recording members, set up, then the workload.
-    let log = IoLog::new(LOG_LIMIT);
+/// A pool on recording members, set up with its volume and checkpointed:
+/// the pool, the volume, its size and the fill it was made with.
+fn create_recorded_pool(knobs: &Knobs, log: &IoLog) -> (lograid::Pool, Volume, u64, f64) {
+    let Knobs {
+        members, parity, ..
+    } = *knobs;
     let dyn_members: Vec<Arc<dyn Member>> = (0..members)
         .map(|i| {
             let sim: Arc<dyn Member> = Arc::new(SimMember::new(&format!("sim{i}"), MEMBER_BYTES));
@@ -888,6 +1026,23 @@ fn replay_shape(members: usize, parity: u8) {
     let size = ((usable as f64 * fill) as u64 / 4096).max(16) * 4096;
     let volume = pool.create_volume("vol", size).expect("create volume");
     pool.checkpoint().expect("checkpoint after setup");
+    (pool, volume, size, fill)
+}
+
+/// Record: a pool on recording members, set up, then the workload, then
+/// the power goes out.
+fn record(knobs: &Knobs) -> Recording {
+    let Knobs {
+        seed,
+        ops_wanted,
+        members,
+        parity,
+        ref shape,
+        ..
+    } = *knobs;
+    let started = Instant::now();
+    let log = IoLog::new(LOG_LIMIT);
+    let (pool, volume, size, fill) = create_recorded_pool(knobs, &log);
     // Cut points start here: before, the pool did not exist yet.
     let base = log.len();
     let mut rng = SimRng(mix(seed ^ ((members as u64) << 8 | parity as u64)) | 1);
@@ -918,52 +1073,137 @@ fn replay_shape(members: usize, parity: u8) {
         started.elapsed()
     );
     eprintln!("crash replay {shape}: workload {wstats:?}");
+    Recording {
+        records,
+        prefix,
+        ops,
+        base,
+        size,
+        fill,
+        print,
+    }
+}
 
-    // Cut points, as global log positions. Flush boundaries: after each
-    // run of flush records.
-    let boundaries: Vec<usize> = (base..records.len())
+/// Flush boundaries, as global log positions: after each run of flush
+/// records.
+fn flush_boundaries(rec: &Recording) -> Vec<usize> {
+    let records = &rec.records;
+    (rec.base..records.len())
         .filter(|&i| {
             matches!(records[i], Record::Flush { .. })
                 && !matches!(records.get(i + 1), Some(Record::Flush { .. }))
         })
         .map(|i| i + 1)
-        .collect();
-    let cuts: Vec<(Cut, CutKind)> = match only {
-        Some(Some(cut)) => vec![cut],
-        _ => {
-            let mut at: BTreeSet<(usize, CutKind)> = BTreeSet::new();
-            let flush_budget = boundaries.len().min(cuts_wanted / 2);
-            for k in 0..flush_budget {
-                // Evenly spaced, the last boundary always included.
-                let i = (k + 1) * boundaries.len() / flush_budget - 1;
-                at.insert((boundaries[i], CutKind::Flush));
-            }
-            let span = records.len() - base + 1;
-            let random_wanted = (cuts_wanted - flush_budget).min(span);
-            let mut pick = SimRng(mix(seed ^ 0xc075 ^ (members as u64) << 8 ^ parity as u64) | 1);
-            let mut random = 0;
-            while random < random_wanted {
-                if at.insert((base + pick.below(span as u64) as usize, CutKind::Random)) {
-                    random += 1;
-                }
-            }
-            // In log order: images and model advance with the cuts.
-            at.into_iter()
-                .map(|(k, kind)| (prefix[k].clone(), kind))
-                .collect()
-        }
-    };
+        .collect()
+}
 
-    // Check every cut.
-    let sectors = (size / SECTOR as u64) as usize;
-    let mut expect = Expect::new(&ops, &prefix, sectors);
-    let mut images = Images::new(&records, &prefix, members);
-    let mut failures: Vec<Failure> = Vec::new();
-    let mut totals = CheckStats::default();
+/// The cut points to check, in log order: up to half of them flush
+/// boundaries (evenly spaced), the rest random points of the log.
+fn choose_cuts(knobs: &Knobs, rec: &Recording, boundaries: &[usize]) -> Vec<(Cut, CutKind)> {
+    let Knobs {
+        seed,
+        cuts_wanted,
+        members,
+        parity,
+        ..
+    } = *knobs;
+    let (records, prefix, base) = (&rec.records, &rec.prefix, rec.base);
+    let mut at: BTreeSet<(usize, CutKind)> = BTreeSet::new();
+    let flush_budget = boundaries.len().min(cuts_wanted / 2);
+    for k in 0..flush_budget {
+        // Evenly spaced, the last boundary always included.
+        let i = (k + 1) * boundaries.len() / flush_budget - 1;
+        at.insert((boundaries[i], CutKind::Flush));
+    }
+    let span = records.len() - base + 1;
+    let random_wanted = (cuts_wanted - flush_budget).min(span);
+    let mut pick = SimRng(mix(seed ^ 0xc075 ^ (members as u64) << 8 ^ parity as u64) | 1);
+    let mut random = 0;
+    while random < random_wanted {
+        if at.insert((base + pick.below(span as u64) as usize, CutKind::Random)) {
+            random += 1;
+        }
+    }
+    // In log order: images and model advance with the cuts.
+    at.into_iter()
+        .map(|(k, kind)| (prefix[k].clone(), kind))
+        .collect()
+}
+
+impl CheckStats {
+    fn add(&mut self, s: &CheckStats) {
+        self.unflushed_landed += s.unflushed_landed;
+        self.flushed_written_sectors += s.flushed_written_sectors;
+        self.rows_replayed += s.rows_replayed;
+        self.scrub_repaired += s.scrub_repaired;
+        self.scrub_unreadable_rows += s.scrub_unreadable_rows;
+        self.scrub_lost_unflushed += s.scrub_lost_unflushed;
+    }
+}
+
+/// Checking a shape's cut points, in log order: the model and the images
+/// advance with the cuts.
+struct Checker<'a> {
+    knobs: &'a Knobs,
+    rec: &'a Recording,
+    expect: Expect<'a>,
+    images: Images<'a>,
+    failures: Vec<Failure>,
+    totals: CheckStats,
+}
+
+/// Checks every cut; prints what was checked; returns the failures.
+fn check_cuts(
+    knobs: &Knobs,
+    rec: &Recording,
+    cuts: &[(Cut, CutKind)],
+    boundaries: usize,
+) -> Vec<Failure> {
+    let shape = &knobs.shape;
+    let sectors = (rec.size / SECTOR as u64) as usize;
+    let mut checker = Checker {
+        knobs,
+        rec,
+        expect: Expect::new(&rec.ops, &rec.prefix, sectors),
+        images: Images::new(&rec.records, &rec.prefix, knobs.members),
+        failures: Vec::new(),
+        totals: CheckStats::default(),
+    };
     let (mut n_flush, mut n_random) = (0, 0);
     let checking = Instant::now();
-    for (cut, kind) in &cuts {
-        let mut crng = cut_rng(seed, parity, cut, *kind);
+    for (cut, kind) in cuts {
+        checker.check(cut, *kind);
+        match kind {
+            CutKind::Flush => n_flush += 1,
+            CutKind::Random => n_random += 1,
+        }
+    }
+    let Checker {
+        images,
+        failures,
+        totals,
+        ..
+    } = checker;
+    eprintln!(
+        "crash replay {shape}: checked {} cut points ({n_flush} flush boundaries of {}, \
+         {n_random} random) in {:.1?}; unflushed writes kept {}, dropped {}, torn {}; \
+         {totals:?}; {} failed",
+        cuts.len(),
+        boundaries,
+        checking.elapsed(),
+        images.kept,
+        images.dropped,
+        images.torn,
+        failures.len()
+    );
+    failures
+}
+
+impl Checker<'_> {
+    /// Checks one cut: the images a power cut there could leave, against
+    /// what the model says the volume may hold.
+    fn check(&mut self, cut: &Cut, kind: CutKind) {
+        let mut crng = cut_rng(self.knobs.seed, self.knobs.parity, cut, kind);
         let keep = match kind {
             CutKind::Flush => Keep::All,
             CutKind::Random => Keep::Subset {
@@ -971,68 +1211,42 @@ fn replay_shape(members: usize, parity: u8) {
                 tear: crng.below(2) == 0,
             },
         };
-        expect.advance(cut);
-        let later = expect.later(cut);
-        let member_images = images.at(cut, keep, &mut crng);
-        match check_cut(member_images, &expect.durable, &later) {
-            Ok(s) => {
-                totals.unflushed_landed += s.unflushed_landed;
-                totals.flushed_written_sectors += s.flushed_written_sectors;
-                totals.rows_replayed += s.rows_replayed;
-                totals.scrub_repaired += s.scrub_repaired;
-                totals.scrub_unreadable_rows += s.scrub_unreadable_rows;
-                totals.scrub_lost_unflushed += s.scrub_lost_unflushed;
-            }
-            Err(message) => {
-                let during = expect.during(cut);
-                eprintln!(
-                    "crash replay {shape}: FAILED at cut {} ({}, {keep:?}, {during}): {message}\n  \
-                     reproduce: LOGRAID_REPLAY_SEED={seed:#x} LOGRAID_REPLAY_OPS={ops_wanted} \
-                     LOGRAID_REPLAY_FILL={} LOGRAID_REPLAY_ONLY={shape}@{}:{} (I/O fingerprint {print:#018x})",
-                    cut_name(cut),
-                    kind.name(),
-                    (fill * 100.0).round(),
-                    cut_name(cut),
-                    kind.name()
-                );
-                failures.push(Failure {
-                    cut: cut.clone(),
-                    kind: *kind,
-                    keep,
-                    during,
-                    message,
-                });
-            }
-        }
-        match kind {
-            CutKind::Flush => n_flush += 1,
-            CutKind::Random => n_random += 1,
+        self.expect.advance(cut);
+        let later = self.expect.later(cut);
+        let member_images = self.images.at(cut, keep, &mut crng);
+        match check_cut(member_images, &self.expect.durable, &later) {
+            Ok(s) => self.totals.add(&s),
+            Err(message) => self.failed(cut, kind, keep, message),
         }
     }
-    eprintln!(
-        "crash replay {shape}: checked {} cut points ({n_flush} flush boundaries of {}, \
-         {n_random} random) in {:.1?}; unflushed writes kept {}, dropped {}, torn {}; \
-         {totals:?}; {} failed",
-        cuts.len(),
-        boundaries.len(),
-        checking.elapsed(),
-        images.kept,
-        images.dropped,
-        images.torn,
-        failures.len()
-    );
-    if let Some(f) = failures.first() {
-        panic!(
-            "crash replay {shape}, seed {seed:#x}: {} of {} cut points failed; first: cut {} \
-             ({}, {:?}, {}): {}",
-            failures.len(),
-            cuts.len(),
-            cut_name(&f.cut),
-            f.kind.name(),
-            f.keep,
-            f.during,
-            f.message
+
+    /// Reports a failed cut, with the line that reproduces it.
+    fn failed(&mut self, cut: &Cut, kind: CutKind, keep: Keep, message: String) {
+        let Knobs {
+            seed,
+            ops_wanted,
+            ref shape,
+            ..
+        } = *self.knobs;
+        let (fill, print) = (self.rec.fill, self.rec.print);
+        let during = self.expect.during(cut);
+        eprintln!(
+            "crash replay {shape}: FAILED at cut {} ({}, {keep:?}, {during}): {message}\n  \
+             reproduce: LOGRAID_REPLAY_SEED={seed:#x} LOGRAID_REPLAY_OPS={ops_wanted} \
+             LOGRAID_REPLAY_FILL={} LOGRAID_REPLAY_ONLY={shape}@{}:{} (I/O fingerprint {print:#018x})",
+            cut_name(cut),
+            kind.name(),
+            (fill * 100.0).round(),
+            cut_name(cut),
+            kind.name()
         );
+        self.failures.push(Failure {
+            cut: cut.clone(),
+            kind,
+            keep,
+            during,
+            message,
+        });
     }
 }
 

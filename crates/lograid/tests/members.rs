@@ -355,6 +355,76 @@ fn rebuild_cut_by_power_failures_resumes_and_finishes() {
     let mut total_cuts = 0;
     for seed in 0..9u64 {
         let kind = ["replace", "add", "parity"][seed as usize % 3];
+        total_cuts += CutRun::start(kind, seed).reshape_through_power_cuts();
+    }
+    assert!(
+        total_cuts >= 6,
+        "only {total_cuts} cuts landed inside a rebuild"
+    );
+}
+
+/// One run of that test: a member change under way, cut by power failures.
+struct CutRun {
+    what: String,
+    rng: SimRng,
+    /// The set of members from the change on (made again from their images
+    /// after each cut).
+    set: Vec<Arc<SimMember>>,
+    model: Model,
+    /// The pool the change was started on (kept open to the end, as it was).
+    _started_on: SimPool,
+    /// Power cuts so far.
+    cuts: usize,
+}
+
+/// Starts the change of `kind` on `sp` ("replace": a member fails, more
+/// writes, then a new member replaces it; "add": a new member; "parity":
+/// a new member, rebalanced, then parity 2); returns the set of members
+/// from then on.
+fn start_change(
+    kind: &str,
+    sp: &SimPool,
+    model: &mut Model,
+    rng: &mut SimRng,
+    what: &str,
+) -> Vec<Arc<SimMember>> {
+    let new = Arc::new(SimMember::new("new", MEMBER_BYTES));
+    match kind {
+        "replace" => {
+            sp.sims[0].set_dead(true);
+            workload(sp.pool(), model, rng, 40, what);
+            sp.pool().volume("vol").unwrap().flush().unwrap();
+            model.flushed();
+            sp.pool().replace_member(0, new.clone()).expect("replace");
+            vec![sp.sims[1].clone(), sp.sims[2].clone(), new]
+        }
+        "add" => {
+            sp.pool().add_members(vec![new.clone()]).expect("add");
+            vec![
+                sp.sims[0].clone(),
+                sp.sims[1].clone(),
+                sp.sims[2].clone(),
+                new,
+            ]
+        }
+        _ => {
+            sp.pool().add_members(vec![new.clone()]).expect("add");
+            sp.pool().reshape(|_, _| true).expect("rebalance");
+            sp.pool().set_parity(2).expect("parity 2");
+            vec![
+                sp.sims[0].clone(),
+                sp.sims[1].clone(),
+                sp.sims[2].clone(),
+                new,
+            ]
+        }
+    }
+}
+
+impl CutRun {
+    /// A pool of three members that has taken a workload, flushed, then the
+    /// change of `kind` started.
+    fn start(kind: &str, seed: u64) -> CutRun {
         let what = format!("{kind} seed {seed}");
         let mut rng = SimRng(seed * 1009 + 3);
         let sp = SimPool::create(3, 1, MEMBER_BYTES, 0.5);
@@ -362,110 +432,115 @@ fn rebuild_cut_by_power_failures_resumes_and_finishes() {
         workload(sp.pool(), &mut model, &mut rng, 300, &what);
         sp.pool().volume("vol").unwrap().flush().unwrap();
         model.flushed();
-        let new = Arc::new(SimMember::new("new", MEMBER_BYTES));
-        // The set of members from now on.
-        let mut set = match kind {
-            "replace" => {
-                sp.sims[0].set_dead(true);
-                workload(sp.pool(), &mut model, &mut rng, 40, &what);
-                sp.pool().volume("vol").unwrap().flush().unwrap();
-                model.flushed();
-                sp.pool().replace_member(0, new.clone()).expect("replace");
-                vec![sp.sims[1].clone(), sp.sims[2].clone(), new]
-            }
-            "add" => {
-                sp.pool().add_members(vec![new.clone()]).expect("add");
-                vec![
-                    sp.sims[0].clone(),
-                    sp.sims[1].clone(),
-                    sp.sims[2].clone(),
-                    new,
-                ]
-            }
-            _ => {
-                sp.pool().add_members(vec![new.clone()]).expect("add");
-                sp.pool().reshape(|_, _| true).expect("rebalance");
-                sp.pool().set_parity(2).expect("parity 2");
-                vec![
-                    sp.sims[0].clone(),
-                    sp.sims[1].clone(),
-                    sp.sims[2].clone(),
-                    new,
-                ]
-            }
-        };
-        let mut cuts = 0;
-        loop {
-            let pool = open_members(
-                set.iter().map(|s| s.clone() as Arc<dyn Member>).collect(),
-                test_options(),
-                false,
-            );
-            let pool = match pool {
-                Ok(p) => p,
-                Err(e) => panic!("{what}: reopen after cut {cuts}: {e}"),
-            };
-            check_all(&pool, &mut model, &format!("{what} after cut {cuts}"));
-            if pool.status().reshape.is_none() || cuts >= 8 {
-                println!("{what}: {cuts} power cut(s) during the rebuild");
-                total_cuts += cuts;
-                pool.reshape(|_, _| true).expect("finish");
-                assert!(
-                    pool.status().reshape.is_none(),
-                    "{what}: {:?}",
-                    pool.status().reshape
-                );
-                check_all(&pool, &mut model, &format!("{what} finished"));
-                scrub_clean(&pool, &what);
-                pool.close().expect("close");
-                break;
-            }
-            // Writes and the rebuild, until the power goes out.
-            let cut = PowerCut::after(rng.below(400) + 1);
-            for s in &set {
-                s.power_cut_after(cut.clone());
-            }
-            let _ = pool.reshape(|_, _| true);
-            let vol = pool.volume("vol").unwrap();
-            let (off, len) = model.random_range(&mut rng, 16 * 1024);
-            let data = model.write(off, len);
-            if vol.write(off, &data).and_then(|_| vol.flush()).is_ok() {
-                model.flushed();
-            }
-            drop(vol);
-            drop(pool);
-            let images: Vec<Vec<u8>> = set
-                .iter()
-                .map(|s| s.crash_image(CrashMode::KeepRandomSubset, &mut rng))
-                .collect();
-            set = images
-                .into_iter()
-                .enumerate()
-                .map(|(i, img)| Arc::new(SimMember::from_image(&format!("c{cuts}.{i}"), img)))
-                .collect();
-            let observed = {
-                let p = open_members(
-                    set.iter().map(|s| s.clone() as Arc<dyn Member>).collect(),
-                    test_options(),
-                    true,
-                )
-                .unwrap_or_else(|e| panic!("{what}: open after cut {cuts}: {e}"));
-                let vol = p.volume("vol").unwrap();
-                let mut buf = vec![0u8; vol.size_bytes() as usize];
-                vol.read(0, &mut buf)
-                    .unwrap_or_else(|e| panic!("{what}: read after cut {cuts}: {e}"));
-                buf
-            };
-            model
-                .after_crash(&observed)
-                .unwrap_or_else(|m| panic!("{what} cut {cuts}: {m}"));
-            cuts += 1;
+        let set = start_change(kind, &sp, &mut model, &mut rng, &what);
+        CutRun {
+            what,
+            rng,
+            set,
+            model,
+            _started_on: sp,
+            cuts: 0,
         }
     }
-    assert!(
-        total_cuts >= 6,
-        "only {total_cuts} cuts landed inside a rebuild"
-    );
+
+    /// Opens the pool again and again, cutting the power during the reshape
+    /// each time, until the reshape is done (or 8 cuts); then finishes it.
+    /// Returns the cuts.
+    fn reshape_through_power_cuts(mut self) -> usize {
+        loop {
+            let pool = self.reopen();
+            if pool.status().reshape.is_none() || self.cuts >= 8 {
+                self.finish(pool);
+                return self.cuts;
+            }
+            self.cut_power_during_the_reshape(pool);
+        }
+    }
+
+    /// The pool opens from the set, holding what the model says.
+    fn reopen(&mut self) -> Pool {
+        let (what, cuts) = (&self.what, self.cuts);
+        let pool = open_members(
+            self.set
+                .iter()
+                .map(|s| s.clone() as Arc<dyn Member>)
+                .collect(),
+            test_options(),
+            false,
+        );
+        let pool = match pool {
+            Ok(p) => p,
+            Err(e) => panic!("{what}: reopen after cut {cuts}: {e}"),
+        };
+        check_all(&pool, &mut self.model, &format!("{what} after cut {cuts}"));
+        pool
+    }
+
+    /// The reshape finishes; the volume holds what the model says and a
+    /// scrub is clean.
+    fn finish(&mut self, pool: Pool) {
+        let (what, cuts) = (&self.what, self.cuts);
+        println!("{what}: {cuts} power cut(s) during the rebuild");
+        pool.reshape(|_, _| true).expect("finish");
+        assert!(
+            pool.status().reshape.is_none(),
+            "{what}: {:?}",
+            pool.status().reshape
+        );
+        check_all(&pool, &mut self.model, &format!("{what} finished"));
+        scrub_clean(&pool, what);
+        pool.close().expect("close");
+    }
+
+    /// Writes and the reshape, until the power goes out; the members are
+    /// made again from their crash images, which must hold what was flushed.
+    fn cut_power_during_the_reshape(&mut self, pool: Pool) {
+        let (what, cuts) = (&self.what, self.cuts);
+        let (rng, model) = (&mut self.rng, &mut self.model);
+        let cut = PowerCut::after(rng.below(400) + 1);
+        for s in &self.set {
+            s.power_cut_after(cut.clone());
+        }
+        let _ = pool.reshape(|_, _| true);
+        let vol = pool.volume("vol").unwrap();
+        let (off, len) = model.random_range(rng, 16 * 1024);
+        let data = model.write(off, len);
+        if vol.write(off, &data).and_then(|_| vol.flush()).is_ok() {
+            model.flushed();
+        }
+        drop(vol);
+        drop(pool);
+        let images: Vec<Vec<u8>> = self
+            .set
+            .iter()
+            .map(|s| s.crash_image(CrashMode::KeepRandomSubset, rng))
+            .collect();
+        self.set = images
+            .into_iter()
+            .enumerate()
+            .map(|(i, img)| Arc::new(SimMember::from_image(&format!("c{cuts}.{i}"), img)))
+            .collect();
+        let observed = {
+            let p = open_members(
+                self.set
+                    .iter()
+                    .map(|s| s.clone() as Arc<dyn Member>)
+                    .collect(),
+                test_options(),
+                true,
+            )
+            .unwrap_or_else(|e| panic!("{what}: open after cut {cuts}: {e}"));
+            let vol = p.volume("vol").unwrap();
+            let mut buf = vec![0u8; vol.size_bytes() as usize];
+            vol.read(0, &mut buf)
+                .unwrap_or_else(|e| panic!("{what}: read after cut {cuts}: {e}"));
+            buf
+        };
+        model
+            .after_crash(&observed)
+            .unwrap_or_else(|m| panic!("{what} cut {cuts}: {m}"));
+        self.cuts += 1;
+    }
 }
 
 /// Raising the parity (1 to 2 on four members): new and old rows end up with

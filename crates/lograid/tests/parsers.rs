@@ -31,6 +31,7 @@ use lograid::layout::RowGeom;
 use lograid::{open_members, read_superblock, Error, Refusal};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 // ---------------------------------------------------------------- strategies
@@ -239,8 +240,8 @@ fn map_entries() -> impl Strategy<Value = Vec<(u64, u64, u32)>> {
     )
 }
 
-fn checkpoint_image() -> impl Strategy<Value = CheckpointImage> {
-    let volume = (
+fn volume_record() -> impl Strategy<Value = VolumeRecord> {
+    (
         any::<u32>(),
         "[a-z0-9._-]{0,20}",
         any::<u64>(),
@@ -255,7 +256,18 @@ fn checkpoint_image() -> impl Strategy<Value = CheckpointImage> {
                 created_unix,
                 entries,
             },
-        );
+        )
+}
+
+/// A row of a segment: (offset, height, data columns, header blocks,
+/// slots, seq).
+type RowParts = (u32, u16, u8, u16, u32, u64);
+
+/// A segment: (state, members mask, parity, live blocks, fill blocks,
+/// sealed seq, rows).
+type SegmentParts = (SegmentStateCode, u32, u8, u32, u32, u64, Vec<RowParts>);
+
+fn segment_parts() -> impl Strategy<Value = SegmentParts> {
     let row = (
         any::<u32>(),
         any::<u16>(),
@@ -264,7 +276,7 @@ fn checkpoint_image() -> impl Strategy<Value = CheckpointImage> {
         any::<u32>(),
         any::<u64>(),
     );
-    let segment = (
+    (
         segment_state(),
         any::<u32>(),
         any::<u8>(),
@@ -272,8 +284,40 @@ fn checkpoint_image() -> impl Strategy<Value = CheckpointImage> {
         any::<u32>(),
         any::<u64>(),
         prop::collection::vec(row, 0..4),
-    );
-    let head = (
+    )
+}
+
+/// Segment `s` of the table: its rows carry its number, members and parity.
+fn segment_record(s: usize, parts: SegmentParts) -> SegmentRecord {
+    let (state, members_mask, parity, live_blocks, fill_blocks, sealed_seq, rows) = parts;
+    SegmentRecord {
+        state,
+        members_mask,
+        parity,
+        live_blocks,
+        fill_blocks,
+        sealed_seq,
+        rows: rows
+            .into_iter()
+            .map(
+                |(offset, height, data_columns, header_blocks, slots, seq)| RowGeom {
+                    segment: s as u32,
+                    offset,
+                    height,
+                    data_columns,
+                    header_blocks,
+                    slots,
+                    members_mask,
+                    parity,
+                    seq,
+                },
+            )
+            .collect(),
+    }
+}
+
+fn head_record() -> impl Strategy<Value = HeadRecord> {
+    (
         any::<u32>(),
         any::<u32>(),
         any::<u32>(),
@@ -288,7 +332,26 @@ fn checkpoint_image() -> impl Strategy<Value = CheckpointImage> {
                 last_crc,
                 last_seq,
             },
-        );
+        )
+}
+
+/// Rebuild records from member -> (since seq, segments); they list
+/// segments of the table (`n_segs` of them) only.
+fn rebuild_records(
+    rebuilds: BTreeMap<u8, (u64, BTreeSet<u32>)>,
+    n_segs: u32,
+) -> Vec<RebuildRecord> {
+    rebuilds
+        .into_iter()
+        .map(|(member, (since_seq, segments))| RebuildRecord {
+            member,
+            since_seq,
+            segments: segments.into_iter().filter(|&x| x < n_segs).collect(),
+        })
+        .collect()
+}
+
+fn checkpoint_image() -> impl Strategy<Value = CheckpointImage> {
     (
         (
             any::<u64>(),
@@ -297,9 +360,9 @@ fn checkpoint_image() -> impl Strategy<Value = CheckpointImage> {
             prop::array::uniform7(any::<u64>()),
         ),
         prop::collection::vec(counter_values(), 0..=24),
-        prop::collection::vec(volume, 0..4),
-        prop::collection::vec(segment, 0..6),
-        prop::collection::vec(head, 0..=8),
+        prop::collection::vec(volume_record(), 0..4),
+        prop::collection::vec(segment_parts(), 0..6),
+        prop::collection::vec(head_record(), 0..=8),
         prop::collection::btree_map(
             0u8..24,
             (any::<u64>(), prop::collection::btree_set(0u32..6, 0..6)),
@@ -317,56 +380,11 @@ fn checkpoint_image() -> impl Strategy<Value = CheckpointImage> {
             )| {
                 // Rebuilds list segments of the table only.
                 let n_segs = segs.len() as u32;
-                let rebuilds = rebuilds
-                    .into_iter()
-                    .map(|(member, (since_seq, segments))| RebuildRecord {
-                        member,
-                        since_seq,
-                        segments: segments.into_iter().filter(|&x| x < n_segs).collect(),
-                    })
-                    .collect();
+                let rebuilds = rebuild_records(rebuilds, n_segs);
                 let segments = segs
                     .into_iter()
                     .enumerate()
-                    .map(
-                        |(
-                            s,
-                            (
-                                state,
-                                members_mask,
-                                parity,
-                                live_blocks,
-                                fill_blocks,
-                                sealed_seq,
-                                rows,
-                            ),
-                        )| SegmentRecord {
-                            state,
-                            members_mask,
-                            parity,
-                            live_blocks,
-                            fill_blocks,
-                            sealed_seq,
-                            rows: rows
-                                .into_iter()
-                                .map(
-                                    |(offset, height, data_columns, header_blocks, slots, seq)| {
-                                        RowGeom {
-                                            segment: s as u32,
-                                            offset,
-                                            height,
-                                            data_columns,
-                                            header_blocks,
-                                            slots,
-                                            members_mask,
-                                            parity,
-                                            seq,
-                                        }
-                                    },
-                                )
-                                .collect(),
-                        },
-                    )
+                    .map(|(s, parts)| segment_record(s, parts))
                     .collect();
                 CheckpointImage {
                     checkpoint_id,
@@ -1341,7 +1359,22 @@ fn check_fields(
 #[test]
 fn format_md_row_header_offsets_match_the_encoder() {
     let doc = format_md();
-    let h = RowHeader {
+    let h = sample_row_header();
+    let (bytes, crc) = h.encode();
+    check_row_header_fixed_fields(&doc, &h, &bytes, crc);
+    check_row_header_entries(&doc, &h, &bytes);
+    // Reserved bytes are zero: after the fixed fields, and inside each entry.
+    assert!(bytes[101..124].iter().all(|&b| b == 0));
+    assert!(bytes[HEADER_FIXED_BYTES + 3 * 32..].iter().all(|&b| b == 0));
+    // The documented CRC rule: CRC-32C of all header blocks with the CRC field as zero.
+    let mut z = bytes.clone();
+    z[124..128].fill(0);
+    assert_eq!(lograid::format::crc32c(&z), crc);
+}
+
+/// A row header with a distinct value in every field, and three entries.
+fn sample_row_header() -> RowHeader {
+    RowHeader {
         header_blocks: 1,
         kind: RowKind::Checkpoint,
         head: HeadId::Cleaner,
@@ -1388,13 +1421,17 @@ fn format_md_row_header_offsets_match_the_encoder() {
                 source: 0,
             },
         ],
-    };
-    let (bytes, crc) = h.encode();
-    let fixed = doc_table(&doc, "Row header: fixed part");
+    }
+}
+
+/// The fixed part of the encoded header `bytes` (with CRC `crc`) is where
+/// FORMAT.md says.
+fn check_row_header_fixed_fields(doc: &str, h: &RowHeader, bytes: &[u8], crc: u32) {
+    let fixed = doc_table(doc, "Row header: fixed part");
     let le = |v: u128, n: usize| v.to_le_bytes()[..n].to_vec();
     check_fields(
         &fixed,
-        &bytes,
+        bytes,
         &[],
         &[
             ("magic", b"LGRDROW1".to_vec()),
@@ -1423,7 +1460,12 @@ fn format_md_row_header_offsets_match_the_encoder() {
         ],
         "row header",
     );
-    let entry = doc_table(&doc, "Row header: entry");
+}
+
+/// Each entry of the encoded header `bytes` is where FORMAT.md says.
+fn check_row_header_entries(doc: &str, h: &RowHeader, bytes: &[u8]) {
+    let entry = doc_table(doc, "Row header: entry");
+    let le = |v: u128, n: usize| v.to_le_bytes()[..n].to_vec();
     for (i, e) in h.entries.iter().enumerate() {
         let at = HEADER_FIXED_BYTES + 32 * i;
         check_fields(
@@ -1441,13 +1483,6 @@ fn format_md_row_header_offsets_match_the_encoder() {
             &format!("row header entry {i}"),
         );
     }
-    // Reserved bytes are zero: after the fixed fields, and inside each entry.
-    assert!(bytes[101..124].iter().all(|&b| b == 0));
-    assert!(bytes[HEADER_FIXED_BYTES + 3 * 32..].iter().all(|&b| b == 0));
-    // The documented CRC rule: CRC-32C of all header blocks with the CRC field as zero.
-    let mut z = bytes.clone();
-    z[124..128].fill(0);
-    assert_eq!(lograid::format::crc32c(&z), crc);
 }
 
 #[test]

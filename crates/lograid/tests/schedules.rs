@@ -148,6 +148,54 @@ fn snapshot(sims: &[Arc<SimMember>], log: &Log) -> Snapshot {
     }
 }
 
+/// What the threads record as they run: a clock that orders their calls,
+/// what had been acknowledged, and the snapshots taken the instant a
+/// flush-like operation returned.
+#[derive(Clone)]
+struct Recorder {
+    clock: Arc<AtomicU64>,
+    log: Arc<Mutex<Log>>,
+    sims: Vec<Arc<SimMember>>,
+    snapshots: Arc<Mutex<Vec<Snapshot>>>,
+}
+
+impl Recorder {
+    /// A write (FUA if `fua`) of block `block` of `vol`, every byte `tag`,
+    /// and its outcome.
+    fn write(&self, vol: &lograid::Volume, block: u64, tag: u8, fua: bool) {
+        let start = self.clock.fetch_add(1, Ordering::SeqCst);
+        let data = vec![tag; BLOCK];
+        let r = if fua {
+            vol.write_fua(block * BLOCK as u64, &data)
+        } else {
+            vol.write(block * BLOCK as u64, &data)
+        };
+        let end = self.clock.fetch_add(1, Ordering::SeqCst);
+        self.log.lock().unwrap().writes.push(Write {
+            block,
+            tag,
+            start,
+            end,
+            ok: r.is_ok(),
+            fua,
+        });
+    }
+
+    /// The instant a flush-like operation returns Ok, before its thread
+    /// reaches another scheduling point, what it covers must be durable.
+    fn covered(&self, op: &dyn Fn() -> lograid::Result<()>) {
+        let start = self.clock.fetch_add(1, Ordering::SeqCst);
+        if op().is_ok() {
+            let mut l = self.log.lock().unwrap();
+            l.covered_before = l.covered_before.max(start);
+            self.snapshots
+                .lock()
+                .unwrap()
+                .push(snapshot(&self.sims, &l));
+        }
+    }
+}
+
 /// Runs one schedule; `budget`: member I/Os before the members lose power
 /// (None: they keep it); `cut_after`: scheduling steps the cutting task
 /// waits before it takes its snapshot. Returns the member I/Os done and
@@ -163,86 +211,15 @@ fn run(parity: u8, budget: Option<u64>, cut_after: usize) -> (u64, usize) {
     for s in &sims {
         s.power_cut_after(cut.clone());
     }
-    let clock = Arc::new(AtomicU64::new(1));
-    let log = Arc::new(Mutex::new(Log::default()));
-    let write = {
-        let (clock, log) = (clock.clone(), log.clone());
-        move |vol: &lograid::Volume, block: u64, tag: u8, fua: bool| {
-            let start = clock.fetch_add(1, Ordering::SeqCst);
-            let data = vec![tag; BLOCK];
-            let r = if fua {
-                vol.write_fua(block * BLOCK as u64, &data)
-            } else {
-                vol.write(block * BLOCK as u64, &data)
-            };
-            let end = clock.fetch_add(1, Ordering::SeqCst);
-            log.lock().unwrap().writes.push(Write {
-                block,
-                tag,
-                start,
-                end,
-                ok: r.is_ok(),
-                fua,
-            });
-        }
+    let rec = Recorder {
+        clock: Arc::new(AtomicU64::new(1)),
+        log: Arc::new(Mutex::new(Log::default())),
+        sims: sims.clone(),
+        snapshots: Arc::new(Mutex::new(Vec::new())),
     };
-    // The instant a flush-like operation returns Ok, before its thread
-    // reaches another scheduling point, what it covers must be durable.
-    let snapshots = Arc::new(Mutex::new(Vec::new()));
-    let covered = {
-        let (clock, log, sims, snapshots) =
-            (clock.clone(), log.clone(), sims.clone(), snapshots.clone());
-        move |op: &dyn Fn() -> lograid::Result<()>| {
-            let start = clock.fetch_add(1, Ordering::SeqCst);
-            if op().is_ok() {
-                let mut l = log.lock().unwrap();
-                l.covered_before = l.covered_before.max(start);
-                snapshots.lock().unwrap().push(snapshot(&sims, &l));
-            }
-        }
-    };
-    let mut threads = Vec::new();
-    {
-        let (a, write, covered) = (a.clone(), write.clone(), covered.clone());
-        threads.push(shuttle::thread::spawn(move || {
-            write(&a, 0, 0x10, false);
-            covered(&|| a.flush());
-            write(&a, 2, 0x12, false);
-        }));
-    }
-    {
-        let (a, write, covered) = (a.clone(), write.clone(), covered.clone());
-        threads.push(shuttle::thread::spawn(move || {
-            write(&a, 1, 0x11, false);
-            write(&a, 3, 0x13, true);
-            covered(&|| a.flush());
-        }));
-    }
-    {
-        let (p, covered) = (pool.clone(), covered.clone());
-        threads.push(shuttle::thread::spawn(move || {
-            covered(&|| p.checkpoint());
-        }));
-    }
-    {
-        let (p, log) = (pool.clone(), log.clone());
-        threads.push(shuttle::thread::spawn(move || {
-            let deleted = p.delete_volume("b").is_ok();
-            log.lock().unwrap().deleted = deleted;
-        }));
-    }
+    let threads = spawn_workload(&a, &pool, &rec);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let cutter = {
-        let (sims, log, done) = (sims.clone(), log.clone(), done.clone());
-        shuttle::thread::spawn(move || {
-            let mut steps = 0;
-            while steps < cut_after && !done.load(Ordering::SeqCst) {
-                shuttle::thread::yield_now();
-                steps += 1;
-            }
-            (snapshot(&sims, &log.lock().unwrap()), steps)
-        })
-    };
+    let cutter = spawn_cutter(&rec, &done, cut_after);
     for t in threads {
         t.join().expect("thread");
     }
@@ -253,13 +230,72 @@ fn run(parity: u8, budget: Option<u64>, cut_after: usize) -> (u64, usize) {
     for s in &sims {
         s.power_cut_after(PowerCut::after(0));
     }
-    let after = snapshot(&sims, &log.lock().unwrap());
+    let after = snapshot(&sims, &rec.log.lock().unwrap());
     drop((a, doomed, pool));
-    let taken: Vec<Snapshot> = std::mem::take(&mut *snapshots.lock().unwrap());
+    let taken: Vec<Snapshot> = std::mem::take(&mut *rec.snapshots.lock().unwrap());
     for s in taken.into_iter().chain([during, after]) {
         check(s);
     }
     (used, steps)
+}
+
+/// The four threads of the workload: writes and a flush, writes (one FUA)
+/// and a flush, a checkpoint, and the deletion of volume "b".
+fn spawn_workload(
+    a: &lograid::Volume,
+    pool: &lograid::Pool,
+    rec: &Recorder,
+) -> Vec<shuttle::thread::JoinHandle<()>> {
+    let mut threads = Vec::new();
+    {
+        let (a, rec) = (a.clone(), rec.clone());
+        threads.push(shuttle::thread::spawn(move || {
+            rec.write(&a, 0, 0x10, false);
+            rec.covered(&|| a.flush());
+            rec.write(&a, 2, 0x12, false);
+        }));
+    }
+    {
+        let (a, rec) = (a.clone(), rec.clone());
+        threads.push(shuttle::thread::spawn(move || {
+            rec.write(&a, 1, 0x11, false);
+            rec.write(&a, 3, 0x13, true);
+            rec.covered(&|| a.flush());
+        }));
+    }
+    {
+        let (p, rec) = (pool.clone(), rec.clone());
+        threads.push(shuttle::thread::spawn(move || {
+            rec.covered(&|| p.checkpoint());
+        }));
+    }
+    {
+        let (p, log) = (pool.clone(), rec.log.clone());
+        threads.push(shuttle::thread::spawn(move || {
+            let deleted = p.delete_volume("b").is_ok();
+            log.lock().unwrap().deleted = deleted;
+        }));
+    }
+    threads
+}
+
+/// The cutting task: after `cut_after` scheduling steps (or once the
+/// workload is `done`), it takes a snapshot; it returns it and the steps
+/// it waited.
+fn spawn_cutter(
+    rec: &Recorder,
+    done: &Arc<std::sync::atomic::AtomicBool>,
+    cut_after: usize,
+) -> shuttle::thread::JoinHandle<(Snapshot, usize)> {
+    let (sims, log, done) = (rec.sims.clone(), rec.log.clone(), done.clone());
+    shuttle::thread::spawn(move || {
+        let mut steps = 0;
+        while steps < cut_after && !done.load(Ordering::SeqCst) {
+            shuttle::thread::yield_now();
+            steps += 1;
+        }
+        (snapshot(&sims, &log.lock().unwrap()), steps)
+    })
 }
 
 /// Snapshots checked by this process (for the report).

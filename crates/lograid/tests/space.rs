@@ -233,123 +233,215 @@ fn degraded_pool_over_its_capacity_with_the_background_cleaner() {
     within(20, || degraded_pool_over_its_capacity(true));
 }
 
+/// A degraded pool over its capacity: the pool, its volume and the model,
+/// where the data written ends, and the status the pool had when healthy.
+struct Degraded {
+    pool: SimPool,
+    vol: lograid::Volume,
+    model: Model,
+    size: u64,
+    chunk: u64,
+    /// The end of what the pool was filled with while healthy (70%).
+    fill_end: u64,
+    /// The end of what was written: new blocks go there.
+    off: u64,
+    healthy: lograid::PoolStatus,
+}
+
 fn degraded_pool_over_its_capacity(background_cleaner: bool) {
-    let options = lograid::PoolOptions {
-        background_cleaner,
-        ..common::test_options()
-    };
-    let pool = SimPool::create_with_options(3, 1, 8 << 20, 1.0, options);
-    let vol = pool.volume().clone();
-    let size = pool.volume_size();
-    let healthy = pool.pool().status();
-    let mut model = Model::new(size);
-    let chunk = 64 * 1024;
-    let fill_end = size * 7 / 10 / chunk * chunk;
-    let mut off = 0;
-    while off < fill_end {
+    let mut d = Degraded::filled_to_70_percent(background_cleaner);
+    d.new_blocks_are_refused_once_a_member_fails();
+    d.overwrites_and_reads_go_on();
+    d.trims_give_room_back();
+    d.replacement_gives_full_capacity_back();
+}
+
+impl Degraded {
+    /// A healthy pool of 3 members (P=1), its volume filled to 70% and
+    /// flushed.
+    fn filled_to_70_percent(background_cleaner: bool) -> Degraded {
+        let options = lograid::PoolOptions {
+            background_cleaner,
+            ..common::test_options()
+        };
+        let pool = SimPool::create_with_options(3, 1, 8 << 20, 1.0, options);
+        let vol = pool.volume().clone();
+        let size = pool.volume_size();
+        let healthy = pool.pool().status();
+        let mut model = Model::new(size);
+        let chunk = 64 * 1024;
+        let fill_end = size * 7 / 10 / chunk * chunk;
+        let mut off = 0;
+        while off < fill_end {
+            let data = model.write(off, chunk);
+            vol.write(off, &data)
+                .unwrap_or_else(|e| panic!("fill at {off}: {e}"));
+            off += chunk;
+        }
+        vol.flush().expect("flush");
+        model.flushed();
+        Degraded {
+            pool,
+            vol,
+            model,
+            size,
+            chunk,
+            fill_end,
+            off,
+            healthy,
+        }
+    }
+
+    /// A member dies: new blocks are accepted until the fault is noticed,
+    /// then refused, every time, at once; the status says degraded, with
+    /// less usable than stored.
+    fn new_blocks_are_refused_once_a_member_fails(&mut self) {
+        let Degraded {
+            pool,
+            vol,
+            model,
+            size,
+            chunk,
+            off: end,
+            healthy,
+            ..
+        } = self;
+        let (size, chunk, mut off) = (*size, *chunk, *end);
+        pool.sims[2].set_dead(true);
+        // New blocks: accepted until the fault is noticed, then refused.
+        let mut refused = false;
+        while off + chunk <= size {
+            let data = model.write(off, chunk);
+            match vol.write(off, &data).and_then(|()| vol.flush()) {
+                Ok(()) => off += chunk,
+                Err(lograid::Error::NoSpace) => {
+                    model.forget_last_write();
+                    refused = true;
+                    break;
+                }
+                Err(e) => panic!("write of new blocks at {off} after the fault: {e}"),
+            }
+        }
+        *end = off;
+        assert!(
+            refused,
+            "the degraded pool took a volume of its healthy size"
+        );
+        model.flushed();
+        let degraded = pool.pool().status();
+        assert!(degraded.state.starts_with("degraded"), "{}", degraded.state);
+        assert!(
+            degraded.usable_bytes < healthy.usable_bytes * 6 / 10,
+            "usable {} degraded, {} healthy",
+            degraded.usable_bytes,
+            healthy.usable_bytes
+        );
+        assert!(degraded.stored_bytes > degraded.usable_bytes);
+        assert_eq!(degraded.free_bytes, 0);
+        // Still refused, every time, at once.
+        for _ in 0..20 {
+            let data = model.write(off, chunk);
+            assert!(matches!(
+                vol.write(off, &data),
+                Err(lograid::Error::NoSpace)
+            ));
+            model.forget_last_write();
+        }
+    }
+
+    /// Overwrites of stored blocks go through (until the cleaner cannot
+    /// make room: then they are refused too, promptly), and everything
+    /// reads back.
+    fn overwrites_and_reads_go_on(&mut self) {
+        let Degraded {
+            pool,
+            vol,
+            model,
+            fill_end,
+            ..
+        } = self;
+        let fill_end = *fill_end;
+        let mut rng = SimRng(5);
+        let mut overwritten = 0;
+        for i in 0..300 {
+            let len = (rng.below(4) + 1) * 4096;
+            let at = rng.below((fill_end - len) / 4096) * 4096;
+            let data = model.write(at, len);
+            match vol.write(at, &data) {
+                Ok(()) => overwritten += 1,
+                Err(lograid::Error::NoSpace) => model.forget_last_write(),
+                Err(e) => panic!("overwrite {i} at {at}: {e}"),
+            }
+        }
+        eprintln!("{overwritten} of 300 overwrites went through");
+        assert!(
+            overwritten >= 20,
+            "only {overwritten} overwrites went through"
+        );
+        vol.flush().expect("flush");
+        model.flushed();
+        let all = pool.read_all().expect("read all degraded");
+        model.check_exact(0, &all).expect("contents degraded");
+    }
+
+    /// Trims go through (their records may need the cleaner's reserve) and
+    /// give room back.
+    fn trims_give_room_back(&mut self) {
+        let Degraded {
+            pool,
+            vol,
+            model,
+            chunk,
+            fill_end,
+            ..
+        } = self;
+        let (chunk, fill_end) = (*chunk, *fill_end);
+        vol.trim(0, fill_end / 4)
+            .expect("trim on the degraded pool");
+        model.trim(0, fill_end / 4);
+        vol.flush().expect("flush after trim");
+        model.flushed();
+        let data = model.write(fill_end / 2, chunk);
+        vol.write(fill_end / 2, &data)
+            .expect("overwrite after the trim");
+        pool.pool().check_invariants().expect("invariants degraded");
+    }
+
+    /// Replace the failed member: full capacity again, new blocks fit, and
+    /// everything reads back and scrubs clean.
+    fn replacement_gives_full_capacity_back(self) {
+        let Degraded {
+            pool,
+            vol,
+            mut model,
+            chunk,
+            off,
+            healthy,
+            ..
+        } = self;
+        let new = std::sync::Arc::new(lograid::device::SimMember::new("new", 8 << 20));
+        pool.pool()
+            .replace_member(2, new)
+            .expect("replace the failed member");
+        pool.pool().reshape(|_, _| true).expect("rebuild");
+        let after = pool.pool().status();
+        assert_eq!(after.state, "online");
+        assert!(after.reshape.is_none(), "{:?}", after.reshape);
+        assert_eq!(after.capacity_bytes, healthy.capacity_bytes);
+        assert_eq!(after.usable_bytes, healthy.usable_bytes);
         let data = model.write(off, chunk);
         vol.write(off, &data)
-            .unwrap_or_else(|e| panic!("fill at {off}: {e}"));
-        off += chunk;
+            .expect("new blocks after the replacement");
+        vol.flush().expect("flush");
+        model.flushed();
+        let all = pool.read_all().expect("read all after the rebuild");
+        model
+            .check_exact(0, &all)
+            .expect("contents after the rebuild");
+        pool.pool().check_invariants().expect("invariants");
+        let report = pool.pool().scrub(false, |_, _| true).expect("scrub");
+        assert!(report.lost_blocks.is_empty() && report.unreadable_rows == 0);
     }
-    vol.flush().expect("flush");
-    model.flushed();
-    pool.sims[2].set_dead(true);
-    // New blocks: accepted until the fault is noticed, then refused.
-    let mut refused = false;
-    while off + chunk <= size {
-        let data = model.write(off, chunk);
-        match vol.write(off, &data).and_then(|()| vol.flush()) {
-            Ok(()) => off += chunk,
-            Err(lograid::Error::NoSpace) => {
-                model.forget_last_write();
-                refused = true;
-                break;
-            }
-            Err(e) => panic!("write of new blocks at {off} after the fault: {e}"),
-        }
-    }
-    assert!(
-        refused,
-        "the degraded pool took a volume of its healthy size"
-    );
-    model.flushed();
-    let degraded = pool.pool().status();
-    assert!(degraded.state.starts_with("degraded"), "{}", degraded.state);
-    assert!(
-        degraded.usable_bytes < healthy.usable_bytes * 6 / 10,
-        "usable {} degraded, {} healthy",
-        degraded.usable_bytes,
-        healthy.usable_bytes
-    );
-    assert!(degraded.stored_bytes > degraded.usable_bytes);
-    assert_eq!(degraded.free_bytes, 0);
-    // Still refused, every time, at once.
-    for _ in 0..20 {
-        let data = model.write(off, chunk);
-        assert!(matches!(
-            vol.write(off, &data),
-            Err(lograid::Error::NoSpace)
-        ));
-        model.forget_last_write();
-    }
-    // Overwrites of stored blocks go through (until the cleaner cannot
-    // make room: then they are refused too, promptly).
-    let mut rng = SimRng(5);
-    let mut overwritten = 0;
-    for i in 0..300 {
-        let len = (rng.below(4) + 1) * 4096;
-        let at = rng.below((fill_end - len) / 4096) * 4096;
-        let data = model.write(at, len);
-        match vol.write(at, &data) {
-            Ok(()) => overwritten += 1,
-            Err(lograid::Error::NoSpace) => model.forget_last_write(),
-            Err(e) => panic!("overwrite {i} at {at}: {e}"),
-        }
-    }
-    eprintln!("{overwritten} of 300 overwrites went through");
-    assert!(
-        overwritten >= 20,
-        "only {overwritten} overwrites went through"
-    );
-    vol.flush().expect("flush");
-    model.flushed();
-    let all = pool.read_all().expect("read all degraded");
-    model.check_exact(0, &all).expect("contents degraded");
-    // Trims go through (their records may need the cleaner's reserve) and
-    // give room back.
-    vol.trim(0, fill_end / 4)
-        .expect("trim on the degraded pool");
-    model.trim(0, fill_end / 4);
-    vol.flush().expect("flush after trim");
-    model.flushed();
-    let data = model.write(fill_end / 2, chunk);
-    vol.write(fill_end / 2, &data)
-        .expect("overwrite after the trim");
-    pool.pool().check_invariants().expect("invariants degraded");
-    // Replace the failed member: full capacity again, new blocks fit.
-    let new = std::sync::Arc::new(lograid::device::SimMember::new("new", 8 << 20));
-    pool.pool()
-        .replace_member(2, new)
-        .expect("replace the failed member");
-    pool.pool().reshape(|_, _| true).expect("rebuild");
-    let after = pool.pool().status();
-    assert_eq!(after.state, "online");
-    assert!(after.reshape.is_none(), "{:?}", after.reshape);
-    assert_eq!(after.capacity_bytes, healthy.capacity_bytes);
-    assert_eq!(after.usable_bytes, healthy.usable_bytes);
-    let data = model.write(off, chunk);
-    vol.write(off, &data)
-        .expect("new blocks after the replacement");
-    vol.flush().expect("flush");
-    model.flushed();
-    let all = pool.read_all().expect("read all after the rebuild");
-    model
-        .check_exact(0, &all)
-        .expect("contents after the rebuild");
-    pool.pool().check_invariants().expect("invariants");
-    let report = pool.pool().scrub(false, |_, _| true).expect("scrub");
-    assert!(report.lost_blocks.is_empty() && report.unreadable_rows == 0);
 }
 
 /// `status` of a degraded pool reports what its narrower rows hold: with 3

@@ -84,16 +84,103 @@ fn check_block_status(pool: &SimPool, model: &Model, off: u64, len: u64, what: &
     }
 }
 
+/// A model run: the pool, the model it is checked against, and the counts
+/// it reports.
+struct ModelRun {
+    what: String,
+    rng: SimRng,
+    pool: SimPool,
+    model: Model,
+    /// Blocks of the volume.
+    blocks: u64,
+    /// Sub-block writes, reads, flushes, crashes.
+    stats: [usize; 4],
+    /// Overlays merged by the pools that crashed since the start.
+    merged: u64,
+}
+
 fn model_run(seed: u64, options: PoolOptions, ops: usize) {
     let what = format!(
         "seed {seed} (max_overlays {}, background {})",
         options.max_overlays, options.background_resolver
     );
-    let mut rng = SimRng(seed);
-    let mut pool = SimPool::create_with_options(3, 1, 8 << 20, 0.5, options);
-    let mut model = Model::new(pool.volume_size());
-    let blocks = pool.volume_size() / BS;
-    let write = |pool: &SimPool, model: &mut Model, off: u64, len: u64, fua: bool, op: usize| {
+    let pool = SimPool::create_with_options(3, 1, 8 << 20, 0.5, options);
+    let mut run = ModelRun {
+        what,
+        rng: SimRng(seed),
+        model: Model::new(pool.volume_size()),
+        blocks: pool.volume_size() / BS,
+        pool,
+        stats: [0; 4],
+        merged: 0,
+    };
+    for op in 0..ops {
+        run = run.op(op);
+    }
+    run.finish();
+}
+
+impl ModelRun {
+    /// Checks the invariants, then runs operation `op`, of the kind the
+    /// dice pick (a crash reopens the pool: the run is passed on).
+    fn op(mut self, op: usize) -> ModelRun {
+        let what = &self.what;
+        self.pool
+            .pool()
+            .check_invariants()
+            .unwrap_or_else(|m| panic!("{what} before op {op}: invariant: {m}"));
+        let blocks = self.blocks;
+        match self.rng.below(100) {
+            // Inside one block, anywhere in the volume.
+            0..=29 => {
+                let (off, len) = sub_block_range(&mut self.rng, blocks);
+                self.write(off, len, false, op);
+                self.stats[0] += 1;
+            }
+            // Inside one of a few hot blocks: writes merge into one overlay
+            // and complete it.
+            30..=39 => {
+                let (off, len) = sub_block_range(&mut self.rng, 6);
+                self.write(off, len, false, op);
+                self.stats[0] += 1;
+            }
+            // 512-byte or 4 KiB granular, across blocks.
+            40..=54 => {
+                let (off, len) = self.model.random_range(&mut self.rng, 32 * 1024);
+                self.write(off, len, false, op);
+            }
+            55..=69 => self.read_and_check(op),
+            70..=74 => self.trim(op),
+            75..=79 => self.write_zeroes(op),
+            80..=84 => self.flush(op),
+            85..=87 => {
+                let (off, len) = sub_block_range(&mut self.rng, blocks);
+                self.write(off, len, true, op);
+            }
+            88..=91 => {
+                // A burst of sub-block writes: the table fills up.
+                for _ in 0..8 {
+                    let (off, len) = sub_block_range(&mut self.rng, blocks);
+                    self.write(off, len, false, op);
+                    self.stats[0] += 1;
+                }
+            }
+            92 => self.checkpoint(op),
+            93 => self.clean(op),
+            94 => return self.crash(op),
+            _ => {
+                // A whole block, aligned.
+                let off = self.rng.below(blocks) * BS;
+                let len = ((1 + self.rng.below(4)) * BS).min(blocks * BS - off);
+                self.write(off, len, false, op);
+            }
+        }
+        self
+    }
+
+    /// A write (FUA if `fua`) of data the model makes up.
+    fn write(&mut self, off: u64, len: u64, fua: bool, op: usize) {
+        let (pool, model, what) = (&self.pool, &mut self.model, &self.what);
         let data = model.write(off, len);
         let r = if fua {
             pool.volume().write_fua(off, &data)
@@ -106,136 +193,127 @@ fn model_run(seed: u64, options: PoolOptions, ops: usize) {
             Err(Error::NoSpace) => model.forget_last_write(),
             Err(e) => panic!("{what} op {op}: write {off}+{len}: {e}"),
         }
-    };
-    let mut stats = [0usize; 4]; // sub-block writes, reads, flushes, crashes
-    let mut merged = 0;
-    for op in 0..ops {
-        pool.pool()
-            .check_invariants()
-            .unwrap_or_else(|m| panic!("{what} before op {op}: invariant: {m}"));
-        match rng.below(100) {
-            // Inside one block, anywhere in the volume.
-            0..=29 => {
-                let (off, len) = sub_block_range(&mut rng, blocks);
-                write(&pool, &mut model, off, len, false, op);
-                stats[0] += 1;
-            }
-            // Inside one of a few hot blocks: writes merge into one overlay
-            // and complete it.
-            30..=39 => {
-                let (off, len) = sub_block_range(&mut rng, 6);
-                write(&pool, &mut model, off, len, false, op);
-                stats[0] += 1;
-            }
-            // 512-byte or 4 KiB granular, across blocks.
-            40..=54 => {
-                let (off, len) = model.random_range(&mut rng, 32 * 1024);
-                write(&pool, &mut model, off, len, false, op);
-            }
-            55..=69 => {
-                let (off, len) = model.random_range(&mut rng, 64 * 1024);
-                let mut buf = vec![0u8; len as usize];
-                pool.volume()
-                    .read(off, &mut buf)
-                    .unwrap_or_else(|e| panic!("{what} op {op}: read: {e}"));
-                model
-                    .check_exact(off, &buf)
-                    .unwrap_or_else(|m| panic!("{what} op {op}: read {off}+{len}: {m}"));
-                check_block_status(&pool, &model, off, len, &format!("{what} op {op}"));
-                stats[1] += 1;
-            }
-            70..=74 => {
-                let (off, len) = model.random_range(&mut rng, 64 * 1024);
-                pool.volume()
-                    .trim(off, len)
-                    .unwrap_or_else(|e| panic!("{what} op {op}: trim: {e}"));
-                model.trim(off, len);
-            }
-            75..=79 => {
-                let (off, len) = if rng.below(2) == 0 {
-                    sub_block_range(&mut rng, blocks)
-                } else {
-                    model.random_range(&mut rng, 32 * 1024)
-                };
-                pool.volume()
-                    .write_zeroes(off, len, rng.below(2) == 0)
-                    .unwrap_or_else(|e| panic!("{what} op {op}: zero: {e}"));
-                model.zero(off, len);
-            }
-            80..=84 => {
-                pool.volume()
-                    .flush()
-                    .unwrap_or_else(|e| panic!("{what} op {op}: flush: {e}"));
-                model.flushed();
-                stats[2] += 1;
-            }
-            85..=87 => {
-                let (off, len) = sub_block_range(&mut rng, blocks);
-                write(&pool, &mut model, off, len, true, op);
-            }
-            88..=91 => {
-                // A burst of sub-block writes: the table fills up.
-                for _ in 0..8 {
-                    let (off, len) = sub_block_range(&mut rng, blocks);
-                    write(&pool, &mut model, off, len, false, op);
-                    stats[0] += 1;
-                }
-            }
-            92 => {
-                pool.pool()
-                    .checkpoint()
-                    .unwrap_or_else(|e| panic!("{what} op {op}: checkpoint: {e}"));
-                model.flushed();
-            }
-            93 => {
-                pool.pool()
-                    .clean(1)
-                    .unwrap_or_else(|e| panic!("{what} op {op}: clean: {e}"));
-                model.flushed();
-            }
-            94 => {
-                merged += pool.pool().status().overlays_merged;
-                let mode = match rng.below(4) {
-                    0 => CrashMode::DropAll,
-                    1 => CrashMode::KeepRandomSubset,
-                    2 => CrashMode::TearOne,
-                    _ => CrashMode::KeepAll,
-                };
-                pool = pool
-                    .crash(mode, &mut rng)
-                    .unwrap_or_else(|e| panic!("{what} op {op}: reopen after {mode:?}: {e}"));
-                let all = pool
-                    .read_all()
-                    .unwrap_or_else(|e| panic!("{what} op {op}: read after crash: {e}"));
-                model
-                    .after_crash(&all)
-                    .unwrap_or_else(|m| panic!("{what} op {op}: after {mode:?} crash: {m}"));
-                stats[3] += 1;
-            }
-            _ => {
-                // A whole block, aligned.
-                let off = rng.below(blocks) * BS;
-                let len = ((1 + rng.below(4)) * BS).min(blocks * BS - off);
-                write(&pool, &mut model, off, len, false, op);
-            }
-        }
     }
-    eprintln!(
-        "{what}: {} sub-block writes, {} reads, {} flushes, {} crashes; {} overlays merged",
-        stats[0],
-        stats[1],
-        stats[2],
-        stats[3],
-        merged + pool.pool().status().overlays_merged
-    );
-    let pool = pool
-        .reopen_clean()
-        .unwrap_or_else(|e| panic!("{what}: clean reopen: {e}"));
-    let all = pool.read_all().expect("read all");
-    model.flushed();
-    model
-        .check_exact(0, &all)
-        .unwrap_or_else(|m| panic!("{what}: after a clean reopen: {m}"));
+
+    /// A read, checked against the model, and the block status over it.
+    fn read_and_check(&mut self, op: usize) {
+        let (pool, model, what) = (&self.pool, &mut self.model, &self.what);
+        let (off, len) = model.random_range(&mut self.rng, 64 * 1024);
+        let mut buf = vec![0u8; len as usize];
+        pool.volume()
+            .read(off, &mut buf)
+            .unwrap_or_else(|e| panic!("{what} op {op}: read: {e}"));
+        model
+            .check_exact(off, &buf)
+            .unwrap_or_else(|m| panic!("{what} op {op}: read {off}+{len}: {m}"));
+        check_block_status(pool, model, off, len, &format!("{what} op {op}"));
+        self.stats[1] += 1;
+    }
+
+    fn trim(&mut self, op: usize) {
+        let (pool, model, what) = (&self.pool, &mut self.model, &self.what);
+        let (off, len) = model.random_range(&mut self.rng, 64 * 1024);
+        pool.volume()
+            .trim(off, len)
+            .unwrap_or_else(|e| panic!("{what} op {op}: trim: {e}"));
+        model.trim(off, len);
+    }
+
+    /// Write-zeroes inside one block or across blocks.
+    fn write_zeroes(&mut self, op: usize) {
+        let (pool, model, what, rng) = (&self.pool, &mut self.model, &self.what, &mut self.rng);
+        let (off, len) = if rng.below(2) == 0 {
+            sub_block_range(rng, self.blocks)
+        } else {
+            model.random_range(rng, 32 * 1024)
+        };
+        pool.volume()
+            .write_zeroes(off, len, rng.below(2) == 0)
+            .unwrap_or_else(|e| panic!("{what} op {op}: zero: {e}"));
+        model.zero(off, len);
+    }
+
+    fn flush(&mut self, op: usize) {
+        let what = &self.what;
+        self.pool
+            .volume()
+            .flush()
+            .unwrap_or_else(|e| panic!("{what} op {op}: flush: {e}"));
+        self.model.flushed();
+        self.stats[2] += 1;
+    }
+
+    fn checkpoint(&mut self, op: usize) {
+        let what = &self.what;
+        self.pool
+            .pool()
+            .checkpoint()
+            .unwrap_or_else(|e| panic!("{what} op {op}: checkpoint: {e}"));
+        self.model.flushed();
+    }
+
+    fn clean(&mut self, op: usize) {
+        let what = &self.what;
+        self.pool
+            .pool()
+            .clean(1)
+            .unwrap_or_else(|e| panic!("{what} op {op}: clean: {e}"));
+        self.model.flushed();
+    }
+
+    /// A crash of a random kind; the pool reopens and holds what the model
+    /// allows.
+    fn crash(mut self, op: usize) -> ModelRun {
+        let what = &self.what;
+        self.merged += self.pool.pool().status().overlays_merged;
+        let mode = match self.rng.below(4) {
+            0 => CrashMode::DropAll,
+            1 => CrashMode::KeepRandomSubset,
+            2 => CrashMode::TearOne,
+            _ => CrashMode::KeepAll,
+        };
+        let pool = self
+            .pool
+            .crash(mode, &mut self.rng)
+            .unwrap_or_else(|e| panic!("{what} op {op}: reopen after {mode:?}: {e}"));
+        let all = pool
+            .read_all()
+            .unwrap_or_else(|e| panic!("{what} op {op}: read after crash: {e}"));
+        self.model
+            .after_crash(&all)
+            .unwrap_or_else(|m| panic!("{what} op {op}: after {mode:?} crash: {m}"));
+        self.stats[3] += 1;
+        ModelRun { pool, ..self }
+    }
+
+    /// Reports the counts; after a clean close and reopen the volume holds
+    /// exactly what the model does.
+    fn finish(self) {
+        let ModelRun {
+            what,
+            pool,
+            mut model,
+            stats,
+            merged,
+            ..
+        } = self;
+        eprintln!(
+            "{what}: {} sub-block writes, {} reads, {} flushes, {} crashes; {} overlays merged",
+            stats[0],
+            stats[1],
+            stats[2],
+            stats[3],
+            merged + pool.pool().status().overlays_merged
+        );
+        let pool = pool
+            .reopen_clean()
+            .unwrap_or_else(|e| panic!("{what}: clean reopen: {e}"));
+        let all = pool.read_all().expect("read all");
+        model.flushed();
+        model
+            .check_exact(0, &all)
+            .unwrap_or_else(|m| panic!("{what}: after a clean reopen: {m}"));
+    }
 }
 
 #[test]
@@ -568,9 +646,25 @@ fn unflushed_sub_block_writes_survive_a_clean_close() {
 #[test]
 fn full_pool_refuses_sub_block_writes_to_new_blocks_at_write_time() {
     let pool = SimPool::create_with_options(3, 1, 8 << 20, 2.0, options(64, false));
-    let size = pool.volume_size();
-    let mut model = Model::new(size);
+    let mut model = Model::new(pool.volume_size());
     let chunk = 64 * 1024;
+    // Blocks from `stored_end` on may be unstored.
+    let stored_end = fill_with_whole_blocks(&pool, &mut model, chunk);
+    let new_block = stored_end + 4 * chunk;
+    let taken = sub_block_writes_take_the_room_left(&pool, &mut model, new_block);
+    overwrites_of_stored_blocks_still_work(&pool, &mut model, stored_end);
+    trimmed_room_is_reserved_for_overlays_on_new_blocks(&pool, &mut model, new_block, taken);
+}
+
+/// Free blocks of the pool.
+fn free(pool: &SimPool) -> u64 {
+    pool.pool().status().free_bytes / BS
+}
+
+/// Writes whole `chunk`s from the start of the volume until the pool is
+/// full, and flushes; returns where the stored blocks end.
+fn fill_with_whole_blocks(pool: &SimPool, model: &mut Model, chunk: u64) -> u64 {
+    let size = pool.volume_size();
     let mut off = 0;
     loop {
         assert!(off + chunk <= size, "the overcommitted pool never filled");
@@ -586,11 +680,14 @@ fn full_pool_refuses_sub_block_writes_to_new_blocks_at_write_time() {
     }
     pool.volume().flush().expect("flush");
     model.flushed();
-    check_all(&pool, &mut model, "full");
-    let stored_end = off; // blocks from here on may be unstored
-    let new_block = stored_end + 4 * chunk;
-    let free = |pool: &SimPool| pool.pool().status().free_bytes / BS;
-    // Whatever room is left (if any) goes to overlays on new blocks.
+    check_all(pool, model, "full");
+    off
+}
+
+/// Whatever room is left (if any) goes to overlays on new blocks from
+/// `new_block` on; then the next one is refused at write time. Returns how
+/// many new blocks the overlays took.
+fn sub_block_writes_take_the_room_left(pool: &SimPool, model: &mut Model, new_block: u64) -> u64 {
     let mut taken = 0;
     loop {
         let at = new_block + taken * BS + 512;
@@ -608,7 +705,7 @@ fn full_pool_refuses_sub_block_writes_to_new_blocks_at_write_time() {
             "sub-block writes to new blocks never ran out"
         );
     }
-    assert_eq!(free(&pool), 0, "NoSpace with room left");
+    assert_eq!(free(pool), 0, "NoSpace with room left");
     // At write time: this fails now, not at the next flush.
     let data = model.write(new_block + (taken + 1) * BS, 512);
     assert!(matches!(
@@ -616,7 +713,12 @@ fn full_pool_refuses_sub_block_writes_to_new_blocks_at_write_time() {
         Err(Error::NoSpace)
     ));
     model.forget_last_write();
-    // Overwrites of stored blocks, partial or whole, still work.
+    taken
+}
+
+/// Overwrites of stored blocks, partial or whole, still work in the full
+/// pool, and it flushes.
+fn overwrites_of_stored_blocks_still_work(pool: &SimPool, model: &mut Model, stored_end: u64) {
     let mut rng = SimRng(51);
     for _ in 0..200 {
         let (off, len) = sub_block_range(&mut rng, stored_end / BS);
@@ -629,16 +731,24 @@ fn full_pool_refuses_sub_block_writes_to_new_blocks_at_write_time() {
     pool.volume()
         .write(BS, &data)
         .expect("whole-block overwrite");
-    check_all(&pool, &mut model, "full, after overwrites");
+    check_all(pool, model, "full, after overwrites");
     pool.volume().flush().expect("flush of a full pool");
     model.flushed();
-    check_all(&pool, &mut model, "full, flushed");
+    check_all(pool, model, "full, flushed");
+}
 
-    // Trimmed blocks make room; overlays on new blocks reserve it.
+/// Trimmed blocks make room; overlays on new blocks (past the `taken` ones
+/// from `new_block`) reserve it, and the flush merges them into it.
+fn trimmed_room_is_reserved_for_overlays_on_new_blocks(
+    pool: &SimPool,
+    model: &mut Model,
+    new_block: u64,
+    taken: u64,
+) {
     pool.volume().trim(0, 8 * BS).expect("trim");
     model.trim(0, 8 * BS);
     pool.volume().flush().expect("flush");
-    let room = free(&pool);
+    let room = free(pool);
     assert!(room >= 8, "a trim of 8 stored blocks freed {room}");
     let base = new_block + (taken + 10) * BS;
     for i in 0..room {
@@ -647,7 +757,7 @@ fn full_pool_refuses_sub_block_writes_to_new_blocks_at_write_time() {
             .write(base + i * BS + 1024, &data)
             .unwrap_or_else(|e| panic!("sub-block write {i} of {room} into freed room: {e}"));
     }
-    assert_eq!(free(&pool), 0);
+    assert_eq!(free(pool), 0);
     let data = model.write(base + (room + 1) * BS, 512);
     assert!(
         matches!(
@@ -674,7 +784,7 @@ fn full_pool_refuses_sub_block_writes_to_new_blocks_at_write_time() {
         .expect("flush merging into reserved blocks");
     model.flushed();
     assert_eq!(pool.pool().status().overlay_blocks, 0);
-    check_all(&pool, &mut model, "after merging into reserved blocks");
+    check_all(pool, model, "after merging into reserved blocks");
     pool.pool().check_invariants().expect("invariants");
 }
 
