@@ -1363,13 +1363,47 @@ fn format_md_row_header_offsets_match_the_encoder() {
     let (bytes, crc) = h.encode();
     check_row_header_fixed_fields(&doc, &h, &bytes, crc);
     check_row_header_entries(&doc, &h, &bytes);
-    // Reserved bytes are zero: after the fixed fields, and inside each entry.
-    assert!(bytes[101..124].iter().all(|&b| b == 0));
+    // Reserved bytes are zero: in the fixed part (checked with the
+    // entries), and after the last entry.
     assert!(bytes[HEADER_FIXED_BYTES + 3 * 32..].iter().all(|&b| b == 0));
     // The documented CRC rule: CRC-32C of all header blocks with the CRC field as zero.
+    let fixed = doc_table(&doc, "Row header: fixed part");
+    let crc_at = documented_range(&fixed, "header_crc", &[], "row header");
     let mut z = bytes.clone();
-    z[124..128].fill(0);
+    z[crc_at].fill(0);
     assert_eq!(lograid::format::crc32c(&z), crc);
+}
+
+/// Where FORMAT.md's `table` puts field `name` (with `vars` bound).
+fn documented_range(
+    table: &[DocField],
+    name: &str,
+    vars: &[(&str, u64)],
+    what: &str,
+) -> std::ops::Range<usize> {
+    let f = table
+        .iter()
+        .find(|f| f.name == name)
+        .unwrap_or_else(|| panic!("{what}: field {name} is not documented"));
+    let at = eval(&f.offset, vars).unwrap_or_else(|| panic!("{what}: offset of {name}")) as usize;
+    let size = eval(&f.size, vars).unwrap_or_else(|| panic!("{what}: size of {name}")) as usize;
+    at..at + size
+}
+
+/// Every "(reserved)" range of FORMAT.md's `table` is zero in `bytes`;
+/// returns how many ranges it checked.
+fn check_reserved_zero(table: &[DocField], bytes: &[u8], what: &str) -> usize {
+    let reserved: Vec<&DocField> = table.iter().filter(|f| f.name == "(reserved)").collect();
+    for f in &reserved {
+        let at = eval(&f.offset, &[]).unwrap_or_else(|| panic!("{what}: reserved offset")) as usize;
+        let size = eval(&f.size, &[]).unwrap_or_else(|| panic!("{what}: reserved size")) as usize;
+        assert!(
+            bytes[at..at + size].iter().all(|&b| b == 0),
+            "{what}: reserved bytes at {at}..{} are not zero",
+            at + size
+        );
+    }
+    reserved.len()
 }
 
 /// A row header with a distinct value in every field, and three entries.
@@ -1394,7 +1428,7 @@ fn sample_row_header() -> RowHeader {
         checkpoint_id: 0xfeed_f00d_0000_0001,
         checkpoint_offset: 0x0000_0010_0000_0000,
         payload_bytes: 0x0bad_cafe,
-        flushed_seq: 0,
+        flushed_seq: 0x5555_6666_7777_8000,
         entries: vec![
             Entry {
                 kind: EntryKind::Relocated,
@@ -1456,10 +1490,12 @@ fn check_row_header_fixed_fields(doc: &str, h: &RowHeader, bytes: &[u8], crc: u3
             ("checkpoint_id", le(h.checkpoint_id as u128, 8)),
             ("checkpoint_offset", le(h.checkpoint_offset as u128, 8)),
             ("payload_bytes", le(h.payload_bytes as u128, 4)),
+            ("flushed_seq", le(h.flushed_seq as u128, 8)),
             ("header_crc", le(crc as u128, 4)),
         ],
         "row header",
     );
+    assert_eq!(check_reserved_zero(&fixed, bytes, "row header"), 1);
 }
 
 /// Each entry of the encoded header `bytes` is where FORMAT.md says.
@@ -1482,6 +1518,8 @@ fn check_row_header_entries(doc: &str, h: &RowHeader, bytes: &[u8]) {
             ],
             &format!("row header entry {i}"),
         );
+        let what = format!("row header entry {i}");
+        assert_eq!(check_reserved_zero(&entry, &bytes[at..at + 32], &what), 1);
     }
 }
 
