@@ -6,10 +6,13 @@
 #   scripts/long-run.sh [--fuzz-seconds N] [--soak-seconds N] [--kills N] [--cuts N]
 #                       [--power-cuts N] [--schedules N]
 #
-# Defaults: 1,200 crash-replay cut points (400 per shape), 3,000 power cuts
-# under concurrent operations (1,500 per shape), 20,000 thread schedules
-# under shuttle (10,000 random, 10,000 PCT), 100 kills (50 per kill-loop
-# test), a one-hour soak, 10 minutes of fuzzing per target.
+# Defaults: 1,200 crash-replay cut points (--cuts 400 per shape, 3 shapes),
+# 3,000 power cuts under concurrent operations (--power-cuts 1,500 per
+# shape, 2 shapes), 40,000 thread schedules under shuttle (--schedules
+# 10,000 per test, 4 tests: random and PCT schedules of each of the two
+# scenarios), 150 kills (--kills 50 per test, 3 kill-loop tests), a
+# one-hour soak, and 10 minutes of fuzzing per target (--fuzz-seconds 600,
+# 5 targets in fuzz/fuzz_targets: 50 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
