@@ -106,7 +106,7 @@ impl MemberCounters {
 
 /// The segments whose contents a member does not hold yet: it took the place
 /// of a failed member, and the rows laid over that place before are being
-/// rebuilt onto it (docs/FORMAT.md, "Rebuilds"). Reads that touch them fail
+/// rebuilt onto it (docs/FORMAT.md, "Rebuild in place"). Reads that touch them fail
 /// at once, without counting against the member, so that every reader
 /// rebuilds those columns from parity as it would a missing member's.
 /// Writes go through. Shared between the pool's bookkeeping (which clears a

@@ -106,7 +106,7 @@ impl Engine {
     /// After flush `gen` completed: segments emptied before it started become
     /// free, except those holding rows written since the durable checkpoint
     /// (recovery follows the log through them) and those emptied since a
-    /// change only a checkpoint records (`Ledger::unlogged_changes`): they
+    /// change only a checkpoint records (`Ledger::unlogged_since_gen`): they
     /// wait for the next checkpoint (`after_checkpoint`).
     pub(crate) fn finish_flush(&self, gen: u64) {
         self.release_pending(|ledger, seg, flush_gen| {

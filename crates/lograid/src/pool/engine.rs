@@ -27,7 +27,9 @@ use std::time::Duration;
 /// flush, checkpoint, cleaning pass and recovery (slow; for tests).
 pub(crate) fn paranoid() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("LOGRAID_CHECK_INVARIANTS").is_some())
+    *ON.get_or_init(|| {
+        std::env::var_os("LOGRAID_CHECK_INVARIANTS").is_some_and(|v| !v.is_empty() && v != "0")
+    })
 }
 
 pub(crate) struct Engine {

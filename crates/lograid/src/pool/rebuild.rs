@@ -10,7 +10,7 @@
 //! `Device`, whose reads of stale segments fail at once, so every reader
 //! rebuilds those columns from parity as it would a missing member's). A
 //! segment stops being stale when it is rebuilt or taken anew; the stale
-//! list is in every checkpoint (docs/FORMAT.md, "Checkpoint: rebuilds"), so
+//! list is in every checkpoint (docs/FORMAT.md, checkpoint blob, "Rebuilds"), so
 //! a rebuild resumes after a restart. While any segment is stale the member
 //! counts as lost (the pool has that much less redundancy), which is what
 //! `lograid status` shows as degraded and rebuilding.

@@ -48,7 +48,7 @@ impl Engine {
 
     fn write_row(&self, row: &Arc<SealedRow>) -> Result<()> {
         let g = row.geom;
-        // Paired with the header checks of `stripe::load_row_header` when
+        // Paired with the header checks of `row_header::load_row_header` when
         // the row is read back: the header it carries names this row.
         debug_assert!(
             {

@@ -20,7 +20,7 @@ pub struct Shape {
     pub nonce: u64,
     /// The member table of the superblock this pool was opened from:
     /// recovery lays segments taken after its checkpoint over these members
-    /// (see `open::segment_mask_candidates`).
+    /// (see `replay::segment_mask_candidates`).
     pub recorded_members: Vec<crate::format::superblock::MemberRecord>,
     /// Per member index, the segments it does not hold yet (a member that
     /// took a failed one's place, while its rows are rebuilt onto it).

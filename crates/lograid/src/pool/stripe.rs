@@ -4,8 +4,8 @@
 //! remains). The one home of these steps: reads, recovery, scrub, rebuild
 //! and the cleaner all use them, as do `row_header` (finding a header whose
 //! own column is gone or stale) and `row_check` (checking a whole row).
-//! Reads only, except `rewrite_block`, which writes a rebuilt block back in
-//! place (a block restored to what its parity already covers).
+//! Reads only: writing a rebuilt block back is the caller's (the read
+//! path's `rewrite_block`, `row_check`, rebuild).
 
 use super::Engine;
 use crate::device::AlignedBuf;

@@ -95,6 +95,13 @@ impl Pool {
     pub fn create_volume(&self, name: &str, size_bytes: u64) -> Result<Volume> {
         validate_volume_name(name)?;
         validate_volume_size(size_bytes)?;
+        self.engine.guarded("creating a volume", || {
+            self.record_new_volume(name, size_bytes)
+        })
+    }
+
+    /// `create_volume` after its arguments are checked.
+    fn record_new_volume(&self, name: &str, size_bytes: u64) -> Result<Volume> {
         let _m = self.engine.maintenance.lock();
         let id = {
             let mut ledger = self.engine.ledger.lock();
@@ -141,6 +148,13 @@ impl Pool {
     /// range takes writes once a checkpoint recording the size is durable.
     pub fn resize_volume(&self, name: &str, size_bytes: u64) -> Result<()> {
         validate_volume_size(size_bytes)?;
+        self.engine.guarded("growing a volume", || {
+            self.record_volume_size(name, size_bytes)
+        })
+    }
+
+    /// `resize_volume` after its argument is checked.
+    fn record_volume_size(&self, name: &str, size_bytes: u64) -> Result<()> {
         let _m = self.engine.maintenance.lock();
         let id = {
             let mut ledger = self.engine.ledger.lock();
@@ -174,6 +188,12 @@ impl Pool {
     /// only once a checkpoint recording the deletion is durable (until
     /// then a crash brings the volume back, whole).
     pub fn delete_volume(&self, name: &str) -> Result<()> {
+        self.engine
+            .guarded("deleting a volume", || self.record_volume_deleted(name))
+    }
+
+    /// `delete_volume`, guarded.
+    fn record_volume_deleted(&self, name: &str) -> Result<()> {
         let _m = self.engine.maintenance.lock();
         let sealed = {
             let mut ledger = self.engine.ledger.lock();
@@ -240,7 +260,7 @@ impl Pool {
     }
 
     /// Verifies the in-memory bookkeeping (free list, live counts, maps);
-    /// for tests and `lograid check`.
+    /// for tests and `LOGRAID_CHECK_INVARIANTS`.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         self.engine
             .ledger
