@@ -29,11 +29,14 @@
 //! the reopened pool takes a write and a flush.
 //!
 //! Knobs (environment):
-//! - `LOGRAID_REPLAY_SEED`: the workload seed (printed; a failure is
-//!   reproduced with the same seed: the workload is drawn from it, each
-//!   member receives the same sequence of I/O on every run, and each cut
-//!   draws from its own RNG derived from the seed, the shape and the cut.
-//!   Only the engine's random pool UUID and per-open nonce differ.)
+//! - `LOGRAID_REPLAY_SEED`: the workload seed (printed). The workload is
+//!   drawn from it, and each cut draws from its own RNG derived from the
+//!   seed, the shape and the cut. The members' I/O is not fixed by the
+//!   seed: the row writer thread and a writer that finds its queue full
+//!   may write two rows in either order, and flushes land between them at
+//!   different places, so two runs of one seed differ slightly (the I/O
+//!   fingerprint printed with a failure tells whether a rerun saw the same
+//!   I/O; `LOGRAID_REPLAY_ONLY` re-checks a cut of a run that did).
 //! - `LOGRAID_REPLAY_CUTS`: cut points per shape (default 40; up to half
 //!   are flush boundaries, evenly sampled when there are more, the rest
 //!   random). Long mode: `LOGRAID_REPLAY_CUTS=400` (every flush boundary,

@@ -17,7 +17,8 @@ pub fn test_options() -> PoolOptions {
         max_inflight_bytes: 16 << 20,
         background_cleaner: false,
         // Sub-block writes are merged by writers and flushes only (no
-        // background thread: runs are reproducible from their seed).
+        // background thread; the row writer still runs, so a seed fixes
+        // the workload, not the exact order of the members' I/O).
         background_resolver: false,
         // Freed segments are zeroed by the simulated drives, so a segment
         // freed while still needed shows up as lost data.
