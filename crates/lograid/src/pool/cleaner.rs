@@ -196,10 +196,10 @@ impl Engine {
     /// then empty and becomes free after the next checkpoint. Returns the
     /// blocks moved. The caller holds `maintenance`.
     pub(crate) fn relocate_segment(&self, victim: u32) -> Result<u64> {
-        let (rows, live_before) = {
+        let (rows, live_before, sealed_before) = {
             let ledger = self.ledger.lock();
             let seg = &ledger.segments[victim as usize];
-            (seg.rows.clone(), seg.live_blocks)
+            (seg.rows.clone(), seg.live_blocks, seg.sealed_seq)
         };
         // Rows sealed here are written by a second thread, so that reading
         // the next row overlaps writing the last (a few rows in flight).
@@ -225,10 +225,12 @@ impl Engine {
         tracing::debug!("cleaner: segment {victim}: moved {moved} blocks");
         {
             // Every block moved left the victim's live count; writes only
-            // take more out (unless a flush freed it and it was taken anew).
+            // take more out (unless a flush freed it and it was taken anew:
+            // then it was sealed again, later).
             let ledger = self.ledger.lock();
             let seg = &ledger.segments[victim as usize];
-            if matches!(seg.state, SegState::Sealed | SegState::PendingFree { .. }) {
+            let same_use = seg.sealed_seq == sealed_before;
+            if same_use && matches!(seg.state, SegState::Sealed | SegState::PendingFree { .. }) {
                 assert!(
                     seg.live_blocks as u64 + moved <= live_before as u64,
                     "cleaner: segment {victim} held {live_before} live blocks, {moved} moved, \

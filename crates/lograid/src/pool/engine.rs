@@ -46,8 +46,9 @@ pub(crate) struct Engine {
     /// that no two threads merge the same overlay).
     pub resolving: Mutex<()>,
     pub reuse: RwLock<()>,
-    /// Serializes checkpoints, cleaning passes, member changes and the
-    /// reshape (flushes do not take it).
+    /// Serializes checkpoints, cleaning passes, member and volume changes
+    /// and the reshape (flushes never wait for it: one that finds a
+    /// checkpoint due try-locks it).
     pub maintenance: Mutex<()>,
     pub io: IoPool,
     pub options: PoolOptions,

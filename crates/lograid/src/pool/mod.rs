@@ -1,11 +1,13 @@
 //! A pool: N members turned into thin volumes protected by P parity
 //! columns, written as a log of rows (docs/DESIGN.md walks the data flow).
 //!
-//! Modules, from the bottom up; each imports only modules above it in
-//! this list (checked: no cycles), and everything else is a method of
-//! `Engine` defined in the module that owns the concept.
+//! Modules, from the bottom up; each names (`use`) only modules above it
+//! in this list, so there are no import cycles. Most operations are
+//! methods of `Engine`, each defined in the module that owns its concept;
+//! calls between them are not bound by this order (the background threads
+//! call the cleaner, for one).
 //!
-//! Bookkeeping, no I/O (pure, or run under the ledger lock):
+//! Bookkeeping (pure, or run under the ledger lock; no member I/O):
 //! - `shape`: what never changes while open (geometry, parity, identity).
 //! - `options`: run-time knobs (`PoolOptions`, cleaner policy).
 //! - `overlay_table`: sub-block writes held in memory, as a table.
@@ -14,7 +16,8 @@
 //!   (segments, heads, volume maps, rows in flight, read-only reason).
 //! - `log`: the log heads: opening, appending to and sealing rows.
 //! - `space`: capacity, the cleaner's floors, stall detection.
-//! - `row_writer`: the bounded queue of sealed rows and its thread.
+//! - `row_writer`: a bounded queue of sealed rows and the thread that
+//!   hands them to a callback (`rows` makes it write them).
 //!
 //! The engine:
 //! - `engine`: `Engine` (shape, options, ledger, devices, I/O pool,
@@ -40,13 +43,13 @@
 //! Maintenance and lifecycle:
 //! - `rebuild`: rebuilding a replaced member's columns in place.
 //! - `scrub`: checking and repairing every row.
-//! - `members`: adding, replacing and removing members, and the reshape
-//!   that moves rows off members that leave.
 //! - `replay`: recovery: loading the checkpoint and rolling the log forward.
 //! - `open`: opening a pool from its members' superblocks.
-//! - `create`: creating a pool.
+//! - `members`: adding, replacing and removing members, and the reshape
+//!   that moves rows off members that leave.
 //! - `status`: what `lograid status` shows.
 //! - `api`: the public `Pool` and `Volume`.
+//! - `create`: creating a pool (and opening it through `api`).
 //!
 //! A write from request to member: `Volume::write` (api/volume.rs) →
 //! `Engine::write` (overlay.rs: whole blocks go on, partial ones become
@@ -58,15 +61,18 @@
 //! `Device`, device/) → `finish_row_write` (a failed member is faulted,
 //! faults.rs; the row leaves the in-flight list). The write is
 //! acknowledged once its block is in the open row. `Volume::flush` →
-//! `flush_acknowledged` (overlay.rs) → `flush_log` (durability.rs: open
-//! rows sealed and written) → `make_durable` (rows below the target
-//! written, every member synced, then `flushed_seq` raised).
+//! `flush_acknowledged` (overlay.rs: held sub-block writes merged into
+//! their blocks first) → `flush_log` (durability.rs: open rows sealed and
+//! written) → `make_durable` (rows below the target written, every member
+//! synced, then `flushed_seq` raised) → `checkpoint_log_if_due`
+//! (checkpoint.rs: a checkpoint if enough log was written since the last).
 //!
 //! Locking: one mutex (`Ledger`) guards all bookkeeping and is never held
 //! across member I/O. `reuse` is a read-write lock that readers hold while
 //! reading member blocks, so that a segment freed by the cleaner is never
 //! rewritten under a reader. `maintenance` serialises checkpoints, cleaning
-//! passes, member changes and the reshape; flushes do not take it.
+//! passes, member and volume changes and the reshape; flushes never wait
+//! for it (one that finds a checkpoint due try-locks it).
 
 mod api;
 mod background;

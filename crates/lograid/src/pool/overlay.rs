@@ -162,8 +162,9 @@ impl Engine {
     /// Merges the overlay of one block into it: snapshot (map entry and
     /// overlay) with the base read, merge, append if neither changed.
     fn resolve_one(&self, vol: u32, lba: u64) -> Result<()> {
+        let mut name = String::new();
         for _ in 0..RESOLVE_ATTEMPTS {
-            let name = {
+            name = {
                 let ledger = self.ledger.lock();
                 let Some(v) = ledger.volume(vol) else {
                     // Deleting a volume drops its overlays in the same lock section.
@@ -198,7 +199,7 @@ impl Engine {
             }
         }
         Err(Error::Refused(Refusal::KeptRacing {
-            volume: vol.to_string(),
+            volume: name,
             block: lba,
             what: "merging a sub-block write",
         }))
@@ -279,7 +280,7 @@ impl Engine {
         Err(Error::Refused(Refusal::KeptRacing {
             volume: name.to_string(),
             block: lba,
-            what: "a sub-block write",
+            what: "sub-block write",
         }))
     }
 

@@ -5,7 +5,7 @@
 //! accepted only if it continues its chain), telling a torn row (the end of
 //! the log) from one rotted beyond parity (a later row proves it was
 //! flushed), and applying the rows in sequence order. Works even with
-//! members missing: headers are rebuilt from parity (`stripe`).
+//! members missing: headers are rebuilt from parity (`row_header`).
 
 use super::ledger::{Ledger, SegState, VolumeState, NO_SEGMENT};
 use super::shape::Shape;
@@ -404,11 +404,15 @@ impl Engine {
         let mut ledger = self.ledger.lock();
         let mut last_seq = 0;
         for (head, row) in found {
-            assert!(
-                row.header.seq > last_seq,
-                "replay: sequence number {} twice",
-                row.header.seq
-            );
+            // Unique, except when a row an earlier recovery could not read
+            // (and so did not count) is readable again: its number was
+            // handed out again since. Both are replayed, in head order.
+            if row.header.seq == last_seq {
+                tracing::warn!(
+                    "recovery: two rows carry sequence number {last_seq}; \
+                     replaying both, {head:?} second"
+                );
+            }
             last_seq = row.header.seq;
             blocks += row.header.slots as u64;
             self.apply_row(&mut ledger, head, row)?;

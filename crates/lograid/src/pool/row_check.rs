@@ -97,14 +97,19 @@ impl Stripe<'_> {
     }
 
     /// The blocks of this stripe that are wrong, with what they should
-    /// hold; Err: the data positions parity cannot restore.
-    fn repairs(&self, expected: &Expected) -> Result<Vec<Repair>, Vec<Position>> {
+    /// hold; Err: the data positions parity cannot restore. `parity`: one
+    /// block per parity column, reused from stripe to stripe.
+    fn repairs(
+        &self,
+        expected: &Expected,
+        parity: &mut [Vec<u8>],
+    ) -> Result<Vec<Repair>, Vec<Position>> {
         let mut repairs = self.rebuild_bad_data(expected)?;
-        let parity = self.parity_of(&repairs);
+        self.parity_into(&repairs, parity);
         let k = self.geom.data_capacity_columns();
-        for (j, par) in parity.into_iter().enumerate() {
+        for (j, par) in parity.iter().enumerate() {
             if self.block(k + j) != Some(par.as_slice()) {
-                repairs.push((k + j, par));
+                repairs.push((k + j, par.clone()));
             }
         }
         Ok(repairs)
@@ -117,6 +122,9 @@ impl Stripe<'_> {
         let bad: Vec<usize> = (0..self.geom.data_columns as usize)
             .filter(|&c| self.block(c).is_none_or(|b| !expected.holds(c, blk, b)))
             .collect();
+        if bad.is_empty() {
+            return Ok(Vec::new());
+        }
         if bad.len() > self.geom.parity as usize {
             return Err(bad.iter().map(|&c| (c, blk)).collect());
         }
@@ -139,13 +147,11 @@ impl Stripe<'_> {
         }
     }
 
-    /// The parity blocks the data (as read, `rebuilt` where it was wrong)
-    /// must have.
-    fn parity_of(&self, rebuilt: &[(usize, Vec<u8>)]) -> Vec<Vec<u8>> {
-        let p = self.geom.parity as usize;
-        let mut parity = vec![vec![0u8; BLOCK_SIZE]; p];
-        if p == 0 {
-            return parity;
+    /// Encodes into `parity` the parity blocks the data (as read,
+    /// `rebuilt` where it was wrong) must have.
+    fn parity_into(&self, rebuilt: &[(usize, Vec<u8>)], parity: &mut [Vec<u8>]) {
+        if parity.is_empty() {
+            return;
         }
         let data: Vec<&[u8]> = (0..self.geom.data_capacity_columns())
             .map(|c| match rebuilt.iter().find(|(rc, _)| *rc == c) {
@@ -155,7 +161,6 @@ impl Stripe<'_> {
             .collect();
         let mut out: Vec<&mut [u8]> = parity.iter_mut().map(|v| v.as_mut_slice()).collect();
         lograid_parity::encode(&data, &mut out);
-        parity
     }
 }
 
@@ -167,13 +172,14 @@ impl Engine {
         let mut report = RowCheck::default();
         let expected = Expected::new(row);
         let columns = self.read_row_columns(&row.geom);
+        let mut parity = vec![vec![0u8; BLOCK_SIZE]; row.geom.parity as usize];
         for blk in 0..row.geom.height as usize {
             let stripe = Stripe {
                 geom: &row.geom,
                 columns: &columns,
                 blk,
             };
-            match stripe.repairs(&expected) {
+            match stripe.repairs(&expected, &mut parity) {
                 Err(lost) => report.unrepairable.extend(lost),
                 Ok(repairs) => {
                     report.repaired += repairs.len() as u64;
