@@ -25,9 +25,11 @@ pub mod pool;
 pub mod sync;
 
 pub use error::{Error, ReadOnlyReason, Refusal, RepairError, Result};
-pub use pool::recovery_api::{open_members, read_superblock, RecoveryReport};
+pub use pool::recovery_api::{
+    open_members, read_superblock, survey_drives, RecoveryReport, SetAside, Survey,
+};
 pub use pool::{
-    create::{create_pool, open_new_members, open_paths},
+    create::{create_pool, open_new_members, open_paths, survey_paths},
     Allocation, CleanerPolicy, CreateOptions, LostBlock, Pool, PoolOptions, PoolStatus,
     ScrubReport, Volume,
 };

@@ -41,6 +41,10 @@ pub struct ServeArgs {
     /// Serve the volumes read-only (the pool is opened read-only: nothing is written).
     #[arg(long)]
     pub read_only: bool,
+    /// Refuse to serve a pool with members missing (by default it is served
+    /// degraded while its parity covers them).
+    #[arg(long)]
+    pub no_degraded: bool,
     /// Serve this volume read-only (repeatable; the others stay writable).
     #[arg(long, value_name = "VOLUME")]
     pub read_only_volume: Vec<String>,
@@ -80,6 +84,8 @@ pub struct ServeArgs {
     pub fuse: Option<PathBuf>,
     /// The drives (files, block devices, or a directory of *.img files). None: ./lograid-data,
     /// created on first run as three sparse 4 GiB files with parity 1 and one volume "vol0".
+    /// Drives that are missing or not members of the pool are set aside (with a log line);
+    /// the pool is served degraded while its parity covers the members they leave out.
     pub drives: Vec<PathBuf>,
 }
 
@@ -183,14 +189,14 @@ fn readable(e: anyhow::Error) -> anyhow::Error {
 }
 
 /// Opens the default pool in ./lograid-data, creating it on first run.
-fn open_or_create_default(read_only: bool, options: PoolOptions) -> Result<Pool> {
+fn open_or_create_default(read_only: bool, options: PoolOptions, degraded: bool) -> Result<Pool> {
     let dir = Path::new(DEFAULT_DATA_DIR);
     let paths: Vec<PathBuf> = (0..DEFAULT_MEMBERS)
         .map(|i| dir.join(format!("member{i}.img")))
         .collect();
     if dir.exists() && paths.iter().any(|p| p.exists()) {
         eprintln!("lograid: no drives given: serving the pool in ./{DEFAULT_DATA_DIR}");
-        return open_pool_with(&[dir.to_path_buf()], read_only, options).map_err(|e| {
+        return open_pool_with(&[dir.to_path_buf()], read_only, options, degraded).map_err(|e| {
             let locked = is_locked(&e);
             let e = readable(e);
             if locked {
@@ -279,9 +285,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
         ..Default::default()
     };
     let pool = if a.drives.is_empty() {
-        open_or_create_default(a.read_only, options)?
+        open_or_create_default(a.read_only, options, !a.no_degraded)?
     } else {
-        open_pool_with(&a.drives, a.read_only, options).map_err(readable)?
+        open_pool_with(&a.drives, a.read_only, options, !a.no_degraded).map_err(readable)?
     };
     // `lograid status` on these drives reads what this publishes.
     let jobs = std::sync::Arc::new(crate::live::Jobs::default());

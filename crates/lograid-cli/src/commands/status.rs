@@ -1,6 +1,5 @@
 //! `lograid status`: members, geometry, capacity, counters.
 
-use super::open_pool;
 use crate::size::human;
 use anyhow::Result;
 use clap::Args;
@@ -13,12 +12,20 @@ pub struct StatusArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+    /// Fail (without opening it) if the pool has members missing.
+    #[arg(long)]
+    pub no_degraded: bool,
+    /// The pool's drives (files or block devices, any order; a directory
+    /// stands for its *.img files). Drives that are missing or not members
+    /// of the pool are set aside, and the pool opens degraded while its
+    /// parity covers the members they leave out.
     #[arg(required = true)]
     pub drives: Vec<PathBuf>,
 }
 
 pub fn run(a: StatusArgs) -> Result<()> {
-    let (st, live, scrub) = match open_pool(&a.drives, true) {
+    let opened = super::open_pool_with(&a.drives, true, Default::default(), !a.no_degraded);
+    let (st, live, scrub) = match opened {
         Ok(pool) => (pool.status(), None, None),
         // Held by a running server: show what it publishes.
         Err(e) if super::serve::is_locked(&e) => match served_status(&a.drives)? {

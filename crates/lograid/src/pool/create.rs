@@ -4,6 +4,7 @@
 
 use super::engine::Engine;
 use super::ledger::SegState;
+use super::open::{SetAside, Survey};
 use super::{now_unix, random_u128, random_u64, Pool, PoolOptions, Shape};
 use crate::device::{is_mounted, probe_signature, AlignedBuf, FileMember, Member, OpenMode};
 use crate::error::{Error, Refusal, Result};
@@ -324,4 +325,55 @@ pub fn open_paths(paths: &[PathBuf], options: PoolOptions, read_only: bool) -> R
         members.push(Arc::new(m));
     }
     super::api::open_members(members, options, read_only)
+}
+
+/// Opens the drives at `paths` and sorts them (`survey_drives`): a path
+/// that cannot be opened is set aside like a drive that is not a member.
+/// Reads only; the pool is opened from `Survey::members`.
+pub fn survey_paths(paths: &[PathBuf], read_only: bool) -> Result<Survey> {
+    let mode = if read_only {
+        OpenMode::ReadOnly
+    } else {
+        OpenMode::ReadWrite
+    };
+    let mut members: Vec<Arc<dyn Member>> = Vec::new();
+    let mut unopened = Vec::new();
+    for p in paths {
+        match FileMember::open(Path::new(p), mode) {
+            Ok(m) => members.push(Arc::new(m)),
+            // Gone: the pool opens without it. Anything else (held by a
+            // server, read-only, no permission) is the caller's to fix.
+            Err(e) if !is_gone(&e) => {
+                return Err(Error::io(format!("opening {}", p.display()), e));
+            }
+            Err(e) => unopened.push(SetAside {
+                drive: p.display().to_string(),
+                reason: format!("cannot be opened: {e}"),
+            }),
+        }
+    }
+    if members.is_empty() {
+        let reasons: Vec<String> = unopened
+            .iter()
+            .map(|s| format!("{}: {}", s.drive, s.reason))
+            .collect();
+        return Err(Error::InvalidArgument(format!(
+            "none of the drives can be opened ({})",
+            reasons.join("; ")
+        )));
+    }
+    let mut survey = super::open::survey_drives(members)?;
+    unopened.append(&mut survey.set_aside);
+    survey.set_aside = unopened;
+    Ok(survey)
+}
+
+/// Whether opening a drive failed because it is not there (a deleted file,
+/// a device that went away).
+fn is_gone(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::NotFound
+        || matches!(
+            e.raw_os_error(),
+            Some(libc::ENXIO | libc::ENODEV | libc::ENOMEDIUM)
+        )
 }

@@ -108,7 +108,7 @@ mod write;
 /// Opening pools and what recovery reports.
 pub mod recovery_api {
     pub use super::api::open_members;
-    pub use super::open::read_superblock;
+    pub use super::open::{read_superblock, survey_drives, SetAside, Survey};
     pub use super::stats::RecoveryReport;
 }
 

@@ -136,19 +136,25 @@ pub(crate) fn open_engine(
 fn read_superblocks(members: Vec<Arc<dyn Member>>) -> Result<Vec<(Arc<dyn Member>, Superblock)>> {
     let mut found = Vec::with_capacity(members.len());
     for m in members {
-        refuse_foreign_contents(m.as_ref())?;
-        let sb = read_superblock(m.as_ref()).map_err(|e| match e {
-            Error::Format {
-                cause: crate::format::FormatError::BadMagic,
-                ..
-            } => Error::Refused(Refusal::NoSuperblock {
-                drive: m.describe(),
-            }),
-            other => other,
-        })?;
+        let sb = member_superblock(m.as_ref())?;
         found.push((m, sb));
     }
     Ok(found)
+}
+
+/// A drive's newest superblock, if it is a lograid member and holds
+/// nothing else now.
+fn member_superblock(m: &dyn Member) -> Result<Superblock> {
+    refuse_foreign_contents(m)?;
+    read_superblock(m).map_err(|e| match e {
+        Error::Format {
+            cause: crate::format::FormatError::BadMagic,
+            ..
+        } => Error::Refused(Refusal::NoSuperblock {
+            drive: m.describe(),
+        }),
+        other => other,
+    })
 }
 
 /// The drives by member index, as the newest superblock's member table
@@ -158,44 +164,159 @@ fn place_members(
     found: Vec<(Arc<dyn Member>, Superblock)>,
     newest: &Superblock,
 ) -> Result<Vec<Option<Arc<dyn Member>>>> {
-    let n = newest.members.len();
-    let mut slots: Vec<Option<Arc<dyn Member>>> = vec![None; n];
+    let mut slots: Vec<Option<Arc<dyn Member>>> = vec![None; newest.members.len()];
     for (m, sb) in found {
-        if sb.pool_uuid != newest.pool_uuid {
-            return Err(Error::Refused(Refusal::AnotherPool {
-                drive: m.describe(),
-                found: sb.pool_uuid,
-                expected: newest.pool_uuid,
-            }));
-        }
-        let i = sb.member_index as usize;
-        let recorded = newest.members.get(i).filter(|r| r.uuid == sb.member_uuid());
-        if recorded.is_some_and(|r| r.state == MemberState::Removed) {
-            return Err(Error::Refused(Refusal::RemovedMember {
-                drive: m.describe(),
-                pool: newest.pool_name.clone(),
-            }));
-        }
-        let Some(recorded) = recorded else {
-            return Err(Error::Refused(Refusal::NotACurrentMember {
-                drive: m.describe(),
-                pool: newest.pool_name.clone(),
-            }));
-        };
-        if slots[i].is_some() {
-            return Err(Error::InvalidArgument(format!(
-                "{} given twice (member {i})",
-                m.describe()
-            )));
-        }
-        if m.size_bytes() / BLOCK_BYTES < recorded.size_blocks {
-            return Err(Error::Refused(Refusal::ShrunkMember {
-                drive: m.describe(),
-            }));
-        }
+        let i = member_slot(m.as_ref(), &sb, newest, &slots)?;
         slots[i] = Some(m);
     }
     Ok(slots)
+}
+
+/// Where the pool `newest` describes places a drive whose superblock is
+/// `sb`, given the drives already placed in `slots`.
+fn member_slot(
+    m: &dyn Member,
+    sb: &Superblock,
+    newest: &Superblock,
+    slots: &[Option<Arc<dyn Member>>],
+) -> Result<usize> {
+    if sb.pool_uuid != newest.pool_uuid {
+        return Err(Error::Refused(Refusal::AnotherPool {
+            drive: m.describe(),
+            found: sb.pool_uuid,
+            expected: newest.pool_uuid,
+        }));
+    }
+    let i = sb.member_index as usize;
+    let recorded = newest.members.get(i).filter(|r| r.uuid == sb.member_uuid());
+    if recorded.is_some_and(|r| r.state == MemberState::Removed) {
+        return Err(Error::Refused(Refusal::RemovedMember {
+            drive: m.describe(),
+            pool: newest.pool_name.clone(),
+        }));
+    }
+    let Some(recorded) = recorded else {
+        return Err(Error::Refused(Refusal::NotACurrentMember {
+            drive: m.describe(),
+            pool: newest.pool_name.clone(),
+        }));
+    };
+    if slots.get(i).is_some_and(Option::is_some) {
+        return Err(Error::InvalidArgument(format!(
+            "{} given twice (member {i})",
+            m.describe()
+        )));
+    }
+    if m.size_bytes() / BLOCK_BYTES < recorded.size_blocks {
+        return Err(Error::Refused(Refusal::ShrunkMember {
+            drive: m.describe(),
+        }));
+    }
+    Ok(i)
+}
+
+/// A drive given to open a pool that the pool opens without, and why.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SetAside {
+    pub drive: String,
+    pub reason: String,
+}
+
+/// The drives given to open a pool, sorted (`survey_drives`).
+pub struct Survey {
+    /// The drives that take part, in member order.
+    pub members: Vec<Arc<dyn Member>>,
+    /// The drives the pool opens without.
+    pub set_aside: Vec<SetAside>,
+    /// Members that may hold rows and are not among `members`.
+    pub missing: Vec<usize>,
+    /// The pool's name and parity, from its newest superblock.
+    pub pool_name: String,
+    pub parity: u8,
+}
+
+/// Sorts the drives given to open a pool into those that take part and
+/// those set aside: drives that cannot be read or hold no lograid member
+/// (or now hold something else), members of another pool than most of the
+/// drives, removed or replaced members, drives smaller than they were, a
+/// member given twice. Refuses only when the drive with the pool's newest
+/// superblock would be set aside (the others could describe an older
+/// state of the pool) or when no drive is a member. Reads only.
+pub fn survey_drives(drives: Vec<Arc<dyn Member>>) -> Result<Survey> {
+    let mut set_aside = Vec::new();
+    let mut found = Vec::new();
+    let mut first_error = None;
+    for m in drives {
+        match member_superblock(m.as_ref()) {
+            Ok(sb) => found.push((m, sb)),
+            Err(e) => {
+                set_aside.push(SetAside {
+                    drive: m.describe(),
+                    reason: e.to_string(),
+                });
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let no_member = || Error::InvalidArgument("no drives given".into());
+    let Some(pool_uuid) = most_common_pool(&found)? else {
+        return Err(first_error.unwrap_or_else(no_member));
+    };
+    let newest = found
+        .iter()
+        .filter(|(_, sb)| sb.pool_uuid == pool_uuid)
+        .map(|(_, sb)| sb)
+        .max_by_key(|sb| sb.generation)
+        .cloned()
+        .ok_or_else(no_member)?;
+    let mut slots: Vec<Option<Arc<dyn Member>>> = vec![None; newest.members.len()];
+    for (m, sb) in found {
+        match member_slot(m.as_ref(), &sb, &newest, &slots) {
+            Ok(i) => slots[i] = Some(m),
+            Err(e) if sb == newest => return Err(e),
+            Err(e) => set_aside.push(SetAside {
+                drive: m.describe(),
+                reason: e.to_string(),
+            }),
+        }
+    }
+    let missing = (0..slots.len())
+        .filter(|&i| slots[i].is_none() && newest.members[i].state.may_hold_rows())
+        .collect();
+    Ok(Survey {
+        members: slots.into_iter().flatten().collect(),
+        set_aside,
+        missing,
+        pool_name: newest.pool_name,
+        parity: newest.parity,
+    })
+}
+
+/// The pool most of the drives belong to; None if no drive is a member.
+/// Refused when two pools have as many drives each (which one was meant?).
+fn most_common_pool(found: &[(Arc<dyn Member>, Superblock)]) -> Result<Option<u128>> {
+    let count = |uuid: u128| found.iter().filter(|(_, sb)| sb.pool_uuid == uuid).count();
+    let mut pools: Vec<(usize, u128)> = found
+        .iter()
+        .map(|(_, sb)| (count(sb.pool_uuid), sb.pool_uuid))
+        .collect();
+    pools.sort_unstable_by(|a, b| b.cmp(a));
+    pools.dedup();
+    match pools.as_slice() {
+        [] => Ok(None),
+        [(n, first), (m, second), ..] if n == m => {
+            let drive = found
+                .iter()
+                .find(|(_, sb)| sb.pool_uuid == *second)
+                .map_or_else(String::new, |(d, _)| d.describe());
+            Err(Error::Refused(Refusal::AnotherPool {
+                drive,
+                found: *second,
+                expected: *first,
+            }))
+        }
+        [(_, first), ..] => Ok(Some(*first)),
+    }
 }
 
 /// The member table the pool opens with, given the drives present.
