@@ -144,3 +144,28 @@ fn more_members_missing_than_parity_names_each_one() {
         assert!(err.contains("m2.img (cannot be opened"), "{err}");
     }
 }
+
+#[test]
+fn status_x_exit_codes_say_healthy_degraded_or_lost() {
+    let pool = TestPool::create("256M", "vol0:64M");
+    let health = |drives: &[PathBuf]| {
+        let out = lograid_out(&strings(&["status", "-x"], drives));
+        let line = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (out.status.code(), line)
+    };
+    let (code, line) = health(&pool.drives);
+    assert_eq!(code, Some(0), "{line}");
+    assert_eq!(line, "pool 'lograid' is healthy");
+    std::fs::remove_file(&pool.drives[1]).unwrap();
+    let (code, line) = health(&pool.drives);
+    assert_eq!(code, Some(1), "{line}");
+    assert!(
+        line.starts_with("pool 'lograid' is degraded: 1 member(s) missing"),
+        "{line}"
+    );
+    assert_eq!(line.lines().count(), 1, "{line}");
+    std::fs::remove_file(&pool.drives[0]).unwrap();
+    let (code, line) = health(&pool.drives);
+    assert_eq!(code, Some(2), "{line}");
+    assert!(line.starts_with("pool cannot be opened: "), "{line}");
+}

@@ -15,6 +15,11 @@ pub struct StatusArgs {
     /// Fail (without opening it) if the pool has members missing.
     #[arg(long)]
     pub no_degraded: bool,
+    /// One line of health, for scripts; exits 0 if healthy, 1 if degraded,
+    /// rebuilding or short of space, 2 if data was lost, the pool stopped
+    /// writing or it cannot be opened.
+    #[arg(short = 'x', long = "health", conflicts_with = "json")]
+    pub health: bool,
     /// The pool's drives (files or block devices, any order; a directory
     /// stands for its *.img files). Drives that are missing or not members
     /// of the pool are set aside, and the pool opens degraded while its
@@ -32,8 +37,16 @@ pub fn run(a: StatusArgs) -> Result<()> {
             Some((doc, age)) => (doc.status, Some((doc.pid, age)), doc.scrub),
             None => return Err(e),
         },
+        Err(e) if a.health => {
+            println!("pool cannot be opened: {e:#}");
+            std::process::exit(2);
+        }
         Err(e) => return Err(e),
     };
+    if a.health {
+        println!("{}", health_line(&st));
+        std::process::exit(st.health.exit_code());
+    }
     if a.json {
         if let Some(scrub) = scrub {
             // The server's scrub, beside the pool's status.
@@ -98,6 +111,7 @@ fn print_human(st: &PoolStatus) {
 fn print_capacity(st: &PoolStatus) {
     println!("pool:      {} ({})", st.name, st.uuid);
     println!("state:     {}", st.state);
+    println!("health:    {}", health_line(st));
     println!(
         "geometry:  {} members, parity {}, chunk {}, segment {} per member",
         st.members_total,
@@ -141,8 +155,8 @@ fn print_activity(st: &PoolStatus) {
         );
     }
     println!(
-        "integrity: {} checksum errors found, {} blocks repaired",
-        st.checksum_errors, st.repaired_blocks
+        "integrity: {} bad blocks found (by reads and scrubs), {} repaired, {} lost since opened",
+        st.checksum_errors, st.repaired_blocks, st.lost_blocks_seen
     );
     let c = &st.cleaner;
     println!(
@@ -224,4 +238,20 @@ pub fn print_volumes(volumes: &[lograid::pool::VolumeStatus]) {
             human(v.stored_bytes)
         );
     }
+}
+
+/// `status -x`: the pool's health in one line.
+fn health_line(st: &PoolStatus) -> String {
+    if st.health_reasons.is_empty() {
+        return format!("pool '{}' is healthy", st.name);
+    }
+    let health = serde_json::to_value(st.health)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    format!(
+        "pool '{}' is {health}: {}",
+        st.name,
+        st.health_reasons.join("; ")
+    )
 }

@@ -128,6 +128,20 @@ impl Member for FileMember {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.file.read_exact_at(buf, offset)
     }
+    fn gone(&self) -> Option<String> {
+        if self.is_block_device {
+            let mut size: u64 = 0;
+            // SAFETY: BLKGETSIZE64 writes a u64 into `size`.
+            let r = unsafe { libc::ioctl(self.file.as_raw_fd(), BLKGETSIZE64, &mut size) };
+            return (r != 0 || size == 0).then(|| "the block device went away".to_string());
+        }
+        use std::os::unix::fs::MetadataExt;
+        match self.file.metadata() {
+            Ok(meta) if meta.nlink() == 0 => Some("its file was deleted".to_string()),
+            Ok(_) => None,
+            Err(e) => Some(format!("its file cannot be examined: {e}")),
+        }
+    }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.file.write_all_at(buf, offset)
     }

@@ -49,6 +49,11 @@ pub trait Member: Send + Sync {
     fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
         Ok(())
     }
+    /// Why the drive is no longer there (a member file deleted, a block
+    /// device that went away), if it is not; checked about once a second.
+    fn gone(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Counters kept for every member since the pool was created.

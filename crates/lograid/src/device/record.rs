@@ -173,6 +173,9 @@ impl Member for RecordingMember {
     fn size_bytes(&self) -> u64 {
         self.inner.size_bytes()
     }
+    fn gone(&self) -> Option<String> {
+        self.inner.gone()
+    }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.inner.read_at(buf, offset)
     }

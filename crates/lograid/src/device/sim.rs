@@ -46,6 +46,8 @@ pub struct SimMember {
     flush_failures: std::sync::atomic::AtomicU64,
     /// Reads fail (bad sectors everywhere, a dying drive) while writes work.
     reads_fail: std::sync::atomic::AtomicBool,
+    /// The drive was pulled (`vanish`): `gone` says so; I/O still works.
+    vanished: std::sync::atomic::AtomicBool,
     /// Writes to come that are acknowledged but not done (lost writes), or
     /// done `misdirect_by` bytes away from where they were sent.
     lose: std::sync::atomic::AtomicU64,
@@ -183,6 +185,7 @@ impl SimMember {
             transient: Default::default(),
             flush_failures: Default::default(),
             reads_fail: Default::default(),
+            vanished: Default::default(),
             lose: Default::default(),
             misdirect: Default::default(),
             misdirect_by: Default::default(),
@@ -215,6 +218,12 @@ impl SimMember {
     pub fn fail_next_flushes(&self, n: u64) {
         self.flush_failures
             .store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Makes the drive report itself gone (as a deleted member file does).
+    pub fn vanish(&self) {
+        self.vanished
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Makes every read fail with EIO (writes still work), or not.
@@ -347,6 +356,11 @@ fn dead_error() -> io::Error {
 impl Member for SimMember {
     fn describe(&self) -> String {
         self.name.clone()
+    }
+    fn gone(&self) -> Option<String> {
+        self.vanished
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .then(|| "the simulated drive was pulled".to_string())
     }
     fn size_bytes(&self) -> u64 {
         self.size_bytes

@@ -102,6 +102,7 @@ pub(crate) fn cleaner_loop(weak: Weak<Engine>, stop: Arc<Stop>) {
             continue;
         }
         engine.check_read_health();
+        engine.watch();
         let free = engine.ledger.lock().free.len();
         let watermark = engine.clean_watermark();
         if free < watermark {

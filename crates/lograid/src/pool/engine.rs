@@ -151,6 +151,41 @@ impl Engine {
         }
     }
 
+    /// Logs a repaired block (`what` says where and how it was found), at
+    /// most `LogBudget`'s rate; says how many lines were left out.
+    pub(crate) fn log_repair(&self, what: std::fmt::Arguments<'_>) {
+        self.log_block_event(false, what);
+    }
+
+    /// Logs a block found lost (an error), at the same rate limit.
+    pub(crate) fn log_lost(&self, what: std::fmt::Arguments<'_>) {
+        self.stats.lock().lost_blocks_seen += 1;
+        self.log_block_event(true, what);
+    }
+
+    fn log_block_event(&self, lost: bool, what: std::fmt::Arguments<'_>) {
+        let turn = self.stats.lock().repair_lines.take();
+        let left_out = match turn {
+            stats::LogTurn::Log { left_out } => left_out,
+            stats::LogTurn::StartQuiet => {
+                tracing::warn!(
+                    "more repaired or lost blocks than the log takes: the next ones are \
+                     counted (lograid status), not logged, for a few seconds (rate limit)"
+                );
+                return;
+            }
+            stats::LogTurn::Quiet => return,
+        };
+        if left_out > 0 {
+            tracing::warn!("{left_out} more repaired or lost blocks were not logged (rate limit)");
+        }
+        if lost {
+            tracing::error!("{what}");
+        } else {
+            tracing::warn!("{what}");
+        }
+    }
+
     /// Logs a state change (fault, replace, add, repair) and keeps it for
     /// `lograid status` (the last few).
     pub(crate) fn event(&self, message: String) {

@@ -81,6 +81,20 @@ impl Engine {
         }
     }
 
+    /// Faults open members whose drive is gone (a deleted member file, a
+    /// block device that went away): held open, they would look online
+    /// until the next restart while nothing they take is safe.
+    pub(crate) fn check_members_present(&self) {
+        for (m, dev) in self.open_devices() {
+            if let Some(why) = dev.member.gone() {
+                let e = std::io::Error::other(why);
+                if let Err(e) = self.fault_member(m, "a presence check", e) {
+                    tracing::error!("{e}");
+                }
+            }
+        }
+    }
+
     fn is_lost(&self, ledger: &Ledger, m: MemberIndex) -> bool {
         let r = &ledger.members[m.0];
         r.state == MemberState::Faulted

@@ -47,6 +47,8 @@
 //! - `open`: opening a pool from its members' superblocks.
 //! - `members`: adding, replacing and removing members, and the reshape
 //!   that moves rows off members that leave.
+//! - `watch`: the once-a-second watch for members that are gone and
+//!   free space running low.
 //! - `status`: what `lograid status` shows.
 //! - `api`: the public `Pool` and `Volume`.
 //! - `create`: creating a pool (and opening it through `api`).
@@ -103,6 +105,7 @@ mod space;
 mod stats;
 mod status;
 mod stripe;
+mod watch;
 mod write;
 
 /// Opening pools and what recovery reports.
@@ -119,7 +122,8 @@ pub use options::{CleanerPolicy, PoolOptions};
 pub use scrub::{LostBlock, ScrubReport};
 pub use shape::Shape;
 pub use stats::CleanerState;
-pub use status::{CleanerStatus, MemberStatus, PoolStatus, VolumeStatus};
+pub use status::{CleanerStatus, Health, MemberStatus, PoolStatus, VolumeStatus};
+pub use watch::LOW_SPACE_PERCENT;
 
 pub use api::{Pool, Volume};
 pub use read::Allocation;

@@ -171,15 +171,27 @@ impl Engine {
                     dev.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            let fixed = self
-                .rebuild_block(pba, crc)
-                .map_err(|cause| Error::Unrecoverable {
+            let offset = (plan.lba + i as u64) * BLOCK_BYTES;
+            let fixed = self.rebuild_block(pba, crc).map_err(|cause| {
+                self.log_lost(format_args!(
+                    "volume '{}' offset {offset}: block lost: {cause}",
+                    plan.name
+                ));
+                Error::Unrecoverable {
                     volume: plan.name.to_string(),
-                    offset: (plan.lba + i as u64) * BLOCK_BYTES,
+                    offset,
                     cause,
-                })?;
+                }
+            })?;
             dest.copy_from_slice(&fixed);
             self.rewrite_block(pba, &fixed);
+            self.log_repair(format_args!(
+                "volume '{}' offset {offset}: member {} ({}) returned a bad block; \
+                 repaired from parity",
+                plan.name,
+                pba.member,
+                self.member_name(pba.member_index())
+            ));
         }
         Ok(())
     }

@@ -20,6 +20,9 @@ pub(crate) struct RowCheck {
     pub repaired: u64,
     /// Data positions (column, block) that could not be rebuilt.
     pub unrepairable: Vec<Position>,
+    /// Positions (column, block; data, header or parity) that were wrong
+    /// and were rewritten (or would have been).
+    pub wrong: Vec<Position>,
 }
 
 /// A block to write back: its column, and what it must hold.
@@ -183,6 +186,7 @@ impl Engine {
                 Err(lost) => report.unrepairable.extend(lost),
                 Ok(repairs) => {
                     report.repaired += repairs.len() as u64;
+                    report.wrong.extend(repairs.iter().map(|(c, _)| (*c, blk)));
                     if repair {
                         self.write_repairs(&row.geom, blk, repairs);
                     }

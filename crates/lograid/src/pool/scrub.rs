@@ -7,6 +7,7 @@
 //! with nothing to report.
 
 use super::ledger::SegState;
+use super::stripe::FoundRow;
 use super::Engine;
 use crate::error::Result;
 use crate::format::BLOCK_BYTES;
@@ -60,6 +61,11 @@ impl Engine {
         progress: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<ScrubReport> {
         let started = Instant::now();
+        tracing::info!(
+            "scrub of pool '{}' started ({})",
+            self.shape.pool_name,
+            if repair { "repairing" } else { "check only" }
+        );
         if repair {
             // Rows still in memory reach the members first.
             self.flush_log()?;
@@ -144,13 +150,24 @@ impl Engine {
         }
         report.complete = true;
         report.duration = started.elapsed();
-        tracing::info!(
-            "scrub: {} rows, {} repaired, {} lost, {} unreadable rows",
+        let summary = format!(
+            "scrub of pool '{}' finished in {:.1} s: {} rows ({} MiB) checked, {} blocks {}, \
+             {} live blocks lost, {} unreadable rows",
+            self.shape.pool_name,
+            report.duration.as_secs_f64(),
             report.rows_checked,
+            report.bytes_read >> 20,
             report.repaired_blocks,
+            if repair { "repaired" } else { "wrong" },
             report.lost_blocks.len(),
             report.unreadable_rows
         );
+        if report.is_clean() {
+            tracing::info!("{summary}");
+        } else {
+            self.event(summary);
+        }
+        self.stats.lock().lost_blocks_seen += report.lost_blocks.len() as u64;
         Ok(report)
     }
 
@@ -176,6 +193,52 @@ impl Engine {
         }
     }
 
+    /// Counts each wrong block against its member (as a checksum error
+    /// found) and logs it, naming the volume block it holds if it is live.
+    fn note_scrub_repairs(&self, row: &FoundRow, wrong: &[(usize, usize)], repair: bool) {
+        let geom = &row.geom;
+        for &(col, blk) in wrong {
+            let pba = geom.pba(&self.shape.geometry, col, blk);
+            if let Some(dev) = self.device_any(pba.member_index()) {
+                dev.counters.checksum_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            let holds = self.live_block_at(row, col, blk).map_or_else(
+                || "a header, parity or unused block".to_string(),
+                |(volume, offset)| format!("volume '{volume}' offset {offset}"),
+            );
+            self.log_repair(format_args!(
+                "scrub: member {} ({}) block {}: wrong ({holds}); {}",
+                pba.member,
+                self.member_name(pba.member_index()),
+                pba.block,
+                if repair {
+                    "repaired from parity"
+                } else {
+                    "not repaired (check only)"
+                }
+            ));
+        }
+    }
+
+    /// The volume and byte offset of the live block at (column, block) of
+    /// a row, if that position holds one.
+    fn live_block_at(&self, row: &FoundRow, col: usize, blk: usize) -> Option<(String, u64)> {
+        let geom = &row.geom;
+        let i = col * geom.height as usize + blk;
+        let slot = i.checked_sub(geom.header_blocks as usize)?;
+        let entry = row
+            .header
+            .entries
+            .iter()
+            .filter(|e| e.kind.owns_slot())
+            .nth(slot)?;
+        let pba = geom.pba(&self.shape.geometry, col, blk);
+        let ledger = self.ledger.lock();
+        let v = ledger.volume(entry.volume)?;
+        (v.map.get(entry.lba).0 == Loc::Disk(pba))
+            .then(|| (v.name.clone(), entry.lba * BLOCK_BYTES))
+    }
+
     fn scrub_row(&self, geom: &RowGeom, repair: bool, report: &mut ScrubReport) {
         report.rows_checked += 1;
         report.bytes_read += geom.written_blocks() * BLOCK_BYTES;
@@ -190,38 +253,17 @@ impl Engine {
         };
         let check = self.check_row(&row, repair);
         report.repaired_blocks += check.repaired;
+        self.note_scrub_repairs(&row, &check.wrong, repair);
         if check.unrepairable.is_empty() {
             return;
         }
         // Which of the lost positions hold live blocks, and of which volume?
-        let ledger = self.ledger.lock();
-        let slots: Vec<_> = row
-            .header
-            .entries
-            .iter()
-            .filter(|e| e.kind.owns_slot())
-            .collect();
         for (col, blk) in check.unrepairable {
-            let i = col * geom.height as usize + blk;
-            let Some(slot) = i.checked_sub(geom.header_blocks as usize) else {
-                continue; // header block: the header itself was rebuilt
-            };
-            let Some(entry) = slots.get(slot) else {
-                continue; // padding
-            };
-            let pba = geom.pba(&self.shape.geometry, col, blk);
-            if let Some(v) = ledger.volume(entry.volume) {
-                if v.map.get(entry.lba).0 == Loc::Disk(pba) {
-                    tracing::error!(
-                        "scrub: volume '{}' offset {}: block lost (more bad columns than parity)",
-                        v.name,
-                        entry.lba * BLOCK_BYTES
-                    );
-                    report.lost_blocks.push(LostBlock {
-                        volume: v.name.clone(),
-                        offset: entry.lba * BLOCK_BYTES,
-                    });
-                }
+            if let Some((volume, offset)) = self.live_block_at(&row, col, blk) {
+                tracing::error!(
+                    "scrub: volume '{volume}' offset {offset}: block lost (more bad columns than parity)"
+                );
+                report.lost_blocks.push(LostBlock { volume, offset });
             }
         }
     }

@@ -45,6 +45,65 @@ pub struct RuntimeStats {
     pub opened: Option<std::time::Instant>,
     /// State changes (faults, replacements, repairs): (unix time, message).
     pub events: std::collections::VecDeque<(u64, String)>,
+    /// When the background thread last looked at the members' presence
+    /// and the free space (`Engine::watch`).
+    pub last_watch: Option<std::time::Instant>,
+    /// Free space is below `LOW_SPACE_PERCENT` of usable (warned once
+    /// each time it gets there).
+    pub low_space: bool,
+    /// Lines about repaired blocks allowed in the log (rate limit).
+    pub repair_lines: LogBudget,
+    /// Blocks reads or scrubs found lost (more bad columns than parity)
+    /// since the pool was opened.
+    pub lost_blocks_seen: u64,
+}
+
+/// A rate limit for a kind of log line: `LINES_PER_WINDOW` lines per
+/// `WINDOW`, then one line saying how many were left out.
+#[derive(Debug, Default)]
+pub struct LogBudget {
+    window_start: Option<std::time::Instant>,
+    used: u32,
+    suppressed: u64,
+}
+
+impl LogBudget {
+    const LINES_PER_WINDOW: u32 = 20;
+    const WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// Whether a line may be logged now (`Log`, with how many lines were
+    /// left out since the last one that was), or not (`Quiet`; the first
+    /// time in a window, `StartQuiet`, to say so).
+    pub fn take(&mut self) -> LogTurn {
+        let now = std::time::Instant::now();
+        if self
+            .window_start
+            .is_none_or(|t| now.duration_since(t) >= Self::WINDOW)
+        {
+            self.window_start = Some(now);
+            self.used = 0;
+        }
+        if self.used >= Self::LINES_PER_WINDOW {
+            self.suppressed += 1;
+            return if self.suppressed == 1 {
+                LogTurn::StartQuiet
+            } else {
+                LogTurn::Quiet
+            };
+        }
+        self.used += 1;
+        LogTurn::Log {
+            left_out: std::mem::take(&mut self.suppressed),
+        }
+    }
+}
+
+/// What `LogBudget::take` allows.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LogTurn {
+    Log { left_out: u64 },
+    StartQuiet,
+    Quiet,
 }
 
 impl RuntimeStats {

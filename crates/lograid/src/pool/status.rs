@@ -96,6 +96,91 @@ pub struct PoolStatus {
     /// Overlays merged into their blocks since the pool was opened.
     #[serde(default)]
     pub overlays_merged: u64,
+    /// The pool's health for scripts (`lograid status -x`), and why it
+    /// is not healthy (one reason per line).
+    #[serde(default)]
+    pub health: Health,
+    #[serde(default)]
+    pub health_reasons: Vec<String>,
+    /// Live blocks reads and scrubs found lost (more bad columns than
+    /// parity) since the pool was opened.
+    #[serde(default)]
+    pub lost_blocks_seen: u64,
+}
+
+/// How the pool is, worst last: what `lograid status -x` reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Health {
+    /// Every member present, nothing lost, room to write.
+    #[default]
+    Healthy,
+    /// Free space below `LOW_SPACE_PERCENT` of usable.
+    LowSpace,
+    /// A rebuild or rebalance is under way.
+    Rebuilding,
+    /// Members missing or faulted, within the parity.
+    Degraded,
+    /// Blocks were found lost since the pool was opened.
+    DataLost,
+    /// The pool stopped writing (a fault past the parity, an internal error).
+    Stopped,
+}
+
+impl Health {
+    /// The exit code of `lograid status -x`: 0 healthy; 1 degraded,
+    /// rebuilding or short of space; 2 data lost or stopped.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Health::Healthy => 0,
+            Health::LowSpace | Health::Rebuilding | Health::Degraded => 1,
+            Health::DataLost | Health::Stopped => 2,
+        }
+    }
+}
+
+/// The pool's health and the reasons for it (all that apply).
+fn health_of(
+    engine: &Engine,
+    ledger: &super::ledger::Ledger,
+    missing: u32,
+    reshape: bool,
+) -> (Health, Vec<String>) {
+    let mut found = Vec::new();
+    if let Some(r) = ledger.read_only_reason.as_ref().filter(|r| r.is_fault()) {
+        found.push((Health::Stopped, format!("stopped writing: {r}")));
+    }
+    let lost = engine.stats.lock().lost_blocks_seen;
+    if lost > 0 {
+        found.push((
+            Health::DataLost,
+            format!("{lost} block(s) found lost since opened"),
+        ));
+    }
+    if missing > 0 {
+        found.push((
+            Health::Degraded,
+            format!("{missing} member(s) missing, faulted or not yet rebuilt"),
+        ));
+    }
+    if reshape {
+        found.push((
+            Health::Rebuilding,
+            "a rebuild or rebalance is under way".into(),
+        ));
+    }
+    if ledger.space_is_low() {
+        found.push((
+            Health::LowSpace,
+            format!(
+                "low on space: {} MiB of {} MiB usable can still be written",
+                (ledger.free_blocks() * BLOCK_BYTES) >> 20,
+                (ledger.usable_blocks * BLOCK_BYTES) >> 20
+            ),
+        ));
+    }
+    let health = found.iter().map(|(h, _)| *h).max().unwrap_or_default();
+    (health, found.into_iter().map(|(_, why)| why).collect())
 }
 
 /// A state change worth telling the user about.
@@ -116,6 +201,8 @@ pub fn collect(engine: &Engine) -> PoolStatus {
     let stored_blocks = ledger.stored_blocks;
     let missing = engine.lost_members(&ledger);
     let state = pool_state(&ledger, missing);
+    let (health, health_reasons) = health_of(engine, &ledger, missing, reshape.is_some());
+    let lost_blocks_seen = engine.stats.lock().lost_blocks_seen;
     PoolStatus {
         name: shape.pool_name.clone(),
         uuid: format!("{:032x}", shape.pool_uuid),
@@ -128,10 +215,7 @@ pub fn collect(engine: &Engine) -> PoolStatus {
         capacity_bytes: ledger.capacity_blocks * BLOCK_BYTES,
         usable_bytes: ledger.usable_blocks * BLOCK_BYTES,
         stored_bytes: stored_blocks * BLOCK_BYTES,
-        free_bytes: ledger
-            .usable_blocks
-            .saturating_sub(stored_blocks + ledger.overlays.unstored())
-            * BLOCK_BYTES,
+        free_bytes: ledger.free_blocks() * BLOCK_BYTES,
         segments_total: ledger.segments.len(),
         segments_free: ledger.free.len(),
         segments_sealed: segments_where(&ledger, |s| s == SegState::Sealed),
@@ -174,6 +258,9 @@ pub fn collect(engine: &Engine) -> PoolStatus {
         overlay_blocks: ledger.overlays.len(),
         overlay_blocks_unstored: ledger.overlays.unstored(),
         overlays_merged: ledger.overlays.resolved,
+        health,
+        health_reasons,
+        lost_blocks_seen,
     }
 }
 

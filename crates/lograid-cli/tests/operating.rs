@@ -1,0 +1,142 @@
+//! What an administrator sees when something goes wrong under a running
+//! server: a member file deleted while served is faulted within seconds
+//! (log line, status, `status -x`); blocks found bad by reads and by a
+//! scrub are each logged with where they were and the counters add up.
+
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
+mod common;
+
+use common::*;
+use std::io::{Seek, SeekFrom, Write};
+use std::time::{Duration, Instant};
+
+/// Polls `done` every 100 ms for up to 15 s.
+fn within_seconds(done: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+fn health_code(pool: &TestPool) -> Option<i32> {
+    lograid()
+        .args(["status", "-x"])
+        .args(&pool.drives)
+        .output()
+        .unwrap()
+        .status
+        .code()
+}
+
+#[test]
+fn a_member_file_deleted_while_served_is_faulted_within_seconds() {
+    if !need_tools(&["qemu-io"]) {
+        return;
+    }
+    let pool = TestPool::create("256M", "vol0:64M");
+    let server = pool.serve();
+    let uri = server.uri("vol0");
+    run(tool("qemu-io").args(["-f", "raw", "-c", "write -P 0x21 0 4M", "-c", "flush", &uri]));
+    assert_eq!(health_code(&pool), Some(0));
+    std::fs::remove_file(&pool.drives[1]).unwrap();
+    let faulted = within_seconds(|| status_json(&pool.drives)["members"][1]["state"] == "faulted");
+    assert!(
+        faulted,
+        "member 1 still: {}",
+        status_json(&pool.drives)["members"][1]
+    );
+    assert_eq!(health_code(&pool), Some(1));
+    // Still served: reads rebuild from parity, writes go on.
+    let out = stdout_of(tool("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "read -P 0x21 0 4M",
+        "-c",
+        "write -P 0x22 4M 1M",
+        "-c",
+        "flush",
+        &uri,
+    ]));
+    assert!(out.contains("read 4194304/4194304"), "{out}");
+    let log = server.terminate();
+    assert!(
+        log.contains("failed a presence check (its file was deleted)"),
+        "{log}"
+    );
+}
+
+#[test]
+fn bad_blocks_found_by_reads_and_scrubs_are_logged_and_counted() {
+    if !need_tools(&["qemu-io"]) {
+        return;
+    }
+    let pool = TestPool::create("256M", "vol0:64M");
+    let server = pool.serve();
+    let uri = server.uri("vol0");
+    run(tool("qemu-io").args([
+        "-f",
+        "raw",
+        "-c",
+        "write -P 0x44 0 16M",
+        "-c",
+        "flush",
+        &uri,
+    ]));
+    server.terminate();
+    // Rot on member 0: garbage over its data area's first 8 MiB (the
+    // superblocks at its start and end are left alone).
+    let mut f = std::fs::File::options()
+        .write(true)
+        .open(&pool.drives[0])
+        .unwrap();
+    f.seek(SeekFrom::Start(1 << 20)).unwrap();
+    let garbage: Vec<u8> = (0..8u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8)
+        .collect();
+    f.write_all(&garbage).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+
+    let server = pool.serve();
+    let uri = server.uri("vol0");
+    let out = stdout_of(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x44 0 16M", &uri]));
+    assert!(out.contains("read 16777216/16777216"), "{out}");
+    // The server publishes its status about once a second.
+    let counted =
+        within_seconds(|| status_json(&pool.drives)["checksum_errors"].as_u64() > Some(0));
+    assert!(counted, "{}", status_json(&pool.drives));
+    let st = status_json(&pool.drives);
+    let found = st["checksum_errors"].as_u64().unwrap();
+    let repaired = st["repaired_blocks"].as_u64().unwrap();
+    assert!(found > 0, "{st}");
+    assert!(
+        repaired > 0 && repaired <= found,
+        "found {found}, repaired {repaired}"
+    );
+    // What the reads did not touch, a scrub finds.
+    run(lograid().arg("scrub").args(&pool.drives));
+    let log = server.terminate();
+    assert!(
+        log.contains("returned a bad block; repaired from parity"),
+        "{log}"
+    );
+    assert!(log.contains("volume 'vol0' offset "), "{log}");
+    assert!(
+        log.contains("not logged, for a few seconds (rate limit)"),
+        "{log}"
+    );
+    assert!(log.contains("scrub of pool 'lograid' started"), "{log}");
+    assert!(log.contains("scrub of pool 'lograid' finished"), "{log}");
+    let st = status_json(&pool.drives);
+    let found = st["checksum_errors"].as_u64().unwrap();
+    let repaired = st["repaired_blocks"].as_u64().unwrap();
+    assert!(repaired <= found, "found {found}, repaired {repaired}");
+    assert_eq!(st["lost_blocks_seen"], 0, "{st}");
+    assert_eq!(health_code(&pool), Some(0));
+}
