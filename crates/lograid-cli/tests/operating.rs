@@ -140,3 +140,65 @@ fn bad_blocks_found_by_reads_and_scrubs_are_logged_and_counted() {
     assert_eq!(st["lost_blocks_seen"], 0, "{st}");
     assert_eq!(health_code(&pool), Some(0));
 }
+
+/// The walkthrough of docs/OPERATIONS.md and the README, step by step: a
+/// drive pulled while serving, the log line, `status -x`, `replace` while
+/// serving, the rebuild followed to the end, healthy again, data intact.
+#[test]
+fn failed_drive_walkthrough() {
+    if !need_tools(&["qemu-io"]) {
+        return;
+    }
+    let pool = TestPool::create("256M", "vol0:64M");
+    let server = pool.serve();
+    let uri = server.uri("vol0");
+    run(tool("qemu-io").args(["-f", "raw", "-c", "write -P 0x61 0 8M", "-c", "flush", &uri]));
+
+    // The drive is pulled: faulted within seconds, said in the log.
+    std::fs::remove_file(&pool.drives[1]).unwrap();
+    assert!(within_seconds(|| health_code(&pool) == Some(1)));
+    assert!(within_seconds(|| server
+        .stderr()
+        .contains("failed a presence check")));
+    let out = lograid()
+        .args(["status", "-x"])
+        .args(&pool.drives)
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&out.stdout);
+    assert!(line.contains("is degraded"), "{line}");
+
+    // Replaced while serving; the command follows the rebuild to the end.
+    let new = pool.path("m3.img");
+    let dir = pool.dir.path().display().to_string();
+    let out = run(lograid().args(["replace", &dir, "1"]).arg(&new));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("done"), "{said}");
+    let now = vec![pool.drives[0].clone(), pool.drives[2].clone(), new.clone()];
+    assert!(
+        within_seconds(|| lograid()
+            .args(["status", "-x"])
+            .args(&now)
+            .output()
+            .unwrap()
+            .status
+            .code()
+            == Some(0)),
+        "{}",
+        String::from_utf8_lossy(
+            &lograid()
+                .args(["status", "-x"])
+                .args(&now)
+                .output()
+                .unwrap()
+                .stdout
+        )
+    );
+    let out = stdout_of(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x61 0 8M", &uri]));
+    assert!(out.contains("read 8388608/8388608"), "{out}");
+    let log = server.terminate();
+    assert!(
+        log.contains("rebuilt: every row is whole again") || log.contains("rebuilding"),
+        "{log}"
+    );
+}
