@@ -159,12 +159,46 @@ fn reshape_and_throttle(engine: &Engine, stop: &Stop) -> bool {
     }
     let busy = user_io(engine) != before;
     engine.reshape.lock().users_busy = busy;
+    log_reshape_progress(engine);
     if busy {
         let share = engine.options.reshape_share.clamp(0.05, 1.0);
         let pause = started.elapsed().mul_f64((1.0 - share) / share);
         stop.pause(pause);
     }
     true
+}
+
+/// How often a running rebuild or rebalance logs its progress.
+const PROGRESS_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Logs the progress of a rebuild or rebalance every
+/// `PROGRESS_LOG_INTERVAL` (its start and end are events of their own).
+fn log_reshape_progress(engine: &Engine) {
+    {
+        let mut r = engine.reshape.lock();
+        let now = std::time::Instant::now();
+        let due = r
+            .progress_logged
+            .is_none_or(|t| now.duration_since(t) >= PROGRESS_LOG_INTERVAL);
+        if !due {
+            return;
+        }
+        r.progress_logged = Some(now);
+    }
+    if let Some(s) = engine.reshape_status() {
+        tracing::info!(
+            "{} of pool '{}': {} segments ({} MiB) done, {} segments ({} MiB) left{}",
+            s.kind,
+            engine.shape.pool_name,
+            s.segments_done,
+            s.bytes_moved >> 20,
+            s.segments_left,
+            s.bytes_left >> 20,
+            s.eta_seconds
+                .map(|eta| format!(", about {eta:.0} s to go"))
+                .unwrap_or_default()
+        );
+    }
 }
 
 /// The background state; a foreground (urgent) pass sets and clears its own.

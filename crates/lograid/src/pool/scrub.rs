@@ -116,8 +116,16 @@ impl Engine {
                     })
                 })
                 .collect();
+            let mut logged = Instant::now();
             loop {
                 let d = done.load(Ordering::SeqCst);
+                if logged.elapsed() >= Duration::from_secs(10) {
+                    logged = Instant::now();
+                    tracing::info!(
+                        "scrub of pool '{}': {d} of {total} rows checked",
+                        self.shape.pool_name
+                    );
+                }
                 hold.store(true, Ordering::SeqCst);
                 let go_on = progress(d, total);
                 hold.store(false, Ordering::SeqCst);

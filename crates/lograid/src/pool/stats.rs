@@ -137,6 +137,8 @@ pub(crate) struct ReshapeStats {
     /// Users did I/O during the last background step: the next one keeps
     /// to one thread (a rebuild in place otherwise uses a few).
     pub users_busy: bool,
+    /// When progress was last logged.
+    pub progress_logged: Option<Instant>,
 }
 
 /// What recovery did, printed on open.
