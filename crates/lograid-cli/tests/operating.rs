@@ -202,3 +202,40 @@ fn failed_drive_walkthrough() {
         "{log}"
     );
 }
+
+/// A thin volume larger than the pool: the pool warns when free space gets
+/// low, and a write it cannot place fails with ENOSPC and a log line.
+#[test]
+fn a_full_pool_warns_first_and_refuses_writes_loudly() {
+    if !need_tools(&["qemu-io"]) {
+        return;
+    }
+    let pool = TestPool::create("64M", "vol0:256M");
+    let server = pool.serve();
+    let uri = server.uri("vol0");
+    let out = tool("qemu-io")
+        .args([
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x7 0 200M",
+            "-c",
+            "flush",
+            &uri,
+        ])
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("No space left on device"), "{said}");
+    assert!(within_seconds(|| health_code(&pool) == Some(1)));
+    let log = server.terminate();
+    assert!(log.contains("is low on space"), "{log}");
+    assert!(
+        log.contains("refused: pool 'lograid' is full (ENOSPC"),
+        "{log}"
+    );
+}

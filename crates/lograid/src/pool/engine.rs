@@ -157,6 +157,26 @@ impl Engine {
         self.log_block_event(false, what);
     }
 
+    /// Logs a write refused for want of space, at most `LogBudget`'s rate.
+    pub(crate) fn log_no_space(&self, volume: &str, offset: u64, bytes: usize) {
+        let turn = self.stats.lock().no_space_lines.take();
+        let left_out = match turn {
+            stats::LogTurn::Log { left_out } => left_out,
+            stats::LogTurn::StartQuiet | stats::LogTurn::Quiet => return,
+        };
+        let free = self.ledger.lock().free_blocks() * crate::format::BLOCK_BYTES;
+        tracing::error!(
+            "volume '{volume}' offset {offset}: write of {bytes} bytes refused: pool '{}' is \
+             full (ENOSPC; {free} bytes free{}); trim or delete data, or add or replace members",
+            self.shape.pool_name,
+            if left_out > 0 {
+                format!("; {left_out} more refused writes not logged")
+            } else {
+                String::new()
+            }
+        );
+    }
+
     /// Logs a block found lost (an error), at the same rate limit.
     pub(crate) fn log_lost(&self, what: std::fmt::Arguments<'_>) {
         self.stats.lock().lost_blocks_seen += 1;

@@ -53,6 +53,8 @@ pub struct RuntimeStats {
     pub low_space: bool,
     /// Lines about repaired blocks allowed in the log (rate limit).
     pub repair_lines: LogBudget,
+    /// Lines about writes refused for want of space (rate limit).
+    pub no_space_lines: LogBudget,
     /// Blocks reads or scrubs found lost (more bad columns than parity)
     /// since the pool was opened.
     pub lost_blocks_seen: u64,

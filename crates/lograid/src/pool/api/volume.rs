@@ -91,9 +91,13 @@ impl Volume {
     /// until the next flush, like a drive's write cache.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check(offset, data.len() as u64)?;
-        self.engine.guarded("write", || {
+        let written = self.engine.guarded("write", || {
             self.engine.write(self.id, &self.name, offset, data)
-        })
+        });
+        if matches!(written, Err(Error::NoSpace)) {
+            self.engine.log_no_space(&self.name, offset, data.len());
+        }
+        written
     }
 
     /// Writes and makes the data durable before returning (FUA).
