@@ -239,3 +239,80 @@ fn a_full_pool_warns_first_and_refuses_writes_loudly() {
         "{log}"
     );
 }
+
+/// The rows of OPERATIONS.md's `status --json` table: (field column, meaning).
+fn documented_json_fields() -> Vec<(String, String)> {
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/OPERATIONS.md"
+    ))
+    .unwrap();
+    let table = doc
+        .split("### `status --json` fields")
+        .nth(1)
+        .expect("the section");
+    table
+        .lines()
+        .skip_while(|l| !l.starts_with("| field"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            let cells: Vec<&str> = l.split('|').collect();
+            (cells[1].trim().to_string(), cells[2].trim().to_string())
+        })
+        .collect()
+}
+
+/// The names in backquotes in `text`.
+fn quoted(text: &str) -> Vec<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn status_json_fields_are_the_documented_ones() {
+    let pool = TestPool::create("256M", "vol0:64M");
+    let json = status_json(&pool.drives);
+    let rows = documented_json_fields();
+    assert!(rows.len() > 10, "{rows:?}");
+    let top: Vec<String> = rows
+        .iter()
+        .flat_map(|(f, _)| quoted(f))
+        .filter(|f| !f.contains('.'))
+        .map(|f| f.trim_end_matches("[]").to_string())
+        .collect();
+    let actual: Vec<String> = json.as_object().unwrap().keys().cloned().collect();
+    for key in &actual {
+        assert!(
+            top.contains(key),
+            "status --json field `{key}` is not documented"
+        );
+    }
+    for key in &top {
+        // `scrub` is only there when a server publishes its status.
+        assert!(
+            actual.contains(key) || key == "scrub",
+            "documented field `{key}` is not printed"
+        );
+    }
+    // Nested objects: every field printed is named in its row.
+    let nested = |path: &str, value: &serde_json::Value| {
+        let (_, meaning) = rows
+            .iter()
+            .find(|(f, _)| quoted(f).iter().any(|q| q == path))
+            .unwrap_or_else(|| panic!("no row for `{path}`"));
+        let named = quoted(meaning);
+        for key in value.as_object().unwrap().keys() {
+            assert!(named.contains(key), "`{path}.{key}` is not documented");
+        }
+    };
+    nested("members[]", &json["members"][0]);
+    nested("members[].counters", &json["members"][0]["counters"]);
+    nested("cleaner", &json["cleaner"]);
+    nested("volumes[]", &json["volumes"][0]);
+    nested("counters", &json["counters"]);
+    nested("recovery", &json["recovery"]);
+}
