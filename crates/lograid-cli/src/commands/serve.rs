@@ -7,6 +7,8 @@
 //! checkpoint). Must never: exit with writes acknowledged by a flush that is
 //! not durable, or listen beyond loopback unless told to.
 
+mod notify;
+
 use super::open_pool_with;
 use crate::export::VolumeExport;
 use crate::size::human;
@@ -249,6 +251,8 @@ fn create_default(paths: &[PathBuf], options: PoolOptions) -> Result<Pool> {
 }
 
 pub fn run(a: ServeArgs) -> Result<()> {
+    // systemd (Type=notify): nothing is sent unless NOTIFY_SOCKET is set.
+    let notifier = Arc::new(notify::Notifier::from_env());
     // Before the pool allocates its buffers: lock memory, mark us an I/O flusher.
     for warning in lograid_nbd::harden_process_for_block_backing() {
         eprintln!("lograid: warning: {warning}");
@@ -309,7 +313,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
             None
         }
     };
-    let result = serve_pool(&pool, listen, tls, &a);
+    let result = serve_pool(&pool, listen, tls, &a, &notifier);
+    // Said at SIGTERM already; here for a server that ended by itself.
+    notifier.stopping("closing the pool: flushing, writing a checkpoint");
     drop(control);
     drop(scheduler);
     jobs.stop();
@@ -360,6 +366,7 @@ fn serve_pool(
     listen: Vec<ListenAddr>,
     tls: Option<TlsSettings>,
     a: &ServeArgs,
+    notifier: &Arc<notify::Notifier>,
 ) -> Result<()> {
     let exports = exports_of(pool, a)?;
     let config = ServerConfig {
@@ -388,7 +395,7 @@ fn serve_pool(
         }
         None => None,
     };
-    let (signals_handle, signal_thread) = start_signal_thread(handle)?;
+    let (signals_handle, signal_thread) = start_signal_thread(handle, notifier.clone())?;
 
     print_how_to_connect(
         pool,
@@ -398,7 +405,11 @@ fn serve_pool(
         tls.map(|t| t.mode),
         fuse.as_ref().map(|m| m.dir()),
     );
+    // systemd: ready only now (pool recovered, listeners bound, FUSE mounted);
+    // the watchdog stops with this function, before the pool closes.
+    let watchdog = notify::announce_ready(notifier, pool, server.local_addrs());
     let served = server.serve();
+    drop(watchdog);
     signals_handle.close();
     let _ = signal_thread.join();
     if let Some(mount) = fuse {
@@ -442,6 +453,7 @@ fn exports_of(pool: &Pool, a: &ServeArgs) -> Result<Vec<Arc<dyn Export>>> {
 /// it by closing the returned handle, then join it.
 fn start_signal_thread(
     handle: ShutdownHandle,
+    notifier: Arc<notify::Notifier>,
 ) -> Result<(signal_hook::iterator::Handle, std::thread::JoinHandle<()>)> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
@@ -460,6 +472,9 @@ fn start_signal_thread(
                 // stderr (eprintln! would, and the server would not stop).
                 if seen == 1 {
                     handle.shutdown();
+                    notifier.stopping(&format!(
+                        "{name}: finishing requests in flight, flushing, writing a checkpoint"
+                    ));
                     let _ = writeln!(
                         std::io::stderr(),
                         "lograid: {name}: shutting down: finishing requests in flight, flushing, writing a checkpoint"
