@@ -248,6 +248,12 @@ pub fn status_line(status: &PoolStatus, addrs: &[ListenAddr]) -> String {
             r.segments_left
         ));
     }
+    // What the health adds beyond the state (lost data, low space).
+    for why in status.health_reasons.iter().filter(|w| {
+        w.contains("lost") || w.contains("low on space") || w.contains("stopped")
+    }) {
+        line.push_str(&format!("; {why}"));
+    }
     line
 }
 
