@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::export::Export;
 use crate::proto::*;
+use crate::sectors::SectorLocks;
 use crate::tls::TlsMode;
 
 /// Most options one client may send before the server gives up on it.
@@ -21,6 +22,8 @@ pub const MAX_DISCARDED_OPTION_LEN: u32 = 1024 * 1024;
 #[derive(Clone)]
 pub struct ExportRegistry {
     exports: Vec<Arc<dyn Export>>,
+    /// Per export (same index): the stripe locks every connection to it writes under.
+    locks: Vec<Arc<SectorLocks>>,
 }
 
 /// Why a list of exports cannot be served.
@@ -48,7 +51,8 @@ impl ExportRegistry {
                 return Err(RegistryError::Duplicate(name.to_owned()));
             }
         }
-        Ok(ExportRegistry { exports })
+        let locks = exports.iter().map(|_| Arc::default()).collect();
+        Ok(ExportRegistry { exports, locks })
     }
 
     /// Index of the export a client means by `name` (empty: the default, the first one).
@@ -73,8 +77,12 @@ impl ExportRegistry {
 pub struct NegotiationPolicy {
     /// Serve every export read-only.
     pub read_only: bool,
-    /// Maximum block size advertised, and largest READ/WRITE accepted.
+    /// Maximum block size advertised, and largest READ/WRITE accepted, for a client that asks
+    /// for block sizes.
     pub max_payload: u32,
+    /// Largest READ/WRITE accepted from a client that does not ask for block sizes (at least
+    /// `max_payload`).
+    pub default_max_payload: u32,
     /// Whether `NBD_OPT_STARTTLS` is offered or required.
     pub tls: TlsMode,
 }
@@ -85,6 +93,16 @@ pub struct Session {
     pub export: Arc<dyn Export>,
     pub limits: SessionLimits,
     pub transmission_flags: u16,
+    /// The export's stripe locks (shared with every other session on it).
+    pub(crate) locks: Arc<SectorLocks>,
+}
+
+impl Session {
+    /// The client asked for block sizes in its `NBD_OPT_GO`, and so keeps to 512-byte
+    /// alignment and the advertised maximum payload.
+    pub fn block_sizes_negotiated(&self) -> bool {
+        self.limits.min_block_size > DEFAULT_MIN_BLOCK_SIZE
+    }
 }
 
 impl std::fmt::Debug for Session {
@@ -294,20 +312,38 @@ impl Negotiation {
         }
     }
 
-    fn session(&self, index: usize) -> Option<Session> {
+    /// The size constraints of a session: the advertised ones if the client asked for block
+    /// sizes (`block_sizes`), the protocol's defaults (as far as this server goes) if not.
+    /// Returns (minimum, maximum payload).
+    fn size_constraints(&self, block_sizes: bool) -> (u32, u32) {
+        if block_sizes {
+            (MIN_BLOCK_SIZE, self.policy.max_payload)
+        } else {
+            (
+                DEFAULT_MIN_BLOCK_SIZE,
+                self.policy.default_max_payload.max(self.policy.max_payload),
+            )
+        }
+    }
+
+    fn session(&self, index: usize, block_sizes: bool) -> Option<Session> {
         let export = self.registry.get(index)?.clone();
+        let locks = self.registry.locks.get(index)?.clone();
         let read_only = self.policy.read_only || export.read_only();
+        let (min_block_size, max_payload) = self.size_constraints(block_sizes);
         let limits = SessionLimits {
             size_bytes: advertised_size(export.as_ref()),
             read_only,
             structured_replies: self.structured_replies,
             block_status: self.structured_replies && self.meta_context_export == Some(index),
-            max_payload: self.policy.max_payload,
+            max_payload,
+            min_block_size,
         };
         Some(Session {
             export,
             limits,
             transmission_flags: transmission_flags(read_only, self.structured_replies),
+            locks,
         })
     }
 
@@ -315,7 +351,8 @@ impl Negotiation {
         let Some(session) = self
             .registry
             .find(name)
-            .and_then(|index| self.session(index))
+            // No block sizes asked for: the protocol's defaults.
+            .and_then(|index| self.session(index, false))
         else {
             return Step::Close {
                 reply: Vec::new(),
@@ -355,7 +392,10 @@ impl Negotiation {
                 &format!("no export named {name:?}"),
             ));
         };
-        let Some(session) = self.session(index) else {
+        // Only a GO that asks for block sizes commits the client to them (an INFO asking does
+        // not, nor a GO that does not ask).
+        let block_sizes = requests.contains(&NBD_INFO_BLOCK_SIZE);
+        let Some(session) = self.session(index, go && block_sizes) else {
             return Step::Reply(error_reply(option, NBD_REP_ERR_UNKNOWN, "export vanished"));
         };
         let mut out = Vec::new();
@@ -376,11 +416,14 @@ impl Negotiation {
             data.extend_from_slice(description.as_bytes());
             out.extend_from_slice(&option_reply(option, NBD_REP_INFO, &data));
         }
-        // Always sent: the minimum of 512 is stricter than the protocol default of 1.
+        // Always sent. Asked for: 512 / 4096 / the maximum payload, which a GO commits the
+        // client to. Not asked for: what this server takes from such a client (any alignment,
+        // the larger maximum), which it need not read.
+        let (minimum, maximum) = self.size_constraints(block_sizes);
         let mut block_size = NBD_INFO_BLOCK_SIZE.to_be_bytes().to_vec();
-        block_size.extend_from_slice(&MIN_BLOCK_SIZE.to_be_bytes());
+        block_size.extend_from_slice(&minimum.to_be_bytes());
         block_size.extend_from_slice(&PREFERRED_BLOCK_SIZE.to_be_bytes());
-        block_size.extend_from_slice(&self.policy.max_payload.to_be_bytes());
+        block_size.extend_from_slice(&maximum.to_be_bytes());
         out.extend_from_slice(&option_reply(option, NBD_REP_INFO, &block_size));
 
         out.extend_from_slice(&option_reply(option, NBD_REP_ACK, &[]));
@@ -464,6 +507,7 @@ mod tests {
         let policy = NegotiationPolicy {
             read_only: false,
             max_payload: DEFAULT_MAX_PAYLOAD,
+            default_max_payload: UNNEGOTIATED_MAX_PAYLOAD,
             tls,
         };
         let client = ClientFlags {
