@@ -522,12 +522,79 @@ mod tests {
         u32::from_be_bytes(bytes[12..16].try_into().unwrap())
     }
 
-    fn go(n: &mut Negotiation) -> Step {
+    fn info_data(requests: &[u16]) -> Vec<u8> {
         let mut data = Vec::new();
         data.extend_from_slice(&4u32.to_be_bytes());
         data.extend_from_slice(b"disk");
-        data.extend_from_slice(&0u16.to_be_bytes());
-        n.handle_option(NBD_OPT_GO, &data)
+        data.extend_from_slice(&(requests.len() as u16).to_be_bytes());
+        for request in requests {
+            data.extend_from_slice(&request.to_be_bytes());
+        }
+        data
+    }
+
+    fn go(n: &mut Negotiation) -> Step {
+        n.handle_option(NBD_OPT_GO, &info_data(&[]))
+    }
+
+    /// (minimum, preferred, maximum) of the `NBD_INFO_BLOCK_SIZE` reply in `bytes`.
+    fn block_size_info(bytes: &[u8]) -> (u32, u32, u32) {
+        let mut rest = bytes;
+        while rest.len() >= 20 {
+            let length = u32::from_be_bytes(rest[16..20].try_into().unwrap()) as usize;
+            let data = &rest[20..20 + length];
+            if reply_type(rest) == NBD_REP_INFO && data[0..2] == NBD_INFO_BLOCK_SIZE.to_be_bytes() {
+                let at = |i: usize| u32::from_be_bytes(data[i..i + 4].try_into().unwrap());
+                return (at(2), at(6), at(10));
+            }
+            rest = &rest[20 + length..];
+        }
+        panic!("no NBD_INFO_BLOCK_SIZE reply");
+    }
+
+    #[test]
+    fn only_a_go_asking_for_block_sizes_commits_the_client() {
+        // GO asking: 512 / 4096 / 32 MiB, held to them.
+        let mut n = negotiation(TlsMode::Off);
+        let Step::Transmit { reply, session } =
+            n.handle_option(NBD_OPT_GO, &info_data(&[NBD_INFO_BLOCK_SIZE]))
+        else {
+            panic!("expected transmission");
+        };
+        assert_eq!(block_size_info(&reply), (512, 4096, DEFAULT_MAX_PAYLOAD));
+        assert!(session.block_sizes_negotiated());
+        assert_eq!(session.limits.min_block_size, MIN_BLOCK_SIZE);
+        assert_eq!(session.limits.max_payload, DEFAULT_MAX_PAYLOAD);
+
+        // GO not asking: the defaults (any alignment, 64 MiB), and says so.
+        let mut n = negotiation(TlsMode::Off);
+        let Step::Transmit { reply, session } = go(&mut n) else {
+            panic!("expected transmission");
+        };
+        assert_eq!(block_size_info(&reply), (1, 4096, UNNEGOTIATED_MAX_PAYLOAD));
+        assert!(!session.block_sizes_negotiated());
+        assert_eq!(session.limits.min_block_size, 1);
+        assert_eq!(session.limits.max_payload, UNNEGOTIATED_MAX_PAYLOAD);
+
+        // INFO asking shows what a GO asking would commit to, but commits nothing.
+        let mut n = negotiation(TlsMode::Off);
+        let Step::Reply(reply) = n.handle_option(NBD_OPT_INFO, &info_data(&[NBD_INFO_BLOCK_SIZE]))
+        else {
+            panic!("expected a reply");
+        };
+        assert_eq!(block_size_info(&reply), (512, 4096, DEFAULT_MAX_PAYLOAD));
+        let Step::Transmit { session, .. } = go(&mut n) else {
+            panic!("expected transmission");
+        };
+        assert!(!session.block_sizes_negotiated());
+
+        // EXPORT_NAME cannot ask.
+        let mut n = negotiation(TlsMode::Off);
+        let Step::Transmit { session, .. } = n.handle_option(NBD_OPT_EXPORT_NAME, b"disk") else {
+            panic!("expected transmission");
+        };
+        assert!(!session.block_sizes_negotiated());
+        assert_eq!(session.limits.max_payload, UNNEGOTIATED_MAX_PAYLOAD);
     }
 
     #[test]
