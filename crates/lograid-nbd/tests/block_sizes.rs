@@ -181,7 +181,7 @@ fn clients_that_ask_for_block_sizes_keep_512_and_32_mib() {
     let (export, model) = patterned(40 * MIB);
     let server = start(test_config(), &export);
     for structured in [false, true] {
-        let ((mut client, _), sizes) = RawClient::open_go(
+        let (mut client, _, sizes) = RawClient::open_go(
             server.addr,
             "disk0",
             structured,

@@ -132,6 +132,9 @@ pub struct Reply {
     pub message: String,
 }
 
+/// (minimum, preferred, maximum) of an `NBD_INFO_BLOCK_SIZE` reply.
+pub type BlockSizes = (u32, u32, u32);
+
 #[derive(Clone, Copy, Debug)]
 pub struct Negotiated {
     pub size: u64,
@@ -255,14 +258,14 @@ impl RawClient {
         structured: bool,
         block_status: bool,
     ) -> (RawClient, Negotiated) {
-        Self::open_go(
+        let (client, negotiated, _) = Self::open_go(
             addr,
             export,
             structured,
             block_status,
             &[NBD_INFO_BLOCK_SIZE],
-        )
-        .0
+        );
+        (client, negotiated)
     }
 
     /// Like [`RawClient::open`], but NBD_OPT_GO does not ask for block sizes: the session gets
@@ -273,10 +276,8 @@ impl RawClient {
         export: &str,
         structured: bool,
         block_status: bool,
-    ) -> (RawClient, Negotiated, Option<(u32, u32, u32)>) {
-        let ((client, negotiated), sizes) =
-            Self::open_go(addr, export, structured, block_status, &[]);
-        (client, negotiated, sizes)
+    ) -> (RawClient, Negotiated, Option<BlockSizes>) {
+        Self::open_go(addr, export, structured, block_status, &[])
     }
 
     /// Old-style negotiation: fixed newstyle + no zeroes, then NBD_OPT_EXPORT_NAME (simple
@@ -303,7 +304,7 @@ impl RawClient {
         structured: bool,
         block_status: bool,
         requests: &[u16],
-    ) -> ((RawClient, Negotiated), Option<(u32, u32, u32)>) {
+    ) -> (RawClient, Negotiated, Option<BlockSizes>) {
         let mut client = RawClient::connect(addr);
         client.send_client_flags(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
         if structured {
@@ -343,7 +344,7 @@ impl RawClient {
                 let at = |i: usize| u32::from_be_bytes(reply.data[i..i + 4].try_into().unwrap());
                 (at(2), at(6), at(10))
             });
-        ((client, Negotiated { size, flags }), block_sizes)
+        (client, Negotiated { size, flags }, block_sizes)
     }
 
     pub fn request_bytes(
