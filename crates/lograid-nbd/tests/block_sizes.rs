@@ -210,13 +210,13 @@ fn clients_that_ask_for_block_sizes_keep_512_and_32_mib() {
 }
 
 /// Two connections (and many requests in flight on each) write alternate single bytes of the
-/// same sectors; every read-modify-write reads slowly, so unserialised ones would overwrite
-/// each other's bytes with stale ones.
+/// same sectors. Each is a read-modify-write whose write-back is slowed (MemExport sleeps
+/// before storing), so unserialised ones would store stale copies of each other's bytes.
 #[test]
 fn concurrent_unaligned_writes_to_one_sector_lose_no_bytes() {
     const BYTES: u64 = 1024; // two sectors
     let export = Arc::new(MemExport::new("disk0", MIB));
-    export.inject_delay(FaultOp::Read, 0..BYTES, Duration::from_millis(1));
+    export.inject_delay(FaultOp::Write, 0..BYTES, Duration::from_millis(1));
     let server = start(test_config(), &export);
     let writers: Vec<_> = (0..2u64)
         .map(|parity| {
