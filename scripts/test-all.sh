@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 need_pkgs=()
 for tool_pkg in nbdinfo:libnbd-bin nbdfuse:libnbd-bin nbdkit:nbdkit fio:fio fusermount3:fuse3 \
     mkfs.xfs:xfsprogs mkfs.btrfs:btrfs-progs mkfs.ext4:e2fsprogs losetup:mount qemu-img:qemu-utils \
-    openssl:openssl; do
+    openssl:openssl nbdsh:python3-libnbd; do
     tool=${tool_pkg%%:*}; pkg=${tool_pkg##*:}
     command -v "$tool" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done

@@ -17,6 +17,7 @@ use tokio::time::timeout;
 use crate::dispatch::{error_reply, execute, ReplyOptions};
 use crate::negotiate::{ExportRegistry, Negotiation, NegotiationPolicy, Session, Step};
 use crate::proto::*;
+use crate::sectors::scratch_bytes;
 use crate::tls::TlsSettings;
 
 /// How long a closing connection keeps reading (and discarding) what the client still sends, so
@@ -190,15 +191,24 @@ pub(crate) async fn serve<S: Duplex>(stream: S, peer: String, shared: Arc<Shared
     };
     match negotiated {
         Negotiated::Plain(stream, session) => {
-            tracing::info!(%peer, export = session.export.name(), flags = session.transmission_flags, "transmission started");
+            tracing::info!(%peer, export = session.export.name(), flags = session.transmission_flags, block_sizes = block_sizes(&session), "transmission started");
             let (reader, writer) = stream.into_halves();
             transmission(reader, writer, peer, session, shared, false).await;
         }
         Negotiated::Tls(stream, session) => {
-            tracing::info!(%peer, export = session.export.name(), flags = session.transmission_flags, "transmission started over TLS");
+            tracing::info!(%peer, export = session.export.name(), flags = session.transmission_flags, block_sizes = block_sizes(&session), "transmission started over TLS");
             let (reader, writer) = tokio::io::split(*stream);
             transmission(reader, writer, peer, session, shared, true).await;
         }
+    }
+}
+
+/// For the log: which size constraints a session is held to.
+fn block_sizes(session: &Session) -> &'static str {
+    if session.block_sizes_negotiated() {
+        "negotiated (512-byte aligned)"
+    } else {
+        "protocol defaults (any byte offset)"
     }
 }
 
@@ -465,10 +475,15 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
             validated => validated,
         };
 
-        // 3. Buffer budget for the payload (WRITE) or the reply (READ).
+        // 3. Buffer budget for the payload (WRITE) or the reply (READ), and the sectors an
+        //    unaligned request is widened to.
         let buffer_bytes = match validated {
-            Ok(Command::Read { length, .. }) | Ok(Command::Write { length, .. }) => {
-                length.saturating_add(SMALL_REQUEST_BYTES)
+            Ok(Command::Read { offset, length, .. })
+            | Ok(Command::Write { offset, length, .. }) => length
+                .saturating_add(SMALL_REQUEST_BYTES)
+                .saturating_add(scratch_bytes(offset, u64::from(length))),
+            Ok(Command::WriteZeroes { offset, length, .. }) => {
+                SMALL_REQUEST_BYTES.saturating_add(scratch_bytes(offset, u64::from(length)))
             }
             _ => SMALL_REQUEST_BYTES,
         }
@@ -624,11 +639,12 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
     /// Runs `command` on the blocking pool and sends its reply to the writer.
     fn execute(&self, cookie: u64, command: Command, payload: Vec<u8>, in_flight: InFlight) {
         let export = self.session.export.clone();
+        let locks = self.session.locks.clone();
         let reply_tx = self.reply_tx.clone();
         let error_counter = self.shared.counters.clone();
         let options = self.options;
         tokio::task::spawn_blocking(move || {
-            let reply = execute(export.as_ref(), cookie, command, &payload, options);
+            let reply = execute(export.as_ref(), &locks, cookie, command, &payload, options);
             drop(payload);
             if reply_is_error(&reply) {
                 error_counter.request_errors.fetch_add(1, Ordering::Relaxed);

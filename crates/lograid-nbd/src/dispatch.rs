@@ -10,6 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::export::{nbd_error_from_io, Allocation, Export};
 use crate::proto::*;
+use crate::sectors::{self, SectorLocks};
 
 /// Reads shorter than this are always sent as one data chunk (no block-status lookup).
 pub const SPARSE_READ_MIN_LEN: u32 = 64 * 1024;
@@ -54,9 +55,12 @@ fn ok_reply(cookie: u64) -> Vec<u8> {
 }
 
 /// Runs `command` (already validated against the session) and returns the reply bytes.
-/// `payload` is the data of a WRITE and empty otherwise.
-pub fn execute(
+/// `payload` is the data of a WRITE and empty otherwise. Offsets and lengths need not be
+/// multiples of 512 (a session without negotiated block sizes): such requests are widened to
+/// whole sectors here, their writes under `locks` (the export's; see `sectors`).
+pub(crate) fn execute(
     export: &dyn Export,
+    locks: &SectorLocks,
     cookie: u64,
     command: Command,
     payload: &[u8],
@@ -64,7 +68,7 @@ pub fn execute(
 ) -> Vec<u8> {
     let code = command_code(command);
     match catch_unwind(AssertUnwindSafe(|| {
-        execute_inner(export, cookie, command, payload, options)
+        execute_inner(export, locks, cookie, command, payload, options)
     })) {
         Ok(reply) => reply,
         Err(_) => {
@@ -99,6 +103,7 @@ fn command_code(command: Command) -> u16 {
 
 fn execute_inner(
     export: &dyn Export,
+    locks: &SectorLocks,
     cookie: u64,
     command: Command,
     payload: &[u8],
@@ -121,7 +126,7 @@ fn execute_inner(
             if payload.is_empty() {
                 return ok_reply(cookie);
             }
-            simple(export.write(offset, payload, fua), false)
+            simple(sectors::write(export, locks, offset, payload, fua), false)
         }
         Command::Flush => simple(export.flush(), false),
         Command::Trim {
@@ -132,7 +137,10 @@ fn execute_inner(
             if length == 0 {
                 return ok_reply(cookie);
             }
-            simple(export.trim(offset, u64::from(length), fua), false)
+            simple(
+                sectors::trim(export, locks, offset, u64::from(length), fua),
+                false,
+            )
         }
         Command::WriteZeroes {
             offset,
@@ -145,7 +153,7 @@ fn execute_inner(
                 return ok_reply(cookie);
             }
             simple(
-                export.write_zeroes(offset, u64::from(length), no_hole, fua),
+                sectors::write_zeroes(export, locks, offset, u64::from(length), no_hole, fua),
                 fast,
             )
         }
@@ -278,7 +286,9 @@ fn read_reply(
         put_done_chunk(&mut out, cookie);
         return out;
     }
-    let pieces = if options.sparse_reads && !df && length >= SPARSE_READ_MIN_LEN {
+    // Sparse reads ask the export for block status at the read's offset: only when aligned.
+    let aligned = offset % u64::from(MIN_BLOCK_SIZE) == 0 && length % MIN_BLOCK_SIZE == 0;
+    let pieces = if options.sparse_reads && !df && length >= SPARSE_READ_MIN_LEN && aligned {
         plan_read(
             offset,
             u64::from(length),
@@ -304,7 +314,7 @@ fn simple_read_reply(
     let len = length as usize;
     let mut out = vec![0u8; SIMPLE_REPLY_HEADER_LEN + len];
     if len > 0 {
-        export.read(offset, &mut out[SIMPLE_REPLY_HEADER_LEN..])?;
+        sectors::read(export, offset, &mut out[SIMPLE_REPLY_HEADER_LEN..])?;
     }
     let mut header = Vec::with_capacity(SIMPLE_REPLY_HEADER_LEN);
     put_simple_reply(&mut header, cookie, 0);
@@ -351,7 +361,7 @@ fn read_chunks(export: &dyn Export, cookie: u64, pieces: &[ReadPiece]) -> std::i
             out.extend_from_slice(&piece.offset.to_be_bytes());
             let start = out.len();
             out.resize(start + piece.length as usize, 0);
-            export.read(piece.offset, &mut out[start..])?;
+            sectors::read(export, piece.offset, &mut out[start..])?;
         }
     }
     Ok(out)
@@ -427,7 +437,10 @@ fn block_status_reply(
     req_one: bool,
     options: ReplyOptions,
 ) -> Vec<u8> {
-    let extents = match export.block_status(offset, u64::from(length)) {
+    // An unaligned range (no negotiated block sizes) is asked for whole sectors, and the
+    // answer cut back to the range.
+    let (start, widened) = sectors::widen(offset, length);
+    let extents = match export.block_status(start, u64::from(widened)) {
         Ok(extents) => extents,
         Err(error) => {
             return error_reply(
@@ -439,7 +452,11 @@ fn block_status_reply(
             )
         }
     };
-    let descriptors = block_status_descriptors(length, &extents, req_one);
+    let descriptors = sectors::narrow_descriptors(
+        block_status_descriptors(widened, &extents, req_one),
+        (offset - start) as u32,
+        length,
+    );
     let payload_len = 4 + 8 * descriptors.len();
     let mut out = Vec::with_capacity(STRUCTURED_REPLY_HEADER_LEN + payload_len);
     put_chunk_header(

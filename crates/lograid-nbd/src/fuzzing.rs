@@ -228,6 +228,7 @@ fn set_up_session(data: &mut &[u8]) -> Option<SessionSetup> {
     let policy = NegotiationPolicy {
         read_only: false,
         max_payload: DEFAULT_MAX_PAYLOAD,
+        default_max_payload: UNNEGOTIATED_MAX_PAYLOAD,
         // Mostly off, so that most sessions reach transmission.
         tls: match setup[6] >> 5 {
             6 => TlsMode::Optional,
@@ -304,6 +305,7 @@ fn transmit(data: &mut &[u8], session: &Session, options: ReplyOptions, reach: &
                     reach.requests_executed += 1;
                     let reply = execute(
                         session.export.as_ref(),
+                        &session.locks,
                         header.cookie,
                         command,
                         &payload,

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::export::Export;
 use crate::proto::*;
+use crate::sectors::SectorLocks;
 use crate::tls::TlsMode;
 
 /// Most options one client may send before the server gives up on it.
@@ -21,6 +22,8 @@ pub const MAX_DISCARDED_OPTION_LEN: u32 = 1024 * 1024;
 #[derive(Clone)]
 pub struct ExportRegistry {
     exports: Vec<Arc<dyn Export>>,
+    /// Per export (same index): the stripe locks every connection to it writes under.
+    locks: Vec<Arc<SectorLocks>>,
 }
 
 /// Why a list of exports cannot be served.
@@ -48,7 +51,8 @@ impl ExportRegistry {
                 return Err(RegistryError::Duplicate(name.to_owned()));
             }
         }
-        Ok(ExportRegistry { exports })
+        let locks = exports.iter().map(|_| Arc::default()).collect();
+        Ok(ExportRegistry { exports, locks })
     }
 
     /// Index of the export a client means by `name` (empty: the default, the first one).
@@ -73,8 +77,12 @@ impl ExportRegistry {
 pub struct NegotiationPolicy {
     /// Serve every export read-only.
     pub read_only: bool,
-    /// Maximum block size advertised, and largest READ/WRITE accepted.
+    /// Maximum block size advertised, and largest READ/WRITE accepted, for a client that asks
+    /// for block sizes.
     pub max_payload: u32,
+    /// Largest READ/WRITE accepted from a client that does not ask for block sizes (at least
+    /// `max_payload`).
+    pub default_max_payload: u32,
     /// Whether `NBD_OPT_STARTTLS` is offered or required.
     pub tls: TlsMode,
 }
@@ -85,6 +93,16 @@ pub struct Session {
     pub export: Arc<dyn Export>,
     pub limits: SessionLimits,
     pub transmission_flags: u16,
+    /// The export's stripe locks (shared with every other session on it).
+    pub(crate) locks: Arc<SectorLocks>,
+}
+
+impl Session {
+    /// The client asked for block sizes in its `NBD_OPT_GO`, and so keeps to 512-byte
+    /// alignment and the advertised maximum payload.
+    pub fn block_sizes_negotiated(&self) -> bool {
+        self.limits.min_block_size > DEFAULT_MIN_BLOCK_SIZE
+    }
 }
 
 impl std::fmt::Debug for Session {
@@ -294,20 +312,38 @@ impl Negotiation {
         }
     }
 
-    fn session(&self, index: usize) -> Option<Session> {
+    /// The size constraints of a session: the advertised ones if the client asked for block
+    /// sizes (`block_sizes`), the protocol's defaults (as far as this server goes) if not.
+    /// Returns (minimum, maximum payload).
+    fn size_constraints(&self, block_sizes: bool) -> (u32, u32) {
+        if block_sizes {
+            (MIN_BLOCK_SIZE, self.policy.max_payload)
+        } else {
+            (
+                DEFAULT_MIN_BLOCK_SIZE,
+                self.policy.default_max_payload.max(self.policy.max_payload),
+            )
+        }
+    }
+
+    fn session(&self, index: usize, block_sizes: bool) -> Option<Session> {
         let export = self.registry.get(index)?.clone();
+        let locks = self.registry.locks.get(index)?.clone();
         let read_only = self.policy.read_only || export.read_only();
+        let (min_block_size, max_payload) = self.size_constraints(block_sizes);
         let limits = SessionLimits {
             size_bytes: advertised_size(export.as_ref()),
             read_only,
             structured_replies: self.structured_replies,
             block_status: self.structured_replies && self.meta_context_export == Some(index),
-            max_payload: self.policy.max_payload,
+            max_payload,
+            min_block_size,
         };
         Some(Session {
             export,
             limits,
             transmission_flags: transmission_flags(read_only, self.structured_replies),
+            locks,
         })
     }
 
@@ -315,7 +351,8 @@ impl Negotiation {
         let Some(session) = self
             .registry
             .find(name)
-            .and_then(|index| self.session(index))
+            // No block sizes asked for: the protocol's defaults.
+            .and_then(|index| self.session(index, false))
         else {
             return Step::Close {
                 reply: Vec::new(),
@@ -355,7 +392,10 @@ impl Negotiation {
                 &format!("no export named {name:?}"),
             ));
         };
-        let Some(session) = self.session(index) else {
+        // Only a GO that asks for block sizes commits the client to them (an INFO asking does
+        // not, nor a GO that does not ask).
+        let block_sizes = requests.contains(&NBD_INFO_BLOCK_SIZE);
+        let Some(session) = self.session(index, go && block_sizes) else {
             return Step::Reply(error_reply(option, NBD_REP_ERR_UNKNOWN, "export vanished"));
         };
         let mut out = Vec::new();
@@ -376,11 +416,14 @@ impl Negotiation {
             data.extend_from_slice(description.as_bytes());
             out.extend_from_slice(&option_reply(option, NBD_REP_INFO, &data));
         }
-        // Always sent: the minimum of 512 is stricter than the protocol default of 1.
+        // Always sent. Asked for: 512 / 4096 / the maximum payload, which a GO commits the
+        // client to. Not asked for: what this server takes from such a client (any alignment,
+        // the larger maximum), which it need not read.
+        let (minimum, maximum) = self.size_constraints(block_sizes);
         let mut block_size = NBD_INFO_BLOCK_SIZE.to_be_bytes().to_vec();
-        block_size.extend_from_slice(&MIN_BLOCK_SIZE.to_be_bytes());
+        block_size.extend_from_slice(&minimum.to_be_bytes());
         block_size.extend_from_slice(&PREFERRED_BLOCK_SIZE.to_be_bytes());
-        block_size.extend_from_slice(&self.policy.max_payload.to_be_bytes());
+        block_size.extend_from_slice(&maximum.to_be_bytes());
         out.extend_from_slice(&option_reply(option, NBD_REP_INFO, &block_size));
 
         out.extend_from_slice(&option_reply(option, NBD_REP_ACK, &[]));
@@ -464,6 +507,7 @@ mod tests {
         let policy = NegotiationPolicy {
             read_only: false,
             max_payload: DEFAULT_MAX_PAYLOAD,
+            default_max_payload: UNNEGOTIATED_MAX_PAYLOAD,
             tls,
         };
         let client = ClientFlags {
@@ -478,12 +522,79 @@ mod tests {
         u32::from_be_bytes(bytes[12..16].try_into().unwrap())
     }
 
-    fn go(n: &mut Negotiation) -> Step {
+    fn info_data(requests: &[u16]) -> Vec<u8> {
         let mut data = Vec::new();
         data.extend_from_slice(&4u32.to_be_bytes());
         data.extend_from_slice(b"disk");
-        data.extend_from_slice(&0u16.to_be_bytes());
-        n.handle_option(NBD_OPT_GO, &data)
+        data.extend_from_slice(&(requests.len() as u16).to_be_bytes());
+        for request in requests {
+            data.extend_from_slice(&request.to_be_bytes());
+        }
+        data
+    }
+
+    fn go(n: &mut Negotiation) -> Step {
+        n.handle_option(NBD_OPT_GO, &info_data(&[]))
+    }
+
+    /// (minimum, preferred, maximum) of the `NBD_INFO_BLOCK_SIZE` reply in `bytes`.
+    fn block_size_info(bytes: &[u8]) -> (u32, u32, u32) {
+        let mut rest = bytes;
+        while rest.len() >= 20 {
+            let length = u32::from_be_bytes(rest[16..20].try_into().unwrap()) as usize;
+            let data = &rest[20..20 + length];
+            if reply_type(rest) == NBD_REP_INFO && data[0..2] == NBD_INFO_BLOCK_SIZE.to_be_bytes() {
+                let at = |i: usize| u32::from_be_bytes(data[i..i + 4].try_into().unwrap());
+                return (at(2), at(6), at(10));
+            }
+            rest = &rest[20 + length..];
+        }
+        panic!("no NBD_INFO_BLOCK_SIZE reply");
+    }
+
+    #[test]
+    fn only_a_go_asking_for_block_sizes_commits_the_client() {
+        // GO asking: 512 / 4096 / 32 MiB, held to them.
+        let mut n = negotiation(TlsMode::Off);
+        let Step::Transmit { reply, session } =
+            n.handle_option(NBD_OPT_GO, &info_data(&[NBD_INFO_BLOCK_SIZE]))
+        else {
+            panic!("expected transmission");
+        };
+        assert_eq!(block_size_info(&reply), (512, 4096, DEFAULT_MAX_PAYLOAD));
+        assert!(session.block_sizes_negotiated());
+        assert_eq!(session.limits.min_block_size, MIN_BLOCK_SIZE);
+        assert_eq!(session.limits.max_payload, DEFAULT_MAX_PAYLOAD);
+
+        // GO not asking: the defaults (any alignment, 64 MiB), and says so.
+        let mut n = negotiation(TlsMode::Off);
+        let Step::Transmit { reply, session } = go(&mut n) else {
+            panic!("expected transmission");
+        };
+        assert_eq!(block_size_info(&reply), (1, 4096, UNNEGOTIATED_MAX_PAYLOAD));
+        assert!(!session.block_sizes_negotiated());
+        assert_eq!(session.limits.min_block_size, 1);
+        assert_eq!(session.limits.max_payload, UNNEGOTIATED_MAX_PAYLOAD);
+
+        // INFO asking shows what a GO asking would commit to, but commits nothing.
+        let mut n = negotiation(TlsMode::Off);
+        let Step::Reply(reply) = n.handle_option(NBD_OPT_INFO, &info_data(&[NBD_INFO_BLOCK_SIZE]))
+        else {
+            panic!("expected a reply");
+        };
+        assert_eq!(block_size_info(&reply), (512, 4096, DEFAULT_MAX_PAYLOAD));
+        let Step::Transmit { session, .. } = go(&mut n) else {
+            panic!("expected transmission");
+        };
+        assert!(!session.block_sizes_negotiated());
+
+        // EXPORT_NAME cannot ask.
+        let mut n = negotiation(TlsMode::Off);
+        let Step::Transmit { session, .. } = n.handle_option(NBD_OPT_EXPORT_NAME, b"disk") else {
+            panic!("expected transmission");
+        };
+        assert!(!session.block_sizes_negotiated());
+        assert_eq!(session.limits.max_payload, UNNEGOTIATED_MAX_PAYLOAD);
     }
 
     #[test]

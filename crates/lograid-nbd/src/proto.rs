@@ -175,12 +175,22 @@ pub const MAX_OPTION_LEN: u32 = 64 * 1024;
 pub const MAX_STRING_LEN: usize = 4096;
 /// Most metadata-context queries accepted in one option.
 pub const MAX_META_QUERIES: u32 = 128;
-/// Minimum block size advertised: every offset and length must be a multiple of it.
+/// Minimum block size advertised to a client that asks for block sizes (`NBD_INFO_BLOCK_SIZE`
+/// in its `NBD_OPT_GO`): its offsets and lengths must be multiples of it. Also the unit of the
+/// [`crate::Export`] contract.
 pub const MIN_BLOCK_SIZE: u32 = 512;
+/// Minimum block size of a client that did not ask for block sizes: the protocol's default of
+/// 1, any byte offset and length (partly covered sectors are read-modify-written).
+pub const DEFAULT_MIN_BLOCK_SIZE: u32 = 1;
 /// Preferred block size advertised.
 pub const PREFERRED_BLOCK_SIZE: u32 = 4096;
 /// Default maximum payload (and the floor of the configurable one): 32 MiB.
 pub const DEFAULT_MAX_PAYLOAD: u32 = 32 * 1024 * 1024;
+/// Largest READ/WRITE accepted from a client that did not ask for block sizes, unless the
+/// configured maximum payload is larger (or the per-connection buffer budget smaller): 64 MiB.
+/// The protocol asks servers for at least 32 MiB from such clients; twice that still fits the
+/// default per-connection buffer budget in one request.
+pub const UNNEGOTIATED_MAX_PAYLOAD: u32 = 64 * 1024 * 1024;
 /// Context id this server assigns to `base:allocation` in `NBD_OPT_SET_META_CONTEXT`.
 pub const BASE_ALLOCATION_CONTEXT_ID: u32 = 1;
 
@@ -552,6 +562,9 @@ pub struct SessionLimits {
     pub block_status: bool,
     /// Largest READ/WRITE payload.
     pub max_payload: u32,
+    /// Offsets and lengths must be multiples of this: [`MIN_BLOCK_SIZE`] if the client asked
+    /// for block sizes, [`DEFAULT_MIN_BLOCK_SIZE`] (any) if not.
+    pub min_block_size: u32,
 }
 
 /// A request that passed every check: the server may hand it to the export.
@@ -698,7 +711,8 @@ fn check_range(header: &RequestHeader, limits: &SessionLimits) -> Result<(), Ref
     {
         return Err((NBD_EINVAL, "length larger than the maximum block size"));
     }
-    let block = u64::from(MIN_BLOCK_SIZE);
+    // Only a session that negotiated block sizes has a minimum above 1 (and it is 512).
+    let block = u64::from(limits.min_block_size.max(1));
     if header.offset % block != 0 || u64::from(header.length) % block != 0 {
         return Err((NBD_EINVAL, "offset or length not a multiple of 512"));
     }
@@ -820,6 +834,7 @@ mod tests {
             structured_replies: true,
             block_status: true,
             max_payload: DEFAULT_MAX_PAYLOAD,
+            min_block_size: MIN_BLOCK_SIZE,
         }
     }
 

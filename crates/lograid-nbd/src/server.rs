@@ -19,7 +19,7 @@ use tokio::sync::{watch, Semaphore};
 use crate::connection::{self, ConnectionLimits, Counters, Duplex, Shared};
 use crate::export::Export;
 use crate::negotiate::{ExportRegistry, NegotiationPolicy, RegistryError};
-use crate::proto::{DEFAULT_MAX_PAYLOAD, MIN_BLOCK_SIZE};
+use crate::proto::{DEFAULT_MAX_PAYLOAD, MIN_BLOCK_SIZE, UNNEGOTIATED_MAX_PAYLOAD};
 use crate::tls::{TlsMode, TlsSettings};
 
 /// Largest configurable payload (a READ reply chunk must stay far below 4 GiB).
@@ -54,7 +54,9 @@ pub struct ServerConfig {
     /// Bytes of request and reply buffers all connections together may hold (at least
     /// `max_in_flight_bytes_per_conn`).
     pub max_total_in_flight_bytes: u64,
-    /// Largest READ or WRITE (advertised as the maximum block size); at least 32 MiB.
+    /// Largest READ or WRITE (advertised as the maximum block size) of a client that asks for
+    /// block sizes; at least 32 MiB. A client that does not ask gets
+    /// [`unnegotiated_max_payload`] (64 MiB by default).
     pub max_payload_bytes: u32,
     /// If set, only TCP peers with these addresses are served (Unix-socket peers always are).
     pub allow_list: Option<Vec<IpAddr>>,
@@ -417,6 +419,17 @@ impl Server {
     }
 }
 
+/// Largest READ/WRITE taken from a client that did not ask for block sizes:
+/// [`UNNEGOTIATED_MAX_PAYLOAD`] (64 MiB), or `max_payload_bytes` if larger, but never more than
+/// one connection's buffer budget (`max_in_flight_bytes_per_conn`), so that such a request
+/// still fits it whole.
+pub fn unnegotiated_max_payload(config: &ServerConfig) -> u32 {
+    let budget = config.max_in_flight_bytes_per_conn / MIN_BLOCK_SIZE * MIN_BLOCK_SIZE;
+    UNNEGOTIATED_MAX_PAYLOAD
+        .min(budget)
+        .max(config.max_payload_bytes)
+}
+
 /// What each connection of a server with `config` is held to.
 fn connection_limits(config: &ServerConfig) -> ConnectionLimits {
     ConnectionLimits {
@@ -429,6 +442,7 @@ fn connection_limits(config: &ServerConfig) -> ConnectionLimits {
         policy: NegotiationPolicy {
             read_only: config.read_only,
             max_payload: config.max_payload_bytes,
+            default_max_payload: unnegotiated_max_payload(config),
             tls: config.tls.as_ref().map_or(TlsMode::Off, |tls| tls.mode),
         },
     }

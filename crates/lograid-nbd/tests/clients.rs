@@ -1,4 +1,5 @@
-//! Real clients against the server over a MemExport: nbdinfo, qemu-img, qemu-io, nbdcopy, fio.
+//! Real clients against the server over a MemExport: nbdinfo, qemu-img, qemu-io, nbdcopy, fio,
+//! nbdsh (libnbd from Python, for clients that do not ask for block sizes).
 //! A missing tool fails the test unless LOGRAID_SKIP_EXTERNAL=1.
 
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
@@ -384,6 +385,196 @@ fn two_qemu_io_connections_with_flushes() {
     assert!(export.flush_count() >= 16);
     assert_eq!(export.unflushed_writes(), 0);
     assert_eq!(server.stats.snapshot().connections_accepted, 2);
+}
+
+/// nbdsh (libnbd's Python shell, Debian package python3-libnbd) running `script`.
+fn nbdsh(script: &str) -> Command {
+    let mut command = Command::new("nbdsh");
+    // nbdsh runs `python3 -m nbd`: put the system python3 (the one python3-libnbd installs
+    // into) ahead of any other on PATH (a pyenv shim, say).
+    let path = std::env::var("PATH").unwrap_or_default();
+    command.env("PATH", format!("/usr/bin:{path}"));
+    command.arg("-c").arg(script);
+    command
+}
+
+/// An export of `size` bytes holding `i % 251` at byte `i` (easy to rebuild in Python).
+fn mod_251_export(size: u64) -> Arc<MemExport> {
+    let export = Arc::new(MemExport::new("disk0", size));
+    let bytes: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    export.fill(0, &bytes);
+    export
+}
+
+/// Python: `model` (the export's bytes as `mod_251_export` made them) and `check(h, off, n)`.
+const PY_MODEL: &str = r#"
+import nbd, os
+size = SIZE
+model = bytearray((bytes(range(251)) * (size // 251 + 1))[:size])
+def check(h, off, n):
+    got = h.pread(n, off)
+    assert got == model[off:off + n], f"pread {off}+{n} differs from what was written"
+def write(h, off, data):
+    h.pwrite(data, off)
+    model[off:off + len(data)] = data
+"#;
+
+/// libnbd told not to ask for block sizes (`set_request_block_size(False)`): it learns the
+/// defaults (1 / 4096 / 64 MiB), and unaligned reads, writes, zeroes, trims and block status,
+/// and requests beyond 32 MiB, all work, with simple and with structured replies.
+#[test]
+fn nbdsh_without_block_sizes_unaligned_and_large_requests() {
+    if !require_tool("nbdsh", "python3-libnbd") {
+        return;
+    }
+    let size = 72 * MIB;
+    let export = mod_251_export(size);
+    let server = TestServer::start(test_config(), vec![export.clone()]);
+    let script = PY_MODEL.replace("SIZE", &size.to_string())
+        + &r#"
+for structured in (True, False):
+    h = nbd.NBD()
+    h.set_request_block_size(False)
+    h.set_request_structured_replies(structured)
+    if structured:
+        h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+    h.connect_uri("URI")
+    assert h.get_structured_replies_negotiated() == structured
+    assert h.get_block_size(nbd.SIZE_MINIMUM) == 1, h.get_block_size(nbd.SIZE_MINIMUM)
+    assert h.get_block_size(nbd.SIZE_PREFERRED) == 4096
+    assert h.get_block_size(nbd.SIZE_MAXIMUM) == 64 << 20, h.get_block_size(nbd.SIZE_MAXIMUM)
+    for off, n in [(1, 1), (100, 300), (511, 2), (4000, 5000), (70001, 200003), (size - 3, 3)]:
+        write(h, off, os.urandom(n))
+    for off, n in [(0, 1), (99, 302), (510, 4), (3999, 5002), (70000, 200005), (size - 7, 7)]:
+        check(h, off, n)
+    # Beyond the 32 MiB a client that asks is held to, and unaligned.
+    write(h, 12345, os.urandom((40 << 20) + 1))
+    check(h, 3, 48 << 20)
+    check(h, 0, 64 << 20)
+    h.zero(20, 1000)
+    model[1000:1020] = bytes(20)
+    check(h, 0, 8192)
+    # Only the whole sectors inside [10000, 60001) are trimmed (MemExport: they read as zero).
+    h.trim(50001, 10000)
+    model[10240:59904] = bytes(59904 - 10240)
+    check(h, 9000, 52000)
+    if structured:
+        seen = []
+        def extents(context, offset, entries, err):
+            seen.extend(entries)
+        # [59000, 61000): trimmed up to the last whole sector, 59904; data (untouched) after.
+        h.block_status(2000, 59000, extents)
+        assert seen == [904, 3, 1096, 0], seen
+    h.flush()
+    h.shutdown()
+print("ok")
+"#
+        .replace("URI", &server.uri("disk0"));
+    let output = run_ok(&mut nbdsh(&script), TOOL_TIMEOUT);
+    assert_eq!(output.trim(), "ok");
+    assert_eq!(export.contract_violations(), 0);
+}
+
+/// libnbd without fixed newstyle (`set_handshake_flags(0)`) can only use
+/// `NBD_OPT_EXPORT_NAME`, which cannot ask for block sizes: unaligned I/O works.
+#[test]
+fn nbdsh_export_name_unaligned_io() {
+    if !require_tool("nbdsh", "python3-libnbd") {
+        return;
+    }
+    let size = 4 * MIB;
+    let export = mod_251_export(size);
+    let server = TestServer::start(test_config(), vec![export.clone()]);
+    let script = PY_MODEL.replace("SIZE", &size.to_string())
+        + &r#"
+h = nbd.NBD()
+h.set_handshake_flags(0)
+h.connect_uri("URI")
+assert h.get_protocol() == "newstyle", h.get_protocol()
+assert h.get_block_size(nbd.SIZE_MINIMUM) == 0  # nothing learnt: EXPORT_NAME has no info
+for off, n in [(1, 1), (100, 300), (511, 2), (4000, 5000), (70001, 200003), (size - 3, 3)]:
+    write(h, off, os.urandom(n))
+for off, n in [(0, 1), (99, 302), (510, 4), (3999, 5002), (70000, 200005), (size - 7, 7)]:
+    check(h, off, n)
+h.zero(7, 513)
+model[513:520] = bytes(7)
+check(h, 0, 4096)
+h.shutdown()
+print("ok")
+"#
+        .replace("URI", &server.uri("disk0"));
+    let output = run_ok(&mut nbdsh(&script), TOOL_TIMEOUT);
+    assert_eq!(output.trim(), "ok");
+    assert_eq!(export.contract_violations(), 0);
+}
+
+/// Two libnbd connections that did not ask for block sizes write alternate single bytes of the
+/// same two sectors, every write in flight at once (asynchronous). Each is a read-modify-write,
+/// whose write-back is slowed (MemExport sleeps before storing), so that unserialised ones
+/// would store stale copies of each other's bytes; none may be lost.
+#[test]
+fn nbdsh_concurrent_unaligned_writes_to_one_sector_lose_no_bytes() {
+    if !require_tool("nbdsh", "python3-libnbd") {
+        return;
+    }
+    const BYTES: u64 = 1024;
+    let export = Arc::new(MemExport::new("disk0", MIB));
+    export.inject_delay(
+        lograid_nbd::mem_export::FaultOp::Write,
+        0..BYTES,
+        Duration::from_millis(1),
+    );
+    let server = TestServer::start(test_config(), vec![export.clone()]);
+    let writers: Vec<_> = (0..2)
+        .map(|parity| {
+            let script = r#"
+import nbd
+h = nbd.NBD()
+h.set_request_block_size(False)
+h.connect_uri("URI")
+cookies = [h.aio_pwrite(bytes([0x80 | (b % 127)]), b) for b in range(PARITY, BYTES, 2)]
+while h.aio_in_flight() > 0:
+    h.poll(-1)
+for cookie in cookies:
+    assert h.aio_command_completed(cookie)
+h.shutdown()
+print("ok")
+"#
+            .replace("URI", &server.uri("disk0"))
+            .replace("PARITY", &parity.to_string())
+            .replace("BYTES", &BYTES.to_string());
+            let child = nbdsh(&script)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("nbdsh");
+            ChildGuard(Some(child))
+        })
+        .collect();
+    let deadline = Instant::now() + TOOL_TIMEOUT;
+    for mut writer in writers {
+        let child = writer.0.as_mut().unwrap();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "nbdsh writer did not finish");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let output = writer.0.take().unwrap().wait_with_output().unwrap();
+        assert!(
+            status.success(),
+            "nbdsh writer failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let contents = export.contents(0, BYTES);
+    let lost: Vec<u64> = (0..BYTES)
+        .filter(|b| contents[*b as usize] != 0x80 | (b % 127) as u8)
+        .collect();
+    assert!(lost.is_empty(), "bytes lost at {lost:?}");
+    assert_eq!(export.contract_violations(), 0);
 }
 
 /// Throughput against MemExport, for information (run with `--ignored --nocapture`).

@@ -132,6 +132,9 @@ pub struct Reply {
     pub message: String,
 }
 
+/// (minimum, preferred, maximum) of an `NBD_INFO_BLOCK_SIZE` reply.
+pub type BlockSizes = (u32, u32, u32);
+
 #[derive(Clone, Copy, Debug)]
 pub struct Negotiated {
     pub size: u64,
@@ -248,13 +251,60 @@ impl RawClient {
     }
 
     /// Full handshake: fixed newstyle + no zeroes, optional structured replies and
-    /// base:allocation, then NBD_OPT_GO.
+    /// base:allocation, then NBD_OPT_GO asking for block sizes.
     pub fn open(
         addr: SocketAddr,
         export: &str,
         structured: bool,
         block_status: bool,
     ) -> (RawClient, Negotiated) {
+        let (client, negotiated, _) = Self::open_go(
+            addr,
+            export,
+            structured,
+            block_status,
+            &[NBD_INFO_BLOCK_SIZE],
+        );
+        (client, negotiated)
+    }
+
+    /// Like [`RawClient::open`], but NBD_OPT_GO does not ask for block sizes: the session gets
+    /// the protocol's defaults. Also returns the (minimum, preferred, maximum) the server sent
+    /// unasked, if it did.
+    pub fn open_without_block_sizes(
+        addr: SocketAddr,
+        export: &str,
+        structured: bool,
+        block_status: bool,
+    ) -> (RawClient, Negotiated, Option<BlockSizes>) {
+        Self::open_go(addr, export, structured, block_status, &[])
+    }
+
+    /// Old-style negotiation: fixed newstyle + no zeroes, then NBD_OPT_EXPORT_NAME (simple
+    /// replies only; no way to ask for block sizes).
+    pub fn open_export_name(addr: SocketAddr, export: &str) -> (RawClient, Negotiated) {
+        let mut client = RawClient::connect(addr);
+        client.send_client_flags(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
+        client.send_option(NBD_OPT_EXPORT_NAME, export.as_bytes());
+        let mut reply = [0u8; 10];
+        client
+            .stream
+            .read_exact(&mut reply)
+            .expect("EXPORT_NAME reply");
+        let size = u64::from_be_bytes(reply[0..8].try_into().unwrap());
+        let flags = u16::from_be_bytes(reply[8..10].try_into().unwrap());
+        (client, Negotiated { size, flags })
+    }
+
+    /// The handshake of [`RawClient::open`] with `requests` in NBD_OPT_GO; also returns the
+    /// NBD_INFO_BLOCK_SIZE values received, if any.
+    pub fn open_go(
+        addr: SocketAddr,
+        export: &str,
+        structured: bool,
+        block_status: bool,
+        requests: &[u16],
+    ) -> (RawClient, Negotiated, Option<BlockSizes>) {
         let mut client = RawClient::connect(addr);
         client.send_client_flags(NBD_FLAG_C_FIXED_NEWSTYLE | NBD_FLAG_C_NO_ZEROES);
         if structured {
@@ -271,7 +321,7 @@ impl RawClient {
                 assert_eq!(replies[0].reply_type, NBD_REP_META_CONTEXT);
             }
         }
-        client.send_option(NBD_OPT_GO, &Self::info_data(export, &[NBD_INFO_BLOCK_SIZE]));
+        client.send_option(NBD_OPT_GO, &Self::info_data(export, requests));
         let replies = client.read_option_replies();
         let last = replies.last().unwrap();
         assert_eq!(last.reply_type, NBD_REP_ACK, "GO failed: {replies:?}");
@@ -284,7 +334,17 @@ impl RawClient {
             .expect("NBD_INFO_EXPORT");
         let size = u64::from_be_bytes(export_info.data[2..10].try_into().unwrap());
         let flags = u16::from_be_bytes(export_info.data[10..12].try_into().unwrap());
-        (client, Negotiated { size, flags })
+        let block_sizes = replies
+            .iter()
+            .find(|reply| {
+                reply.reply_type == NBD_REP_INFO
+                    && reply.data[0..2] == NBD_INFO_BLOCK_SIZE.to_be_bytes()
+            })
+            .map(|reply| {
+                let at = |i: usize| u32::from_be_bytes(reply.data[i..i + 4].try_into().unwrap());
+                (at(2), at(6), at(10))
+            });
+        (client, Negotiated { size, flags }, block_sizes)
     }
 
     pub fn request_bytes(
