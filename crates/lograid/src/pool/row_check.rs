@@ -15,13 +15,17 @@ use std::sync::atomic::Ordering;
 /// What checking a whole row found (`check_row`).
 #[derive(Debug, Default)]
 pub(crate) struct RowCheck {
-    /// Blocks (data, header or parity) that were wrong and were rewritten
-    /// (or would have been, when only checking).
+    /// Blocks (data, header or parity) that were read but wrong, and were
+    /// rewritten (or would have been, when only checking).
     pub repaired: u64,
+    /// Positions whose member could not be read (rebuilt, and written
+    /// back if asked, but not bad blocks: the member's fault handling
+    /// counts them).
+    pub unreadable: Vec<Position>,
     /// Data positions (column, block) that could not be rebuilt.
     pub unrepairable: Vec<Position>,
-    /// Positions (column, block; data, header or parity) that were wrong
-    /// and were rewritten (or would have been).
+    /// Positions (column, block; data, header or parity) that were read
+    /// but wrong, and were rewritten (or would have been).
     pub wrong: Vec<Position>,
 }
 
@@ -185,8 +189,13 @@ impl Engine {
             match stripe.repairs(&expected, &mut parity) {
                 Err(lost) => report.unrepairable.extend(lost),
                 Ok(repairs) => {
-                    report.repaired += repairs.len() as u64;
-                    report.wrong.extend(repairs.iter().map(|(c, _)| (*c, blk)));
+                    for (c, _) in &repairs {
+                        match stripe.block(*c) {
+                            None => report.unreadable.push((*c, blk)),
+                            Some(_) => report.wrong.push((*c, blk)),
+                        }
+                    }
+                    report.repaired = report.wrong.len() as u64;
                     if repair {
                         self.write_repairs(&row.geom, blk, repairs);
                     }

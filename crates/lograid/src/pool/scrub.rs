@@ -36,6 +36,11 @@ pub struct ScrubReport {
     pub lost_blocks: Vec<LostBlock>,
     /// Rows whose header could not be read or rebuilt.
     pub unreadable_rows: u64,
+    /// Blocks whose member could not be read (rebuilt from parity and
+    /// written back when repairing; a member that keeps failing reads is
+    /// faulted), not counted as repaired.
+    #[serde(default)]
+    pub unreadable_blocks: u64,
     pub duration: Duration,
     /// Whether the scrub ran to the end (false: stopped by the caller).
     pub complete: bool,
@@ -145,6 +150,7 @@ impl Engine {
                 report.repaired_blocks += r.repaired_blocks;
                 report.lost_blocks.extend(r.lost_blocks);
                 report.unreadable_rows += r.unreadable_rows;
+                report.unreadable_blocks += r.unreadable_blocks;
             }
             report
         });
@@ -152,7 +158,7 @@ impl Engine {
             report.duration = started.elapsed();
             return Ok(report);
         }
-        if repair && report.repaired_blocks > 0 {
+        if repair && report.repaired_blocks + report.unreadable_blocks > 0 {
             // Repairs are plain writes: make them durable.
             self.sync_members()?;
         }
@@ -160,13 +166,14 @@ impl Engine {
         report.duration = started.elapsed();
         let summary = format!(
             "scrub of pool '{}' finished in {:.1} s: {} rows ({} MiB) checked, {} blocks {}, \
-             {} live blocks lost, {} unreadable rows",
+             {} blocks unreadable, {} live blocks lost, {} unreadable rows",
             self.shape.pool_name,
             report.duration.as_secs_f64(),
             report.rows_checked,
             report.bytes_read >> 20,
             report.repaired_blocks,
             if repair { "repaired" } else { "wrong" },
+            report.unreadable_blocks,
             report.lost_blocks.len(),
             report.unreadable_rows
         );
@@ -261,6 +268,7 @@ impl Engine {
         };
         let check = self.check_row(&row, repair);
         report.repaired_blocks += check.repaired;
+        report.unreadable_blocks += check.unreadable.len() as u64;
         self.note_scrub_repairs(&row, &check.wrong, repair);
         if check.unrepairable.is_empty() {
             return;

@@ -249,9 +249,11 @@ pub fn status_line(status: &PoolStatus, addrs: &[ListenAddr]) -> String {
         ));
     }
     // What the health adds beyond the state (lost data, low space).
-    for why in status.health_reasons.iter().filter(|w| {
-        w.contains("lost") || w.contains("low on space") || w.contains("stopped")
-    }) {
+    for why in status
+        .health_reasons
+        .iter()
+        .filter(|w| w.contains("lost") || w.contains("low on space") || w.contains("stopped"))
+    {
         line.push_str(&format!("; {why}"));
     }
     line
