@@ -63,7 +63,8 @@ pub fn execute(
     options: ReplyOptions,
 ) -> Vec<u8> {
     let code = command_code(command);
-    match catch_unwind(AssertUnwindSafe(|| {
+    let started = std::time::Instant::now();
+    let reply = match catch_unwind(AssertUnwindSafe(|| {
         execute_inner(export, cookie, command, payload, options)
     })) {
         Ok(reply) => reply,
@@ -81,7 +82,14 @@ pub fn execute(
                 options,
             )
         }
-    }
+    };
+    crate::stats::ExportStatsRegistry::global().record(
+        export.name(),
+        &command,
+        started.elapsed(),
+        &reply,
+    );
+    reply
 }
 
 fn command_code(command: Command) -> u16 {

@@ -11,6 +11,7 @@
 //! - `dispatch`: runs a validated request on an export and encodes the reply.
 //! - `connection`: per-connection I/O, bounds and the reply writer.
 //! - [`server`]: listeners, limits, shutdown; [`Server`], [`serve_until`].
+//! - [`stats`]: per-export request counters and latency histograms, for metrics.
 //! - [`tls`]: certificates and rustls settings for `NBD_OPT_STARTTLS`.
 //! - [`mod@attach`]: nbdfuse + loop device attach/detach.
 //! - [`harden`]: `PR_SET_IO_FLUSHER` + `mlockall` for a process backing a local block device.
@@ -43,6 +44,7 @@ pub mod mem_export;
 pub mod negotiate;
 pub mod proto;
 pub mod server;
+pub mod stats;
 pub mod tls;
 
 pub use attach::{
@@ -55,4 +57,5 @@ pub use server::{
     serve_until, ListenAddr, Server, ServerConfig, ServerError, ServerStats, ShutdownHandle,
     StatsHandle,
 };
+pub use stats::{ExportStatsRegistry, ExportStatsValues};
 pub use tls::{TlsFiles, TlsMode, TlsSettings};
