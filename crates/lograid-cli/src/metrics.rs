@@ -308,14 +308,14 @@ fn render_pool(t: &mut Text, status: &PoolStatus) {
     t.one(
         "lograid_pool_capacity_bytes",
         "gauge",
-        "Raw capacity of the members' segments (data and parity).",
+        "Bytes of data the segments hold at the width new rows are written with (parity not counted).",
         p,
         status.capacity_bytes,
     );
     t.one(
         "lograid_pool_usable_bytes",
         "gauge",
-        "Bytes the volumes can store (the capacity less parity and the cleaner's reserve).",
+        "Bytes the volumes can store: the capacity less the reserve the log and the cleaner need.",
         p,
         status.usable_bytes,
     );
