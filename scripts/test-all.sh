@@ -11,6 +11,9 @@ for tool_pkg in nbdinfo:libnbd-bin nbdfuse:libnbd-bin nbdkit:nbdkit fio:fio fuse
     tool=${tool_pkg%%:*}; pkg=${tool_pkg##*:}
     command -v "$tool" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
+# The metrics test parses the exposition with the Prometheus Python client (Debian's package,
+# for /usr/bin/python3).
+/usr/bin/python3 -c 'import prometheus_client.parser' >/dev/null 2>&1 || need_pkgs+=(python3-prometheus-client)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "test-all: missing tools (${need_pkgs[*]}); run as root to install them" >&2

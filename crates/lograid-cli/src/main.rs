@@ -6,6 +6,7 @@
 mod commands;
 mod export;
 mod live;
+mod metrics;
 mod size;
 
 use anyhow::Result;

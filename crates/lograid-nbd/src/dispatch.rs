@@ -67,7 +67,8 @@ pub(crate) fn execute(
     options: ReplyOptions,
 ) -> Vec<u8> {
     let code = command_code(command);
-    match catch_unwind(AssertUnwindSafe(|| {
+    let started = std::time::Instant::now();
+    let reply = match catch_unwind(AssertUnwindSafe(|| {
         execute_inner(export, locks, cookie, command, payload, options)
     })) {
         Ok(reply) => reply,
@@ -85,7 +86,14 @@ pub(crate) fn execute(
                 options,
             )
         }
-    }
+    };
+    crate::stats::ExportStatsRegistry::global().record(
+        export.name(),
+        &command,
+        started.elapsed(),
+        &reply,
+    );
+    reply
 }
 
 fn command_code(command: Command) -> u16 {

@@ -13,6 +13,7 @@
 //!   exports that take whole sectors: widening, read-modify-write, per-export stripe locks.
 //! - `connection`: per-connection I/O, bounds and the reply writer.
 //! - [`server`]: listeners, limits, shutdown; [`Server`], [`serve_until`].
+//! - [`stats`]: per-export request counters and latency histograms, for metrics.
 //! - [`tls`]: certificates and rustls settings for `NBD_OPT_STARTTLS`.
 //! - [`mod@attach`]: nbdfuse + loop device attach/detach.
 //! - [`harden`]: `PR_SET_IO_FLUSHER` + `mlockall` for a process backing a local block device.
@@ -46,6 +47,7 @@ pub mod negotiate;
 pub mod proto;
 mod sectors;
 pub mod server;
+pub mod stats;
 pub mod tls;
 
 pub use attach::{
@@ -58,4 +60,5 @@ pub use server::{
     serve_until, ListenAddr, Server, ServerConfig, ServerError, ServerStats, ShutdownHandle,
     StatsHandle,
 };
+pub use stats::{ExportStatsRegistry, ExportStatsValues};
 pub use tls::{TlsFiles, TlsMode, TlsSettings};

@@ -84,6 +84,10 @@ pub struct ServeArgs {
     /// `lograid attach --file DIR/VOLUME` (a /dev/loopN with no NBD client in between).
     #[arg(long, value_name = "DIR")]
     pub fuse: Option<PathBuf>,
+    /// Serve metrics in the Prometheus text format at http://ADDR:PORT/metrics (off by
+    /// default; e.g. 127.0.0.1:9450). docs/OPERATIONS.md, "Metrics", lists them.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<String>,
     /// The drives (files, block devices, or a directory of *.img files). None: ./lograid-data,
     /// created on first run as three sparse 4 GiB files with parity 1 and one volume "vol0".
     /// Drives that are missing or not members of the pool are set aside (with a log line);
@@ -259,6 +263,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     }
 
     let tls = tls_settings(&a)?;
+    // Bound before the pool is opened, so that a bad --metrics address fails first.
+    let metrics = a
+        .metrics
+        .as_deref()
+        .map(crate::metrics::Endpoint::bind)
+        .transpose()?;
     let mut listen = Vec::new();
     let tcp = match (&a.listen, &a.socket) {
         (Some(text), _) => Some(parse_listen(text)?),
@@ -313,7 +323,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
             None
         }
     };
+    let metrics = crate::metrics::serve(metrics, &pool, &jobs);
     let result = serve_pool(&pool, listen, tls, &a, &notifier);
+    drop(metrics);
     // Said at SIGTERM already; here for a server that ended by itself.
     notifier.stopping("closing the pool: flushing, writing a checkpoint");
     drop(control);

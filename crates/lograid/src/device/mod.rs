@@ -7,7 +7,8 @@
 //! counters, which completed writes may still sit in a member's volatile
 //! cache and the flushes that cover them (`write_cache`, behind
 //! `Device::sync`), the map of segments a member does not hold yet
-//! (`StaleSegments`) and the I/O worker pool that writes a row's columns in parallel (or, for
+//! (`StaleSegments`), per-member latency histograms (`LatencyHistogram`:
+//! fixed buckets of atomic counters, for metrics) and the I/O worker pool that writes a row's columns in parallel (or, for
 //! files and block devices, one io_uring submission per row: `uring`).
 //! It never interprets the bytes.
 
@@ -29,6 +30,7 @@ use crate::sync::{channel, thread};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// A drive. All offsets and lengths are multiples of 4096 and buffers are
 /// 4096-aligned (the engine guarantees it; implementations may rely on it).
@@ -106,6 +108,94 @@ impl MemberCounters {
             .store(v.checksum_errors, Ordering::Relaxed);
         self.repaired_blocks
             .store(v.repaired_blocks, Ordering::Relaxed);
+    }
+}
+
+/// Upper bounds of the latency histograms' buckets, in microseconds: 50 us
+/// to 1 s. One bucket more counts what took longer.
+pub const LATENCY_BUCKETS_US: [u64; 13] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+];
+const LATENCY_BUCKETS: usize = LATENCY_BUCKETS_US.len() + 1;
+const LATENCY_BOUNDS_NS: [u64; LATENCY_BUCKETS_US.len()] = {
+    let mut ns = [0; LATENCY_BUCKETS_US.len()];
+    let mut i = 0;
+    while i < ns.len() {
+        ns[i] = LATENCY_BUCKETS_US[i] * 1000;
+        i += 1;
+    }
+    ns
+};
+
+/// How long calls took, in fixed buckets (`LATENCY_BUCKETS_US`). Recording
+/// is two relaxed atomic additions: no lock, no allocation.
+#[derive(Default, Debug)]
+pub struct LatencyHistogram {
+    /// Calls per bucket (not cumulative); the last one is past 1 s.
+    buckets: [AtomicU64; LATENCY_BUCKETS],
+    /// Total time in nanoseconds (microseconds would round a fast drive's
+    /// calls of a few microseconds down by up to a third).
+    sum_ns: AtomicU64,
+}
+
+/// A copy of a `LatencyHistogram`.
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LatencyValues {
+    /// Calls per bucket (not cumulative): `buckets[i]` took at most
+    /// `LATENCY_BUCKETS_US[i]` (and more than the bound before); the last
+    /// one took more than the largest bound.
+    pub buckets: [u64; LATENCY_BUCKETS],
+    pub sum_ns: u64,
+}
+
+impl LatencyValues {
+    /// Calls recorded (the sum of the buckets).
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().sum()
+    }
+}
+
+impl LatencyHistogram {
+    pub fn record(&self, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        // The first bucket whose bound is not below `took`.
+        let bucket = LATENCY_BOUNDS_NS.partition_point(|&bound| bound < ns);
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+    /// A copy (each counter read once; calls recorded meanwhile may be in
+    /// some counters and not yet in others).
+    pub fn values(&self) -> LatencyValues {
+        LatencyValues {
+            buckets: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
+            sum_ns: self.sum_ns.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// How long a member's reads, writes and flushes took, since it was opened.
+#[derive(Default, Debug)]
+pub struct MemberLatency {
+    pub reads: LatencyHistogram,
+    pub writes: LatencyHistogram,
+    pub flushes: LatencyHistogram,
+}
+
+/// A copy of a `MemberLatency`.
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberLatencyValues {
+    pub reads: LatencyValues,
+    pub writes: LatencyValues,
+    pub flushes: LatencyValues,
+}
+
+impl MemberLatency {
+    pub fn values(&self) -> MemberLatencyValues {
+        MemberLatencyValues {
+            reads: self.reads.values(),
+            writes: self.writes.values(),
+            flushes: self.flushes.values(),
+        }
     }
 }
 
@@ -218,10 +308,12 @@ impl StaleSegments {
     }
 }
 
-/// A member in a pool: the drive and its counters.
+/// A member in a pool: the drive, its counters and latency histograms.
 pub struct Device {
     pub member: Arc<dyn Member>,
     pub counters: MemberCounters,
+    /// How long its calls took since it was opened (not kept across opens).
+    pub latency: MemberLatency,
     bad_reads_in_a_row: AtomicU64,
     /// Faulted: no longer read or written (kept for its counters).
     pub retired: std::sync::atomic::AtomicBool,
@@ -233,13 +325,14 @@ pub struct Device {
 
 /// A read slower than this counts as a failed one (a drive that hangs on
 /// retries of a bad sector, a path that keeps timing out).
-pub const SLOW_READ: std::time::Duration = std::time::Duration::from_secs(30);
+pub const SLOW_READ: Duration = Duration::from_secs(30);
 
 impl Device {
     pub fn new(member: Arc<dyn Member>, stale: Arc<StaleSegments>) -> Device {
         Device {
             member,
             counters: MemberCounters::default(),
+            latency: MemberLatency::default(),
             bad_reads_in_a_row: AtomicU64::new(0),
             retired: Default::default(),
             stale,
@@ -254,11 +347,13 @@ impl Device {
         self.counters
             .bytes_read
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let result = self.member.read_at(buf, offset);
+        let took = started.elapsed();
+        self.latency.reads.record(took);
         // A read that fails, or takes longer than a drive should, counts
         // against the member; one that works quickly clears the count.
-        if result.is_err() || started.elapsed() > SLOW_READ {
+        if result.is_err() || took > SLOW_READ {
             self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
             self.bad_reads_in_a_row.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -275,7 +370,9 @@ impl Device {
         self.counters
             .bytes_written
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        let started = Instant::now();
         let result = self.member.write_at(buf, offset);
+        self.latency.writes.record(started.elapsed());
         self.completed(&result);
         result
     }
@@ -301,7 +398,10 @@ impl Device {
     pub fn sync(&self) -> io::Result<()> {
         self.cache.sync(|| {
             self.counters.flushes.fetch_add(1, Ordering::Relaxed);
-            self.member.flush().inspect_err(|_| {
+            let started = Instant::now();
+            let result = self.member.flush();
+            self.latency.flushes.record(started.elapsed());
+            result.inspect_err(|_| {
                 self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
             })
         })
@@ -392,5 +492,49 @@ impl Drop for IoPool {
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_buckets_take_their_upper_bound_and_sum_in_nanoseconds() {
+        let h = LatencyHistogram::default();
+        for us in [0, 50, 51, 1_000, 1_000_000, 1_000_001, 7_000_000] {
+            h.record(Duration::from_micros(us));
+        }
+        h.record(Duration::from_nanos(50_001));
+        let v = h.values();
+        let mut expect = [0u64; LATENCY_BUCKETS];
+        expect[0] = 2; // 0 and 50 us
+        expect[1] = 2; // 51 us and 50.001 us
+        expect[4] = 1; // 1 ms
+        expect[12] = 1; // 1 s
+        expect[13] = 2; // past 1 s
+        assert_eq!(v.buckets, expect);
+        assert_eq!(v.count(), 8);
+        assert_eq!(
+            v.sum_ns,
+            (50 + 51 + 1_000 + 1_000_000 + 1_000_001 + 7_000_000) * 1000 + 50_001
+        );
+    }
+
+    #[test]
+    fn device_calls_are_timed() {
+        let member: Arc<dyn Member> = Arc::new(SimMember::new("m0", 1 << 20));
+        let dev = Device::new(member, Arc::new(StaleSegments::new(0, 1 << 16)));
+        let mut buf = AlignedBuf::zeroed(4096);
+        dev.write_at(&buf, 0).unwrap();
+        dev.write_at(&buf, 4096).unwrap();
+        dev.read_at(&mut buf, 0).unwrap();
+        dev.sync().unwrap();
+        let v = dev.latency.values();
+        assert_eq!(
+            (v.reads.count(), v.writes.count(), v.flushes.count()),
+            (1, 2, 1)
+        );
+        assert_eq!(v.writes.count(), dev.counters.values().writes);
     }
 }

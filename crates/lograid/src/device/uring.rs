@@ -73,10 +73,13 @@ pub fn write_columns(columns: &[ColumnWrite<'_>]) -> Option<Vec<io::Result<()>>>
             return None;
         };
         let mut results: Vec<Option<io::Result<()>>> = (0..columns.len()).map(|_| None).collect();
+        let started = std::time::Instant::now();
         for round in (0..columns.len()).step_by(RING_ENTRIES as usize) {
             let end = (round + RING_ENTRIES as usize).min(columns.len());
             submit_round(ring, columns, &fds, round..end, &mut results);
         }
+        // Each column is timed as the batch it was in.
+        let took = started.elapsed();
         Some(
             results
                 .into_iter()
@@ -89,6 +92,7 @@ pub fn write_columns(columns: &[ColumnWrite<'_>]) -> Option<Vec<io::Result<()>>>
                     counters
                         .bytes_written
                         .fetch_add(c.bytes.len() as u64, Ordering::Relaxed);
+                    c.device.latency.writes.record(took);
                     c.device.completed(&r);
                     r
                 })
@@ -293,6 +297,7 @@ mod tests {
         }
         for d in &devices {
             assert_eq!(d.counters.writes.load(Ordering::Relaxed), 30);
+            assert_eq!(d.latency.writes.values().count(), 30);
             assert_eq!(
                 d.counters.bytes_written.load(Ordering::Relaxed),
                 30 * (64 << 10)

@@ -272,6 +272,20 @@ impl Pool {
         status::collect(&self.engine)
     }
 
+    /// How long each member's reads, writes and flushes took since the
+    /// pool was opened (or the member joined), by member index (as in
+    /// `PoolStatus::members`); faulted members keep theirs, missing ones
+    /// have none. Takes no lock but the member table's read lock.
+    pub fn member_latency(&self) -> Vec<(usize, crate::device::MemberLatencyValues)> {
+        self.engine
+            .devices
+            .read()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| Some((i, d.as_ref()?.latency.values())))
+            .collect()
+    }
+
     /// Closes the pool: flush, final checkpoint. Further use of volumes fails.
     pub fn close(&self) -> Result<()> {
         if self.engine.closed.load(Ordering::SeqCst) {
