@@ -15,9 +15,6 @@ use std::sync::atomic::Ordering;
 /// What checking a whole row found (`check_row`).
 #[derive(Debug, Default)]
 pub(crate) struct RowCheck {
-    /// Blocks (data, header or parity) that were read but wrong, and were
-    /// rewritten (or would have been, when only checking).
-    pub repaired: u64,
     /// Positions whose member could not be read (rebuilt, and written
     /// back if asked, but not bad blocks: the member's fault handling
     /// counts them).
@@ -195,7 +192,6 @@ impl Engine {
                             Some(_) => report.wrong.push((*c, blk)),
                         }
                     }
-                    report.repaired = report.wrong.len() as u64;
                     if repair {
                         self.write_repairs(&row.geom, blk, repairs);
                     }

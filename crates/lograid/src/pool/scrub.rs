@@ -267,7 +267,7 @@ impl Engine {
             return;
         };
         let check = self.check_row(&row, repair);
-        report.repaired_blocks += check.repaired;
+        report.repaired_blocks += check.wrong.len() as u64;
         report.unreadable_blocks += check.unreadable.len() as u64;
         self.note_scrub_repairs(&row, &check.wrong, repair);
         if check.unrepairable.is_empty() {
