@@ -76,8 +76,9 @@ pub enum ReadOnlyReason {
          the pool stopped writing until a missing member is back"
     )]
     TooManyLost { lost: u32, parity: u8 },
-    #[error("superblock write to member {member} failed: {cause}")]
-    SuperblockWrite { member: usize, cause: String },
+    /// No member took a superblock write (each one that failed was faulted).
+    #[error("no member took the superblock write: {cause}")]
+    SuperblockWrite { cause: String },
     /// A broken invariant (a bug): nothing more is written, so that what is
     /// on disk stays what recovery can trust.
     #[error(

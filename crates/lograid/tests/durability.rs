@@ -489,31 +489,67 @@ fn a_row_sealed_during_a_flush_does_not_vouch_for_what_that_flush_has_not_synced
 }
 
 /// A flush whose member flush failed on one member (within the parity)
-/// returns with that member faulted in memory only: the checkpoint that
-/// would record the fault cannot run (another one holds `maintenance`). A
-/// power cut then, and the pool is opened as if it were healthy: every
-/// flushed write reads back, rebuilt from parity where that member lost it.
+/// while a checkpoint is held at its superblock writes: the flush faults
+/// the member and is not acknowledged until superblocks record the fault
+/// (here: the checkpoint's, once let go). A power cut while it waits leaves
+/// its writes unacknowledged (each block old or new); one right after it
+/// returned reopens the pool with that member faulted and every flushed
+/// write there, rebuilt from parity.
 #[test]
-fn a_flush_that_faulted_a_member_in_memory_only_survives_a_power_cut() {
+fn a_flush_that_faulted_a_member_waits_until_the_fault_is_recorded() {
     for failing in 0..3 {
         let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.5, quiet());
         let vol = pool.volume().clone();
         vol.write(0, &pattern(0x41, 16)).unwrap();
-        let (_, images, _) = beside_a_held_checkpoint(
-            &pool,
-            || pool.pool().checkpoint(),
-            || {
-                vol.write(16 * BLOCK as u64, &pattern(0x42, 16)).unwrap();
-                pool.sims[failing].fail_next_flushes(1);
-                vol.flush()
-                    .expect("flush with one member failing, within parity");
-                assert_eq!(pool.pool().status().members[failing].state, "faulted");
-            },
-        );
-        let crashed = SimPool::open_images(images, quiet())
-            .unwrap_or_else(|e| panic!("member {failing}: reopen after the cut: {e}"));
+        vol.flush().unwrap();
+        hold_superblocks(&pool);
+        let (during, after) = std::thread::scope(|scope| {
+            let checkpoint = scope.spawn(|| pool.pool().checkpoint());
+            wait_for_held(&pool, "the checkpoint to reach its superblocks");
+            vol.write(16 * BLOCK as u64, &pattern(0x42, 16)).unwrap();
+            pool.sims[failing].fail_next_flushes(1);
+            let flush = scope.spawn(|| vol.flush());
+            wait_until("the failed member flush to fault the member", || {
+                pool.pool().status().members[failing].state == "faulted"
+            });
+            std::thread::sleep(WATCH);
+            assert!(
+                !flush.is_finished(),
+                "member {failing}: the flush returned before a superblock recorded the fault"
+            );
+            let during = pool.images_now(CrashMode::DropAll, &mut SimRng(5));
+            release_all(&pool);
+            flush
+                .join()
+                .unwrap()
+                .expect("flush with one member failing, within parity");
+            checkpoint.join().unwrap().expect("the held checkpoint");
+            (during, pool.images_now(CrashMode::DropAll, &mut SimRng(6)))
+        });
+        let crashed = SimPool::open_images(during, quiet()).unwrap_or_else(|e| {
+            panic!("member {failing}: reopen after a cut during the flush: {e}")
+        });
         let got = read(crashed.volume(), 0, 32)
-            .unwrap_or_else(|e| panic!("member {failing}: read after the cut: {e}"));
+            .unwrap_or_else(|e| panic!("member {failing}: read after a cut during the flush: {e}"));
+        assert!(
+            got[..16 * BLOCK] == pattern(0x41, 16)[..],
+            "member {failing}: first batch"
+        );
+        for b in got[16 * BLOCK..].chunks(BLOCK) {
+            assert!(
+                b.iter().all(|&x| x == 0) || b.iter().all(|&x| x == 0x42),
+                "member {failing}: an unacknowledged block holds bytes no write put there"
+            );
+        }
+        let crashed = SimPool::open_images(after, quiet())
+            .unwrap_or_else(|e| panic!("member {failing}: reopen after the flush: {e}"));
+        assert_eq!(
+            crashed.pool().status().members[failing].state,
+            "faulted",
+            "member {failing}: the fault was not recorded"
+        );
+        let got = read(crashed.volume(), 0, 32)
+            .unwrap_or_else(|e| panic!("member {failing}: read after the flush: {e}"));
         assert!(
             got[..16 * BLOCK] == pattern(0x41, 16)[..],
             "member {failing}: first batch"
@@ -521,6 +557,111 @@ fn a_flush_that_faulted_a_member_in_memory_only_survives_a_power_cut() {
         assert!(
             got[16 * BLOCK..] == pattern(0x42, 16)[..],
             "member {failing}: flushed second batch lost"
+        );
+        crashed.pool().check_invariants().unwrap();
+    }
+}
+
+/// A member that dies at each step of a flush in turn (its row writes, its
+/// member flush, the superblocks that record a fault), then a power cut
+/// right after the flush returned: every member the flush wrote either has
+/// the data on stable storage or is recorded faulted. Reopened, the pool
+/// reads every flushed write back, and a scrub finds nothing to repair
+/// (a repair would be a member trusted with writes it lost).
+#[test]
+fn a_member_that_dies_at_any_step_of_a_flush_is_recorded_before_the_flush_returns() {
+    for failing in 0..3 {
+        for ios in 0.. {
+            let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.5, quiet());
+            let vol = pool.volume().clone();
+            vol.write(0, &pattern(0x51, 16)).unwrap();
+            vol.flush().unwrap();
+            vol.write(16 * BLOCK as u64, &pattern(0x52, 24)).unwrap();
+            let cut = lograid::device::PowerCut::after(ios);
+            pool.sims[failing].power_cut_after(cut.clone());
+            vol.flush()
+                .unwrap_or_else(|e| panic!("member {failing} dead after {ios} I/Os: flush: {e}"));
+            let died = cut.is_out();
+            let images = pool.images_now(CrashMode::DropAll, &mut SimRng(ios));
+            let crashed = SimPool::open_images(images, quiet())
+                .unwrap_or_else(|e| panic!("member {failing} dead after {ios} I/Os: reopen: {e}"));
+            let state = crashed.pool().status().members[failing].state.clone();
+            assert_eq!(
+                state == "faulted",
+                died,
+                "member {failing} dead after {ios} I/Os of the flush: recorded {state}"
+            );
+            let got = read(crashed.volume(), 0, 40).unwrap();
+            assert!(got[..16 * BLOCK] == pattern(0x51, 16)[..]);
+            assert!(
+                got[16 * BLOCK..] == pattern(0x52, 24)[..],
+                "member {failing} dead after {ios} I/Os: the flushed batch"
+            );
+            let scrub = crashed.pool().scrub(false, |_, _| true).unwrap();
+            assert_eq!(
+                (scrub.repaired_blocks, scrub.lost_blocks.len()),
+                (0, 0),
+                "member {failing} dead after {ios} I/Os: blocks a recorded member lost"
+            );
+            crashed.pool().check_invariants().unwrap();
+            if !died {
+                assert!(ios > 1, "the flush made no I/O on member {failing}");
+                break; // the member lived through the whole flush
+            }
+        }
+    }
+}
+
+/// A fault is recorded by a superblock that points at a checkpoint made
+/// before it: segments taken since (by the user head, or by that very
+/// checkpoint's rows) were laid over the member now recorded faulted, and
+/// recovery must still read them with it (its columns rebuilt from parity).
+#[test]
+fn segments_laid_over_a_member_before_its_recorded_fault_still_read() {
+    for failing in 0..3 {
+        // The user head: segments taken after the checkpoint, then the fault.
+        let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.5, quiet());
+        let vol = pool.volume().clone();
+        vol.write(0, &pattern(0x61, 96)).unwrap();
+        vol.flush().unwrap();
+        vol.write(96 * BLOCK as u64, &pattern(0x62, 16)).unwrap();
+        pool.sims[failing].fail_next_flushes(1);
+        vol.flush()
+            .expect("flush with one member failing, within parity");
+        let crashed = pool
+            .crash(CrashMode::DropAll, &mut SimRng(7))
+            .unwrap_or_else(|e| panic!("member {failing}, user rows: reopen: {e}"));
+        assert_eq!(crashed.pool().status().members[failing].state, "faulted");
+        let got = read(crashed.volume(), 0, 112)
+            .unwrap_or_else(|e| panic!("member {failing}, user rows: read: {e}"));
+        assert!(
+            got[..96 * BLOCK] == pattern(0x61, 96)[..],
+            "member {failing}: first batch"
+        );
+        assert!(
+            got[96 * BLOCK..] == pattern(0x62, 16)[..],
+            "member {failing}: second batch"
+        );
+        crashed.pool().check_invariants().unwrap();
+
+        // A checkpoint whose rows were laid over the member that faults in
+        // its own syncs, and records the fault in its own superblocks.
+        let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.5, quiet());
+        let vol = pool.volume().clone();
+        vol.write(0, &pattern(0x63, 64)).unwrap();
+        pool.sims[failing].fail_next_flushes(1);
+        pool.pool()
+            .checkpoint()
+            .expect("checkpoint with one member failing, within parity");
+        let crashed = pool
+            .crash(CrashMode::DropAll, &mut SimRng(8))
+            .unwrap_or_else(|e| panic!("member {failing}, checkpoint rows: reopen: {e}"));
+        assert_eq!(crashed.pool().status().members[failing].state, "faulted");
+        let got = read(crashed.volume(), 0, 64)
+            .unwrap_or_else(|e| panic!("member {failing}, checkpoint rows: read: {e}"));
+        assert!(
+            got == pattern(0x63, 64),
+            "member {failing}: checkpointed data"
         );
         crashed.pool().check_invariants().unwrap();
     }

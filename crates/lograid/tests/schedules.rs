@@ -13,11 +13,15 @@
 //! go (no task runs between two scheduling points, so that is one instant).
 //! In half of the schedules the members also lose power for real at a
 //! member I/O drawn from the scheduler's random source, so that the
-//! engine's failure handling runs under the same interleavings. Every
-//! image taken is reopened and checked: a write a completed flush covered
-//! (one that returned before the flush began, or a FUA write that
-//! returned) is there; the volume being deleted is either gone (and then
-//! its deletion had been durable) or whole.
+//! engine's failure handling runs under the same interleavings; in others
+//! (with parity) one member alone dies at such an I/O. Every image taken
+//! is reopened and checked: a write a completed flush covered (one that
+//! returned before the flush began, or a FUA write that returned) is
+//! there; the volume being deleted is either gone (and then its deletion
+//! had been durable) or whole; and a member that died is either recorded
+//! faulted or holds every covered write itself (the pool reopened without
+//! another member still reads them: no flush counted on a dead member's
+//! part of the parity without recording it dead).
 //!
 //! A second scenario explores the sub-block write protocol (overlays held in
 //! memory, merged into their blocks later, each merge a conditional write
@@ -135,9 +139,11 @@ struct Log {
 struct Snapshot {
     images: Vec<Vec<u8>>,
     log: Log,
+    /// The member that dies alone in this run, if one does.
+    dying: Option<usize>,
 }
 
-fn snapshot(sims: &[Arc<SimMember>], log: &Log) -> Snapshot {
+fn snapshot(sims: &[Arc<SimMember>], log: &Log, dying: Option<usize>) -> Snapshot {
     let images = sims
         .iter()
         .map(|s| s.crash_image(CrashMode::DropAll, &mut SimRng(1)))
@@ -145,6 +151,7 @@ fn snapshot(sims: &[Arc<SimMember>], log: &Log) -> Snapshot {
     Snapshot {
         images,
         log: log.clone(),
+        dying,
     }
 }
 
@@ -157,6 +164,7 @@ struct Recorder {
     log: Arc<Mutex<Log>>,
     sims: Vec<Arc<SimMember>>,
     snapshots: Arc<Mutex<Vec<Snapshot>>>,
+    dying: Option<usize>,
 }
 
 impl Recorder {
@@ -191,31 +199,51 @@ impl Recorder {
             self.snapshots
                 .lock()
                 .unwrap()
-                .push(snapshot(&self.sims, &l));
+                .push(snapshot(&self.sims, &l, self.dying));
         }
     }
 }
 
-/// Runs one schedule; `budget`: member I/Os before the members lose power
-/// (None: they keep it); `cut_after`: scheduling steps the cutting task
-/// waits before it takes its snapshot. Returns the member I/Os done and
-/// the steps the cutting task waited.
-fn run(parity: u8, budget: Option<u64>, cut_after: usize) -> (u64, usize) {
+/// How the members fail in one schedule.
+#[derive(Clone, Copy)]
+enum Failure {
+    None,
+    /// Every member loses power after this many member I/Os.
+    PowerCut(u64),
+    /// Member `member` alone dies after `ios` I/Os of its own.
+    MemberDies {
+        member: usize,
+        ios: u64,
+    },
+}
+
+/// Runs one schedule; `failure`: how the members fail; `cut_after`:
+/// scheduling steps the cutting task waits before it takes its snapshot.
+/// Returns the member I/Os done and the steps the cutting task waited.
+fn run(parity: u8, failure: Failure, cut_after: usize) -> (u64, usize) {
     let (sims, pool) = new_pool(parity, options());
     let a = pool.volume("a").unwrap();
     let doomed = pool.create_volume("b", 256 * 1024).unwrap();
     doomed.write(0, &vec![0xbb; DOOMED_BLOCKS * BLOCK]).unwrap();
     pool.checkpoint().unwrap();
-    let budget = budget.unwrap_or(1 << 30);
+    let (budget, dying) = match failure {
+        Failure::None => (1 << 30, None),
+        Failure::PowerCut(ios) => (ios, None),
+        Failure::MemberDies { member, .. } => (1 << 30, Some(member)),
+    };
     let cut = PowerCut::after(budget);
     for s in &sims {
         s.power_cut_after(cut.clone());
+    }
+    if let Failure::MemberDies { member, ios } = failure {
+        sims[member].power_cut_after(PowerCut::after(ios));
     }
     let rec = Recorder {
         clock: Arc::new(AtomicU64::new(1)),
         log: Arc::new(Mutex::new(Log::default())),
         sims: sims.clone(),
         snapshots: Arc::new(Mutex::new(Vec::new())),
+        dying,
     };
     let threads = spawn_workload(&a, &pool, &rec);
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -230,7 +258,7 @@ fn run(parity: u8, budget: Option<u64>, cut_after: usize) -> (u64, usize) {
     for s in &sims {
         s.power_cut_after(PowerCut::after(0));
     }
-    let after = snapshot(&sims, &rec.log.lock().unwrap());
+    let after = snapshot(&sims, &rec.log.lock().unwrap(), dying);
     drop((a, doomed, pool));
     let taken: Vec<Snapshot> = std::mem::take(&mut *rec.snapshots.lock().unwrap());
     for s in taken.into_iter().chain([during, after]) {
@@ -287,15 +315,59 @@ fn spawn_cutter(
     done: &Arc<std::sync::atomic::AtomicBool>,
     cut_after: usize,
 ) -> shuttle::thread::JoinHandle<(Snapshot, usize)> {
-    let (sims, log, done) = (rec.sims.clone(), rec.log.clone(), done.clone());
+    let (sims, log, done, dying) = (rec.sims.clone(), rec.log.clone(), done.clone(), rec.dying);
     shuttle::thread::spawn(move || {
         let mut steps = 0;
         while steps < cut_after && !done.load(Ordering::SeqCst) {
             shuttle::thread::yield_now();
             steps += 1;
         }
-        (snapshot(&sims, &log.lock().unwrap()), steps)
+        (snapshot(&sims, &log.lock().unwrap(), dying), steps)
     })
+}
+
+/// With a member that died (`dying`) and was not recorded faulted: the
+/// covered writes must read back with another member missing, from the
+/// dead member's own columns.
+fn check_dead_member_was_trusted_rightly(images: &[Vec<u8>], dying: usize, log: &Log) {
+    let without = (dying + 1) % images.len();
+    let rest: Vec<Vec<u8>> = images
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != without)
+        .map(|(_, img)| img.clone())
+        .collect();
+    let members: Vec<Arc<dyn Member>> = rest
+        .into_iter()
+        .enumerate()
+        .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)) as Arc<dyn Member>)
+        .collect();
+    let pool = open_members(members, options(), false).unwrap_or_else(|e| {
+        panic!("member {dying} died unrecorded; reopened with member {without} missing: {e}")
+    });
+    let a = pool.volume("a").expect("volume a");
+    for w in log
+        .writes
+        .iter()
+        .filter(|w| w.ok && (w.fua || w.end < log.covered_before))
+    {
+        let mut got = vec![0u8; BLOCK];
+        a.read(w.block * BLOCK as u64, &mut got)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "member {dying} died unrecorded; with member {without} missing, \
+                 covered block {} is lost: {e}",
+                    w.block
+                )
+            });
+        assert!(
+            got.iter().all(|&b| b == w.tag),
+            "member {dying} died unrecorded; with member {without} missing, block {} \
+             lost covered write {:#x}",
+            w.block,
+            w.tag
+        );
+    }
 }
 
 /// Snapshots checked by this process (for the report).
@@ -303,8 +375,8 @@ static CHECKED: AtomicU64 = AtomicU64::new(0);
 
 fn check(snapshot: Snapshot) {
     CHECKED.fetch_add(1, Ordering::Relaxed);
-    let Snapshot { images, log } = snapshot;
-    let pool = reopen(images, options());
+    let Snapshot { images, log, dying } = snapshot;
+    let pool = reopen(images.clone(), options());
     pool.check_invariants().expect("invariants after the cut");
     let a = pool.volume("a").expect("volume a");
     for w in &log.writes {
@@ -348,6 +420,12 @@ fn check(snapshot: Snapshot) {
         Err(lograid::Error::NotFound(_)) => {}
         Err(e) => panic!("looking for volume b: {e}"),
     }
+    if let Some(k) = dying {
+        if pool.status().members[k].state != "faulted" {
+            drop(pool);
+            check_dead_member_was_trusted_rightly(&images, k, &log);
+        }
+    }
 }
 
 fn config() -> shuttle::Config {
@@ -366,8 +444,15 @@ fn explore(kind: &str, n: usize, seed: u64, scheduler: impl Scheduler + 'static)
         // Without parity every member's missed flush loses data; with it,
         // only two at once do.
         let parity = rng.gen_range(0..2);
-        let budget = rng.gen_bool(0.5).then(|| rng.gen_range(0..MAX_IOS));
-        run(parity, budget, rng.gen_range(0..MAX_STEPS_TO_CUT));
+        let failure = match rng.gen_range(0..4) {
+            0 | 1 => Failure::PowerCut(rng.gen_range(0..MAX_IOS)),
+            2 if parity > 0 => Failure::MemberDies {
+                member: rng.gen_range(0..3),
+                ios: rng.gen_range(0..MAX_IOS / 3),
+            },
+            _ => Failure::None,
+        };
+        run(parity, failure, rng.gen_range(0..MAX_STEPS_TO_CUT));
     });
     let checked = CHECKED.load(Ordering::Relaxed) - before;
     eprintln!("{kind}: {n} schedules from seed {seed:#x}, {checked} cut images checked");
@@ -403,7 +488,7 @@ fn pct_schedules_with_a_power_cut_lose_no_flushed_write() {
 #[test]
 fn cut_ranges_cover_the_run() {
     shuttle::Runner::new(RandomScheduler::new_from_seed(1, 20), config()).run(|| {
-        let (used, steps) = run(1, None, usize::MAX);
+        let (used, steps) = run(1, Failure::None, usize::MAX);
         assert!(
             used < MAX_IOS,
             "a run without a cut did {used} member I/Os; raise MAX_IOS"

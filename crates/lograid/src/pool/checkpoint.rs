@@ -7,8 +7,8 @@ use super::ledger::check_writable;
 use super::ledger::{Ledger, SegState, NO_SEGMENT};
 use super::log::AppendError;
 use super::Engine;
-use crate::device::AlignedBuf;
 use crate::device::IoJob;
+use crate::device::{AlignedBuf, Device};
 use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::{
@@ -18,6 +18,15 @@ use crate::format::row::{Entry, EntryKind, HeadId, RowKind};
 use crate::format::superblock::{CheckpointPointer, MemberRecord, MemberState, Superblock};
 use crate::format::{crc32c, BLOCK_SIZE};
 use crate::layout::{MemberIndex, SegmentIndex};
+use std::sync::Arc;
+
+/// Which member table superblocks record.
+enum Table {
+    /// The ledger's, as it is now (a checkpoint: its contents match it).
+    Current,
+    /// The one recorded last, with the faults made since.
+    RecordedWithFaults,
+}
 
 impl Engine {
     /// Writes a checkpoint of the bookkeeping (the log up to now made
@@ -63,9 +72,13 @@ impl Engine {
         // The log up to the checkpoint (rows other threads write included)
         // and the checkpoint's own rows, before any superblock points at it.
         self.make_durable(target_seq)?;
-        let recorded = self.write_superblocks(pointer)?;
-        self.members_recorded(&recorded);
         {
+            // Until the ledger points at this checkpoint, no other superblock
+            // may be written (it would point at the previous one, about to
+            // be released).
+            let _superblocks = self.superblocks.lock();
+            let recorded = self.write_superblocks(pointer, Table::Current)?;
+            self.members_recorded(&recorded);
             let mut ledger = self.ledger.lock();
             // The previous checkpoint's segments are no longer referenced.
             for s in std::mem::replace(&mut ledger.checkpoint_segments, visited) {
@@ -271,18 +284,67 @@ impl Engine {
         })
     }
 
-    /// Writes generation+1 of the superblock, pointing at `pointer`, to every member.
-    /// Returns the member table it recorded.
-    pub(crate) fn write_superblocks(
+    /// Makes every member fault made so far durable before a flush is
+    /// acknowledged: writes superblocks recording them (pointing at the
+    /// current checkpoint). A member faulted in memory only would be
+    /// trusted again after a power cut, its lost writes counted on the
+    /// parity the flush needed.
+    pub(crate) fn record_faults(&self) -> Result<()> {
+        if !self.ledger.lock().faults_unrecorded() {
+            return Ok(());
+        }
+        let _superblocks = self.superblocks.lock();
+        let pointer = {
+            let ledger = self.ledger.lock();
+            if !ledger.faults_unrecorded() {
+                return Ok(()); // another flush or a checkpoint recorded them
+            }
+            ledger.checkpoint
+        };
+        self.write_superblocks(pointer, Table::RecordedWithFaults)?;
+        Ok(())
+    }
+
+    /// Writes generation+1 of the superblock, pointing at `pointer` and
+    /// recording the member `table`, to every member not faulted; the
+    /// caller holds `superblocks`. A member whose superblock write or sync
+    /// fails is faulted (past the parity the pool stops writing and this
+    /// fails), and the fault recorded by one more generation on the others.
+    /// Returns the member table recorded first.
+    fn write_superblocks(
         &self,
         pointer: CheckpointPointer,
+        table: Table,
+    ) -> Result<Vec<MemberRecord>> {
+        let recorded = self.write_superblock_generation(pointer, table)?;
+        // Each pass faults at least one more member, or ends.
+        for _ in 0..=crate::format::MAX_MEMBERS {
+            if !self.ledger.lock().faults_unrecorded() {
+                break;
+            }
+            self.write_superblock_generation(pointer, Table::RecordedWithFaults)?;
+        }
+        Ok(recorded)
+    }
+
+    /// One generation of `write_superblocks`; members that failed it are
+    /// faulted (not yet recorded).
+    fn write_superblock_generation(
+        &self,
+        pointer: CheckpointPointer,
+        table: Table,
     ) -> Result<Vec<MemberRecord>> {
         let (generation, members) = {
             let mut ledger = self.ledger.lock();
             ledger.superblock_generation += 1;
-            (ledger.superblock_generation, ledger.members.clone())
+            let members = match table {
+                Table::Current => ledger.members.clone(),
+                Table::RecordedWithFaults => ledger.recorded_members_with_faults(),
+            };
+            (ledger.superblock_generation, members)
         };
-        let mut jobs: Vec<IoJob<(MemberIndex, std::io::Result<()>)>> = Vec::new();
+        type Written = (MemberIndex, Arc<Device>, std::io::Result<()>);
+        let mut jobs: Vec<IoJob<Written>> = Vec::new();
         for (m, dev) in self.open_devices() {
             if !matches!(
                 members[m.0].state,
@@ -290,19 +352,7 @@ impl Engine {
             ) {
                 continue; // faulted: left as it is, recorded as faulted on the others
             }
-            let sb = Superblock {
-                pool_uuid: self.shape.pool_uuid,
-                pool_name: self.shape.pool_name.clone(),
-                created_unix: self.shape.created_unix,
-                member_index: m.0 as u8,
-                generation,
-                parity: self.shape.parity(),
-                chunk_blocks: self.shape.geometry.chunk_blocks,
-                segment_blocks: self.shape.geometry.segment_blocks,
-                data_start_block: self.shape.geometry.data_start_block,
-                members: members.clone(),
-                checkpoint: pointer,
-            };
+            let sb = self.superblock(m, generation, &members, pointer);
             let size_blocks = members[m.0].size_blocks;
             jobs.push(Box::new(move || {
                 let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
@@ -311,23 +361,57 @@ impl Engine {
                     .iter()
                     .try_for_each(|&b| dev.write_at(&buf, b * BLOCK_SIZE as u64))
                     .and_then(|_| dev.sync());
-                (m, r)
+                (m, dev, r)
             }));
         }
-        for (m, r) in self.io.run_all(jobs) {
-            if let Err(e) = r {
-                let reason = ReadOnlyReason::SuperblockWrite {
-                    member: m.0,
-                    cause: e.to_string(),
-                };
-                self.ledger
-                    .lock()
-                    .read_only_reason
-                    .get_or_insert(reason.clone());
-                return Err(Error::io(reason.to_string(), e));
+        let mut written = 0;
+        for (m, dev, r) in self.io.run_all(jobs) {
+            match r {
+                Ok(()) => written += 1,
+                // A member replaced meanwhile is not blamed for the old one.
+                Err(e) if self.device_any(m).is_some_and(|d| Arc::ptr_eq(&d, &dev)) => {
+                    self.fault_member(m, "a superblock write", e)?;
+                }
+                Err(_) => {}
             }
         }
+        if written == 0 {
+            // Nothing holds this generation (every member faulted within
+            // the parity cannot happen; a pool with no member open can).
+            let reason = ReadOnlyReason::SuperblockWrite {
+                cause: format!("generation {generation}: no member open and working"),
+            };
+            self.ledger
+                .lock()
+                .read_only_reason
+                .get_or_insert(reason.clone());
+            return Err(Error::ReadOnly(reason));
+        }
+        self.ledger.lock().recorded_members = members.clone();
         Ok(members)
+    }
+
+    /// Member `m`'s superblock of `generation`.
+    fn superblock(
+        &self,
+        m: MemberIndex,
+        generation: u64,
+        members: &[MemberRecord],
+        pointer: CheckpointPointer,
+    ) -> Superblock {
+        Superblock {
+            pool_uuid: self.shape.pool_uuid,
+            pool_name: self.shape.pool_name.clone(),
+            created_unix: self.shape.created_unix,
+            member_index: m.0 as u8,
+            generation,
+            parity: self.shape.parity(),
+            chunk_blocks: self.shape.geometry.chunk_blocks,
+            segment_blocks: self.shape.geometry.segment_blocks,
+            data_start_block: self.shape.geometry.data_start_block,
+            members: members.to_vec(),
+            checkpoint: pointer,
+        }
     }
 
     /// After superblocks recording `recorded` are durable on every member:

@@ -1,6 +1,7 @@
 //! Making the log durable: a flush of the log seals the open rows, waits
 //! for every row sealed before it (whoever writes it), syncs every member
-//! (sharing member flushes with concurrent callers: `Device::sync`), and
+//! (sharing member flushes with concurrent callers: `Device::sync`),
+//! records any member fault in the superblocks (`record_faults`), and
 //! only then raises `flushed_seq` and frees the segments emptied before it
 //! began. Also the release of emptied segments after a checkpoint, and
 //! their discard. Must never acknowledge what is not on stable storage,
@@ -56,6 +57,9 @@ impl Engine {
             check_writable(&ledger)?;
         }
         self.sync_members()?;
+        // A member faulted before or by these syncs did not make its part
+        // durable: acknowledged only once the superblocks say so.
+        self.record_faults()?;
         let mut ledger = self.ledger.lock();
         ledger.flushed_seq = ledger.flushed_seq.max(target_seq - 1);
         Ok(())

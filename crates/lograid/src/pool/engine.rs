@@ -15,7 +15,7 @@ use crate::device::{Device, IoPool};
 use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
 use crate::format::row::HeadId;
-use crate::format::superblock::MemberRecord;
+use crate::format::superblock::{MemberRecord, MemberState};
 use crate::layout::MemberIndex;
 use crate::sync::{Condvar, Mutex, RwLock};
 use std::collections::{BTreeMap, VecDeque};
@@ -50,6 +50,12 @@ pub(crate) struct Engine {
     /// and the reshape (flushes never wait for it: one that finds a
     /// checkpoint due try-locks it).
     pub maintenance: Mutex<()>,
+    /// Held while superblocks are written and until the ledger's checkpoint
+    /// pointer is the one they record (`checkpoint_log_locked`,
+    /// `record_faults`): one superblock write at a time, each pointing at a
+    /// checkpoint whose segments stay. Taken after `maintenance`, before
+    /// the ledger.
+    pub superblocks: Mutex<()>,
     pub io: IoPool,
     pub options: PoolOptions,
     pub closed: AtomicBool,
@@ -261,6 +267,7 @@ impl Engine {
             checkpoint: Default::default(),
             checkpoint_segments: Vec::new(),
             superblock_generation,
+            recorded_members: members.clone(),
             members,
             active_mask,
             capacity_blocks: 0,
@@ -276,6 +283,13 @@ impl Engine {
             seg.parity = shape.parity();
         }
         ledger.update_capacity(&shape);
+        // A member recorded faulted is not trusted again, even if its drive
+        // is here: its columns are rebuilt from parity until it is replaced.
+        for (d, r) in devices.iter().zip(&ledger.members) {
+            if let (Some(d), MemberState::Faulted) = (d, r.state) {
+                d.retired.store(true, Ordering::Relaxed);
+            }
+        }
         Engine {
             io: IoPool::new(options.io_threads.max(devices.len()).max(2)),
             shape,
@@ -286,6 +300,7 @@ impl Engine {
             resolving: Mutex::new(()),
             reuse: RwLock::new(()),
             maintenance: Mutex::new(()),
+            superblocks: Mutex::new(()),
             options,
             closed: AtomicBool::new(false),
             recovery_report: Mutex::new(None),

@@ -232,8 +232,11 @@ pub struct Ledger {
     pub checkpoint: CheckpointPointer,
     pub checkpoint_segments: Vec<u32>,
     pub superblock_generation: u64,
-    /// The member table, by index (as the superblocks record it).
+    /// The member table, by index, as it is now (a fault, a member joining
+    /// or leaving changes it before the superblocks record it).
     pub members: Vec<MemberRecord>,
+    /// The member table as the durable superblocks record it.
+    pub recorded_members: Vec<MemberRecord>,
     /// Members eligible for new segments (state Active, present, working).
     pub active_mask: u32,
     /// Data blocks of the whole pool, and what writes may use.
@@ -253,6 +256,30 @@ pub struct Ledger {
 }
 
 impl Ledger {
+    /// Whether a member was faulted since the superblocks last recorded the
+    /// member table.
+    pub fn faults_unrecorded(&self) -> bool {
+        self.members
+            .iter()
+            .zip(&self.recorded_members)
+            .any(|(now, recorded)| {
+                now.state == MemberState::Faulted && recorded.state != MemberState::Faulted
+            })
+    }
+
+    /// The recorded member table with the faults made since (and nothing
+    /// else: joining and leaving members are recorded by checkpoints, whose
+    /// contents they need).
+    pub fn recorded_members_with_faults(&self) -> Vec<MemberRecord> {
+        let mut table = self.recorded_members.clone();
+        for (recorded, now) in table.iter_mut().zip(&self.members) {
+            if now.state == MemberState::Faulted {
+                recorded.state = MemberState::Faulted;
+            }
+        }
+        table
+    }
+
     /// Members (mask) in `state`.
     pub fn members_in(&self, state: MemberState) -> u32 {
         self.members

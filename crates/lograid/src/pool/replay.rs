@@ -701,12 +701,17 @@ impl Engine {
 /// `parity` of them, taken out of new segments at once), and members it
 /// records as joining or being removed may or may not have been used yet
 /// (they enter and leave new segments only after a superblock that says so
-/// is durable). Recovery accepts a row under a mask only if it continues
-/// its chain, so a wrong guess is never taken for a row.
+/// is durable). A member it records as faulted may have been active when
+/// the segment was taken: a fault is recorded by the next superblock,
+/// which still points at a checkpoint made before it (or at one whose
+/// rows were laid out before it). Recovery accepts a row under a mask only
+/// if it continues its chain, so a wrong guess is never taken for a row.
 pub(crate) fn segment_mask_candidates(shape: &Shape) -> Vec<u32> {
     let in_state = |state: MemberState| recorded_in(shape, state);
     let active = in_state(MemberState::Active);
-    let optional = in_state(MemberState::Joining) | in_state(MemberState::Removing);
+    let optional = in_state(MemberState::Joining)
+        | in_state(MemberState::Removing)
+        | in_state(MemberState::Faulted);
     let mut out: Vec<u32> = Vec::new();
     for extra in submasks(optional) {
         let base = active | extra;
