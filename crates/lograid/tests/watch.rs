@@ -1,6 +1,7 @@
 //! What the background thread watches: a member whose drive is gone is
-//! faulted within seconds and the pool goes on degraded; free space
-//! running low shows in the pool's health and its events.
+//! faulted within seconds and the pool goes on degraded; a member whose
+//! calls are slow is logged and counted; free space running low shows in
+//! the pool's health and its events.
 
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 
@@ -104,5 +105,66 @@ fn low_space_shows_in_health_and_events_and_recovers() {
         within_seconds(|| p.pool().status().health == Health::Healthy),
         "{:?}",
         p.pool().status().health_reasons
+    );
+}
+
+/// The log lines of this test process (each test runs in its own process
+/// under nextest; the background thread logs, so the subscriber is global).
+fn capture_log() -> std::sync::Arc<std::sync::Mutex<Vec<u8>>> {
+    let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || Sink(sink.clone()))
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).unwrap();
+    buf
+}
+
+struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_member_whose_flush_takes_over_a_second_is_logged_and_counted() {
+    let log = capture_log();
+    let p = SimPool::create_with_options(3, 1, 8 << 20, 0.5, watched());
+    p.volume().write(0, &[0x5a; 64 * 1024]).unwrap();
+    p.sims[2].hold(lograid::device::Hold::Flushes);
+    std::thread::scope(|scope| {
+        let flush = scope.spawn(|| p.volume().flush());
+        std::thread::sleep(Duration::from_millis(1300));
+        p.sims[2].release();
+        flush.join().unwrap().expect("a slow flush still succeeds");
+    });
+    let st = p.pool().status();
+    assert_eq!(
+        st.members.iter().map(|m| m.slow_ios).collect::<Vec<_>>(),
+        [0, 0, 1],
+        "slow calls per member"
+    );
+    assert!(
+        within_seconds(|| {
+            let text = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+            text.lines().any(|l| {
+                l.contains("WARN")
+                    && l.contains("member 2 (")
+                    && l.contains("1 calls took over 1 s (slow I/O")
+            })
+        }),
+        "no slow I/O line: {}",
+        String::from_utf8_lossy(&log.lock().unwrap())
+    );
+    assert_eq!(
+        st.members[2].state, "online",
+        "a slow member is not faulted"
     );
 }

@@ -208,12 +208,12 @@ fn print_activity(st: &PoolStatus) {
 /// The member table.
 fn print_members(st: &PoolStatus) {
     println!(
-        "{:<3} {:<8} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7}  PATH",
-        "#", "STATE", "SIZE", "READ", "WRITTEN", "CKSUM", "REPAIRED", "IOERR"
+        "{:<3} {:<8} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6}  PATH",
+        "#", "STATE", "SIZE", "READ", "WRITTEN", "CKSUM", "REPAIRED", "IOERR", "SLOW"
     );
     for m in &st.members {
         println!(
-            "{:<3} {:<8} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7}  {}",
+            "{:<3} {:<8} {:>10} {:>10} {:>10} {:>9} {:>9} {:>7} {:>6}  {}",
             m.index,
             m.state,
             human(m.size_bytes),
@@ -222,6 +222,7 @@ fn print_members(st: &PoolStatus) {
             m.counters.checksum_errors,
             m.counters.repaired_blocks,
             m.counters.io_errors,
+            m.slow_ios,
             m.path
         );
     }

@@ -153,7 +153,19 @@ impl LatencyValues {
     pub fn count(&self) -> u64 {
         self.buckets.iter().sum()
     }
+    /// Calls that took longer than the largest bound (`SLOW_IO`).
+    pub fn slow(&self) -> u64 {
+        self.buckets[LATENCY_BUCKETS - 1]
+    }
 }
+
+/// A member call that takes longer than this is slow: logged, and counted
+/// in status (`slow_ios`). No healthy drive takes that long (a disk's
+/// worst seek is tens of milliseconds, an SSD's rare stall well under it);
+/// one that does is failing, overloaded or on a path that keeps retrying.
+/// The latency histograms' last bucket counts exactly these calls.
+pub const SLOW_IO: Duration = Duration::from_secs(1);
+const _: () = assert!(LATENCY_BUCKETS_US[LATENCY_BUCKETS_US.len() - 1] == 1_000_000);
 
 impl LatencyHistogram {
     pub fn record(&self, took: Duration) {
@@ -187,6 +199,13 @@ pub struct MemberLatencyValues {
     pub reads: LatencyValues,
     pub writes: LatencyValues,
     pub flushes: LatencyValues,
+}
+
+impl MemberLatencyValues {
+    /// Reads, writes and flushes that took longer than `SLOW_IO`.
+    pub fn slow(&self) -> u64 {
+        self.reads.slow() + self.writes.slow() + self.flushes.slow()
+    }
 }
 
 impl MemberLatency {

@@ -51,6 +51,9 @@ pub struct RuntimeStats {
     /// Free space is below `LOW_SPACE_PERCENT` of usable (warned once
     /// each time it gets there).
     pub low_space: bool,
+    /// Per member index: slow calls already logged, and when the last
+    /// line about them was (`Engine::check_slow_io`).
+    pub slow_io_logged: Vec<(u64, Option<std::time::Instant>)>,
     /// Lines about repaired blocks allowed in the log (rate limit).
     pub repair_lines: LogBudget,
     /// Lines about writes refused for want of space (rate limit).

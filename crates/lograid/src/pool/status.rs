@@ -37,6 +37,10 @@ pub struct MemberStatus {
     pub state: String,
     pub size_bytes: u64,
     pub counters: CounterValues,
+    /// Reads, writes and flushes that took longer than `device::SLOW_IO`
+    /// since the pool was opened.
+    #[serde(default)]
+    pub slow_ios: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -320,7 +324,11 @@ fn member_statuses(engine: &Engine, ledger: &Ledger) -> Vec<MemberStatus> {
                 uuid: format!("{:032x}", r.uuid),
                 state: state.to_string(),
                 size_bytes: r.size_blocks * BLOCK_BYTES,
-                counters: dev.map(|d| d.counters.values()).unwrap_or_default(),
+                counters: dev
+                    .as_ref()
+                    .map(|d| d.counters.values())
+                    .unwrap_or_default(),
+                slow_ios: dev.map_or(0, |d| d.latency.values().slow()),
             }
         })
         .collect()

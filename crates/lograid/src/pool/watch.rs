@@ -1,10 +1,13 @@
 //! What the background thread looks at about once a second: members whose
-//! drive is gone (faulted at once, `check_members_present`) and free space
-//! running low (a warning each time it gets low, with how much can still
-//! be written, and a line when it recovers). Owns the low-space threshold.
+//! drive is gone (faulted at once, `check_members_present`), members whose
+//! calls are slow (a warning per member at most every `SLOW_IO_LOG_EVERY`,
+//! with what was slow since the last one) and free space running low (a
+//! warning each time it gets low, with how much can still be written, and a
+//! line when it recovers). Owns the low-space threshold.
 
 use super::ledger::Ledger;
 use super::Engine;
+use crate::device::SLOW_IO;
 use crate::format::BLOCK_BYTES;
 use std::time::{Duration, Instant};
 
@@ -14,6 +17,9 @@ pub const LOW_SPACE_PERCENT: u64 = 10;
 
 /// How often the background thread watches.
 const WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Lines about one member's slow calls, at most one per this long.
+const SLOW_IO_LOG_EVERY: Duration = Duration::from_secs(10);
 
 impl Ledger {
     /// Blocks that can still be written: usable, less what is stored and
@@ -41,7 +47,41 @@ impl Engine {
             stats.last_watch = Some(now);
         }
         self.check_members_present();
+        self.check_slow_io();
         self.check_space();
+    }
+
+    /// Logs members whose calls took longer than `SLOW_IO` since the last
+    /// line about them (at most one line per member per `SLOW_IO_LOG_EVERY`;
+    /// what is held back is in the next line).
+    fn check_slow_io(&self) {
+        let now = Instant::now();
+        for (m, dev) in self.open_devices() {
+            let v = dev.latency.values();
+            let slow = v.slow();
+            let mut stats = self.stats.lock();
+            if stats.slow_io_logged.len() <= m.0 {
+                stats.slow_io_logged.resize(m.0 + 1, (0, None));
+            }
+            let (logged, last) = stats.slow_io_logged[m.0];
+            if slow <= logged || last.is_some_and(|t| now - t < SLOW_IO_LOG_EVERY) {
+                continue;
+            }
+            stats.slow_io_logged[m.0] = (slow, Some(now));
+            drop(stats);
+            tracing::warn!(
+                "member {m} ({}): {} calls took over {} s (slow I/O; {} since the pool was \
+                 opened: {} reads, {} writes, {} flushes); a drive that keeps doing this is \
+                 failing, overloaded or on a path that keeps retrying",
+                dev.member.describe(),
+                slow - logged,
+                SLOW_IO.as_secs_f64(),
+                slow,
+                v.reads.slow(),
+                v.writes.slow(),
+                v.flushes.slow()
+            );
+        }
     }
 
     /// Logs free space getting low (once each time) and recovering.
