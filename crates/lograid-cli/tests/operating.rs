@@ -23,6 +23,21 @@ fn within_seconds(done: impl Fn() -> bool) -> bool {
     false
 }
 
+/// The body of GET /metrics (the exposition itself is checked with a real
+/// Prometheus parser in metrics.rs).
+fn scrape(port: u16) -> String {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+    body.to_string()
+}
+
 fn health_code(pool: &TestPool) -> Option<i32> {
     lograid()
         .args(["status", "-x"])
@@ -142,24 +157,36 @@ fn bad_blocks_found_by_reads_and_scrubs_are_logged_and_counted() {
 }
 
 /// The walkthrough of docs/OPERATIONS.md and the README, step by step: a
-/// drive pulled while serving, the log line, `status -x`, `replace` while
-/// serving, the rebuild followed to the end, healthy again, data intact.
+/// drive pulled while serving, the log line, `status -x`, the metrics,
+/// `replace` while serving, the rebuild followed to the end, healthy again
+/// (status and metrics), data intact.
 #[test]
 fn failed_drive_walkthrough() {
     if !need_tools(&["qemu-io"]) {
         return;
     }
     let pool = TestPool::create("256M", "vol0:64M");
-    let server = pool.serve();
+    let port = free_port();
+    let server = pool.serve_with(&["--metrics", &format!("127.0.0.1:{port}")]);
     let uri = server.uri("vol0");
     run(tool("qemu-io").args(["-f", "raw", "-c", "write -P 0x61 0 8M", "-c", "flush", &uri]));
+    assert!(scrape(port).contains("lograid_pool_health{pool=\"lograid\"} 0"));
 
-    // The drive is pulled: faulted within seconds, said in the log.
+    // The drive is pulled: faulted within seconds, said in the log and the metrics.
     std::fs::remove_file(&pool.drives[1]).unwrap();
     assert!(within_seconds(|| health_code(&pool) == Some(1)));
     assert!(within_seconds(|| server
         .stderr()
         .contains("failed a presence check")));
+    let metrics = scrape(port);
+    assert!(metrics.contains("lograid_pool_health{pool=\"lograid\"} 1"), "{metrics}");
+    assert!(
+        metrics.lines().any(|l| l.starts_with("lograid_member_state{")
+            && l.contains("member=\"1\"")
+            && l.contains("state=\"faulted\"")
+            && l.ends_with(" 1")),
+        "{metrics}"
+    );
     let out = lograid()
         .args(["status", "-x"])
         .args(&pool.drives)
@@ -196,6 +223,7 @@ fn failed_drive_walkthrough() {
     );
     let out = stdout_of(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x61 0 8M", &uri]));
     assert!(out.contains("read 8388608/8388608"), "{out}");
+    assert!(within_seconds(|| scrape(port).contains("lograid_pool_health{pool=\"lograid\"} 0")));
     let log = server.terminate();
     assert!(
         log.contains("rebuilt: every row is whole again") || log.contains("rebuilding"),
