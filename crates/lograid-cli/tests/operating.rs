@@ -179,12 +179,17 @@ fn failed_drive_walkthrough() {
         .stderr()
         .contains("failed a presence check")));
     let metrics = scrape(port);
-    assert!(metrics.contains("lograid_pool_health{pool=\"lograid\"} 1"), "{metrics}");
     assert!(
-        metrics.lines().any(|l| l.starts_with("lograid_member_state{")
-            && l.contains("member=\"1\"")
-            && l.contains("state=\"faulted\"")
-            && l.ends_with(" 1")),
+        metrics.contains("lograid_pool_health{pool=\"lograid\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("lograid_member_state{")
+                && l.contains("member=\"1\"")
+                && l.contains("state=\"faulted\"")
+                && l.ends_with(" 1")),
         "{metrics}"
     );
     let out = lograid()
@@ -223,7 +228,9 @@ fn failed_drive_walkthrough() {
     );
     let out = stdout_of(tool("qemu-io").args(["-f", "raw", "-c", "read -P 0x61 0 8M", &uri]));
     assert!(out.contains("read 8388608/8388608"), "{out}");
-    assert!(within_seconds(|| scrape(port).contains("lograid_pool_health{pool=\"lograid\"} 0")));
+    assert!(within_seconds(
+        || scrape(port).contains("lograid_pool_health{pool=\"lograid\"} 0")
+    ));
     let log = server.terminate();
     assert!(
         log.contains("rebuilt: every row is whole again") || log.contains("rebuilding"),

@@ -18,52 +18,7 @@ use std::time::Duration;
 
 use crate::proto::{Command, NBD_SIMPLE_REPLY_MAGIC, NBD_STRUCTURED_REPLY_MAGIC};
 
-/// Upper bounds of the latency buckets, in microseconds: 50 us to 1 s. One bucket more counts
-/// what took longer.
-pub const LATENCY_BUCKETS_US: [u64; 13] = [
-    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
-];
-const BUCKETS: usize = LATENCY_BUCKETS_US.len() + 1;
-
-/// How long requests took, in fixed buckets (`LATENCY_BUCKETS_US`).
-#[derive(Debug, Default)]
-pub struct LatencyHistogram {
-    /// Requests per bucket (not cumulative); the last one is past 1 s.
-    buckets: [AtomicU64; BUCKETS],
-    sum_ns: AtomicU64,
-}
-
-/// A copy of a [`LatencyHistogram`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LatencyValues {
-    /// Requests per bucket (not cumulative): `buckets[i]` took at most `LATENCY_BUCKETS_US[i]`
-    /// (and more than the bound before); the last one took more than the largest bound.
-    pub buckets: [u64; BUCKETS],
-    pub sum_ns: u64,
-}
-
-impl LatencyValues {
-    /// Requests recorded (the sum of the buckets).
-    pub fn count(&self) -> u64 {
-        self.buckets.iter().sum()
-    }
-}
-
-impl LatencyHistogram {
-    pub fn record(&self, took: Duration) {
-        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        let bucket = LATENCY_BUCKETS_US.partition_point(|&us| us.saturating_mul(1000) < ns);
-        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
-    }
-
-    pub fn values(&self) -> LatencyValues {
-        LatencyValues {
-            buckets: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
-            sum_ns: self.sum_ns.load(Ordering::Relaxed),
-        }
-    }
-}
+pub use lograid_latency::{LatencyHistogram, LatencyValues, LATENCY_BUCKETS_US};
 
 /// What one export has served since the process started.
 #[derive(Debug, Default)]
@@ -239,21 +194,6 @@ impl ExportStatsRegistry {
 mod tests {
     use super::*;
     use crate::proto::{put_error_chunk, put_simple_reply};
-
-    #[test]
-    fn buckets_take_their_upper_bound() {
-        let h = LatencyHistogram::default();
-        for us in [0, 50, 51, 1_000_000, 1_000_001] {
-            h.record(Duration::from_micros(us));
-        }
-        let v = h.values();
-        assert_eq!(v.buckets[0], 2);
-        assert_eq!(v.buckets[1], 1);
-        assert_eq!(v.buckets[12], 1);
-        assert_eq!(v.buckets[13], 1);
-        assert_eq!(v.count(), 5);
-        assert_eq!(v.sum_ns, (50 + 51 + 1_000_000 + 1_000_001) * 1000);
-    }
 
     #[test]
     fn requests_are_counted_by_kind_with_failures() {

@@ -7,9 +7,10 @@
 //! counters, which completed writes may still sit in a member's volatile
 //! cache and the flushes that cover them (`write_cache`, behind
 //! `Device::sync`), the map of segments a member does not hold yet
-//! (`StaleSegments`), per-member latency histograms (`LatencyHistogram`:
-//! fixed buckets of atomic counters, for metrics) and the I/O worker pool that writes a row's columns in parallel (or, for
-//! files and block devices, one io_uring submission per row: `uring`).
+//! (`StaleSegments`), per-member latency histograms (`MemberLatency`, of
+//! the `lograid-latency` crate's histogram; `SLOW_IO`) and the I/O worker
+//! pool that writes a row's columns in parallel (or, for files and block
+//! devices, one io_uring submission per row: `uring`).
 //! It never interprets the bytes.
 
 mod aligned;
@@ -111,53 +112,7 @@ impl MemberCounters {
     }
 }
 
-/// Upper bounds of the latency histograms' buckets, in microseconds: 50 us
-/// to 1 s. One bucket more counts what took longer.
-pub const LATENCY_BUCKETS_US: [u64; 13] = [
-    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
-];
-const LATENCY_BUCKETS: usize = LATENCY_BUCKETS_US.len() + 1;
-const LATENCY_BOUNDS_NS: [u64; LATENCY_BUCKETS_US.len()] = {
-    let mut ns = [0; LATENCY_BUCKETS_US.len()];
-    let mut i = 0;
-    while i < ns.len() {
-        ns[i] = LATENCY_BUCKETS_US[i] * 1000;
-        i += 1;
-    }
-    ns
-};
-
-/// How long calls took, in fixed buckets (`LATENCY_BUCKETS_US`). Recording
-/// is two relaxed atomic additions: no lock, no allocation.
-#[derive(Default, Debug)]
-pub struct LatencyHistogram {
-    /// Calls per bucket (not cumulative); the last one is past 1 s.
-    buckets: [AtomicU64; LATENCY_BUCKETS],
-    /// Total time in nanoseconds (microseconds would round a fast drive's
-    /// calls of a few microseconds down by up to a third).
-    sum_ns: AtomicU64,
-}
-
-/// A copy of a `LatencyHistogram`.
-#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LatencyValues {
-    /// Calls per bucket (not cumulative): `buckets[i]` took at most
-    /// `LATENCY_BUCKETS_US[i]` (and more than the bound before); the last
-    /// one took more than the largest bound.
-    pub buckets: [u64; LATENCY_BUCKETS],
-    pub sum_ns: u64,
-}
-
-impl LatencyValues {
-    /// Calls recorded (the sum of the buckets).
-    pub fn count(&self) -> u64 {
-        self.buckets.iter().sum()
-    }
-    /// Calls that took longer than the largest bound (`SLOW_IO`).
-    pub fn slow(&self) -> u64 {
-        self.buckets[LATENCY_BUCKETS - 1]
-    }
-}
+pub use lograid_latency::{LatencyHistogram, LatencyValues, LATENCY_BUCKETS_US};
 
 /// A member call that takes longer than this is slow: logged, and counted
 /// in status (`slow_ios`). No healthy drive takes that long (a disk's
@@ -165,25 +120,7 @@ impl LatencyValues {
 /// one that does is failing, overloaded or on a path that keeps retrying.
 /// The latency histograms' last bucket counts exactly these calls.
 pub const SLOW_IO: Duration = Duration::from_secs(1);
-const _: () = assert!(LATENCY_BUCKETS_US[LATENCY_BUCKETS_US.len() - 1] == 1_000_000);
-
-impl LatencyHistogram {
-    pub fn record(&self, took: Duration) {
-        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        // The first bucket whose bound is not below `took`.
-        let bucket = LATENCY_BOUNDS_NS.partition_point(|&bound| bound < ns);
-        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
-    }
-    /// A copy (each counter read once; calls recorded meanwhile may be in
-    /// some counters and not yet in others).
-    pub fn values(&self) -> LatencyValues {
-        LatencyValues {
-            buckets: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
-            sum_ns: self.sum_ns.load(Ordering::Relaxed),
-        }
-    }
-}
+const _: () = assert!(LATENCY_BUCKETS_US[LATENCY_BUCKETS_US.len() - 1] == 1_000_000); // = SLOW_IO
 
 /// How long a member's reads, writes and flushes took, since it was opened.
 #[derive(Default, Debug)]
@@ -204,7 +141,9 @@ pub struct MemberLatencyValues {
 impl MemberLatencyValues {
     /// Reads, writes and flushes that took longer than `SLOW_IO`.
     pub fn slow(&self) -> u64 {
-        self.reads.slow() + self.writes.slow() + self.flushes.slow()
+        self.reads.beyond_last_bound()
+            + self.writes.beyond_last_bound()
+            + self.flushes.beyond_last_bound()
     }
 }
 
@@ -517,28 +456,6 @@ impl Drop for IoPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn latency_buckets_take_their_upper_bound_and_sum_in_nanoseconds() {
-        let h = LatencyHistogram::default();
-        for us in [0, 50, 51, 1_000, 1_000_000, 1_000_001, 7_000_000] {
-            h.record(Duration::from_micros(us));
-        }
-        h.record(Duration::from_nanos(50_001));
-        let v = h.values();
-        let mut expect = [0u64; LATENCY_BUCKETS];
-        expect[0] = 2; // 0 and 50 us
-        expect[1] = 2; // 51 us and 50.001 us
-        expect[4] = 1; // 1 ms
-        expect[12] = 1; // 1 s
-        expect[13] = 2; // past 1 s
-        assert_eq!(v.buckets, expect);
-        assert_eq!(v.count(), 8);
-        assert_eq!(
-            v.sum_ns,
-            (50 + 51 + 1_000 + 1_000_000 + 1_000_001 + 7_000_000) * 1000 + 50_001
-        );
-    }
 
     #[test]
     fn device_calls_are_timed() {

@@ -77,9 +77,9 @@ impl Engine {
                 slow - logged,
                 SLOW_IO.as_secs_f64(),
                 slow,
-                v.reads.slow(),
-                v.writes.slow(),
-                v.flushes.slow()
+                v.reads.beyond_last_bound(),
+                v.writes.beyond_last_bound(),
+                v.flushes.beyond_last_bound()
             );
         }
     }
