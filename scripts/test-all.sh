@@ -27,6 +27,10 @@ fi
 export CARGO_TERM_COLOR=never
 # Lints: clippy's defaults, and no `unwrap` in runtime code (Cargo.toml).
 cargo clippy --workspace --all-targets --profile ci -- -D warnings
+# macOS: the workspace type-checked and the binary linked for aarch64 and
+# x86_64 (installs its toolchain; about 13 minutes on 2 cores the first time,
+# seconds when nothing changed; docs/MACOS.md).
+./scripts/check-macos.sh
 # Every test, built with debug assertions and overflow checks on (the `ci`
 # profile: release speed otherwise), with the engine's invariant checks
 # after every flush, checkpoint, cleaning pass and recovery.

@@ -7,6 +7,7 @@ mod commands;
 mod export;
 mod live;
 mod metrics;
+mod os;
 mod size;
 
 use anyhow::Result;

@@ -6,6 +6,8 @@
 //! and the filesystem must check clean. Needs root, /dev/fuse and loop
 //! devices (fails without them unless LOGRAID_SKIP_EXTERNAL=1).
 
+// Loop devices, FUSE and ext4/xfs: Linux only.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 
 mod common;

@@ -27,6 +27,8 @@
 //! The seed fixes the data, the request mix and the kill delays; where the kill
 //! lands among the requests still depends on timing.
 
+// fio's nbd engine, loop devices, ext4 and syncfs: Linux only.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 
 mod common;

@@ -44,11 +44,13 @@ struct LoopDevice {
 
 impl LoopDevice {
     fn attach(file: &Path, read_only: bool) -> LoopDevice {
+        LoopDevice::attach_with(file, if read_only { &["-r"] } else { &[] })
+    }
+
+    /// With more `losetup` options (`--sector-size 4096`, `-P` to scan partitions).
+    fn attach_with(file: &Path, options: &[&str]) -> LoopDevice {
         let mut cmd = Command::new("losetup");
-        cmd.args(["-f", "--show"]);
-        if read_only {
-            cmd.arg("-r");
-        }
+        cmd.args(["-f", "--show"]).args(options);
         let out = cmd.arg(file).output().expect("losetup");
         assert!(
             out.status.success(),
@@ -240,6 +242,125 @@ fn create_refuses_a_mounted_device() {
     let other = dir.path().join("o.img").display().to_string();
     let err = refused(&["create", "--force", "--size", "128M", &dev, &other]);
     assert!(err.contains("mounted"), "{err}");
+}
+
+/// A whole disk one of whose partitions is mounted is refused as mounted
+/// (the partition is found by its name, /dev/loopNp1), even with --force
+/// (needs root and loop devices).
+#[test]
+fn create_refuses_a_disk_with_a_mounted_partition() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("disk.img");
+    // An MBR with one Linux partition from sector 2048 to the end (64 MiB).
+    let mut disk = vec![0u8; 64 << 20];
+    let sectors = (disk.len() / 512) as u32;
+    let entry = &mut disk[446..462];
+    entry[4] = 0x83;
+    entry[8..12].copy_from_slice(&2048u32.to_le_bytes());
+    entry[12..16].copy_from_slice(&(sectors - 2048).to_le_bytes());
+    disk[510] = 0x55;
+    disk[511] = 0xAA;
+    std::fs::write(&img, disk).unwrap();
+    let device = LoopDevice::attach_with(&img, &["-P"]);
+    let partition = format!("{}p1", device.path);
+    // The kernel scans the table itself where it reads MBRs; elsewhere
+    // partx (util-linux) adds the partition it finds.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    if !Path::new(&partition).exists() {
+        let added = Command::new("partx")
+            .args(["-a", &device.path])
+            .output()
+            .expect("partx (util-linux)");
+        assert!(
+            added.status.success(),
+            "partx -a: {}",
+            String::from_utf8_lossy(&added.stderr)
+        );
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !Path::new(&partition).exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{partition} did not appear"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    assert!(Command::new("mkfs.ext4")
+        .args(["-q", &partition])
+        .status()
+        .unwrap()
+        .success());
+    assert!(Command::new("mount")
+        .arg(&partition)
+        .arg(&mnt)
+        .status()
+        .unwrap()
+        .success());
+    let _unmount = Unmount(mnt.clone());
+    let other = dir.path().join("o.img").display().to_string();
+    let err = refused(&["create", "--force", "--size", "128M", &device.path, &other]);
+    assert!(
+        err.contains(&format!("{} is mounted; unmount it first", device.path)),
+        "{err}"
+    );
+}
+
+/// Block devices as members, through the calls a disk gets: the size from
+/// the disk's logical block size and count (512-byte and 4 KiB sectors),
+/// writes that a flush makes reach the backing file, and a discard that
+/// the loop device passes on as a hole (needs root and loop devices).
+#[test]
+fn block_device_members_take_the_disks_geometry_flush_and_discard() {
+    use lograid::device::{AlignedBuf, FileMember, Member, OpenMode};
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    for sector in ["512", "4096"] {
+        let img = dir.path().join(format!("disk-{sector}.img"));
+        let size_bytes: u64 = 48 << 20;
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(size_bytes)
+            .unwrap();
+        let device = LoopDevice::attach_with(&img, &["--sector-size", sector]);
+        let member = FileMember::open(Path::new(&device.path), OpenMode::ReadWrite).unwrap();
+        assert_eq!(member.size_bytes(), size_bytes, "{sector}-byte sectors");
+        // Held: a second writer is refused.
+        let again = FileMember::open(Path::new(&device.path), OpenMode::ReadWrite);
+        assert!(again.is_err(), "{sector}: opened twice for writing");
+        let mut block = AlignedBuf::zeroed(1 << 20);
+        block.fill(0x5a);
+        member.write_at(&block, 8 << 20).unwrap();
+        member.flush().unwrap();
+        let on_file = std::fs::read(&img).unwrap();
+        assert!(
+            on_file[8 << 20..9 << 20].iter().all(|&b| b == 0x5a),
+            "{sector}: flushed write not in the backing file"
+        );
+        let allocated = std::fs::metadata(&img).unwrap().blocks();
+        member.discard(8 << 20, 1 << 20).unwrap();
+        member.flush().unwrap();
+        let after = std::fs::metadata(&img).unwrap().blocks();
+        assert!(
+            after + 2048 <= allocated,
+            "{sector}: the discard freed {} sectors of the backing file, not 1 MiB",
+            allocated.saturating_sub(after)
+        );
+        let mut back = AlignedBuf::zeroed(1 << 20);
+        member.read_at(&mut back, 8 << 20).unwrap();
+        assert!(
+            back.iter().all(|&b| b == 0),
+            "{sector}: discarded range not zero"
+        );
+        assert_eq!(member.gone(), None);
+    }
 }
 
 /// A member on a read-only block device: commands that would write refuse

@@ -6,6 +6,8 @@
 //! interval, `STOPPING=1` on SIGTERM before a clean exit. Without
 //! `NOTIFY_SOCKET`, or with nobody listening on it, the server runs as before.
 
+// systemd and its abstract notification sockets: Linux only.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 
 mod common;

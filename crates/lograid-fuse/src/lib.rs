@@ -18,6 +18,10 @@
 //! the exports once unmounting starts), `files` (the file operations), `sectors` (widening
 //! requests to whole sectors), `stats` (requests served), `error` ([`FuseError`]).
 
+// FUSE (through `fuser` and the kernel's /dev/fuse) is Linux-only here: elsewhere the crate is
+// empty, and the `lograid` command says what to use instead.
+#![cfg(target_os = "linux")]
+
 mod detach;
 mod error;
 mod files;

@@ -6,6 +6,7 @@
 //! them unless LOGRAID_SKIP_EXTERNAL=1).
 
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+#![cfg(target_os = "linux")] // FUSE through the kernel: the crate is Linux-only
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;

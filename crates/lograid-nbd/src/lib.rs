@@ -15,8 +15,10 @@
 //! - [`server`]: listeners, limits, shutdown; [`Server`], [`serve_until`].
 //! - [`stats`]: per-export request counters and latency histograms, for metrics.
 //! - [`tls`]: certificates and rustls settings for `NBD_OPT_STARTTLS`.
-//! - [`mod@attach`]: nbdfuse + loop device attach/detach.
+//! - [`mod@attach`]: nbdfuse + loop device attach/detach (Linux's tools; the `lograid` command
+//!   uses it on Linux only).
 //! - [`harden`]: `PR_SET_IO_FLUSHER` + `mlockall` for a process backing a local block device.
+//! - `os`: what differs between Linux and macOS (process hardening, a TCP option).
 //!
 //! Typical use from a plain binary:
 //!
@@ -44,6 +46,7 @@ pub mod harden;
 #[cfg(any(test, feature = "test-util"))]
 pub mod mem_export;
 pub mod negotiate;
+mod os;
 pub mod proto;
 mod sectors;
 pub mod server;

@@ -610,7 +610,7 @@ fn set_keepalive(stream: &tokio::net::TcpStream) {
         }
     };
     set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1);
-    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 60);
+    set(libc::IPPROTO_TCP, crate::os::TCP_KEEPALIVE_IDLE, 60);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 10);
     set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 6);
 }

@@ -1,6 +1,8 @@
 //! nbdfuse + loop device attach and detach against a MemExport (needs root, /dev/fuse, nbdfuse,
 //! losetup, fusermount3; a missing tool fails the test unless LOGRAID_SKIP_EXTERNAL=1).
 
+// nbdfuse, loop devices and fusermount3: Linux only.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 
 mod common;

@@ -1,6 +1,8 @@
 //! `harden_process_for_block_backing` runs in a child process (it changes the whole process:
 //! mlockall would also lock every other test's memory).
 
+// PR_SET_IO_FLUSHER, mlockall and /proc: Linux only (macOS does no hardening).
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 
 use std::process::Command;

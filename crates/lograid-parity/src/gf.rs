@@ -106,6 +106,8 @@ pub(crate) fn mul_table(c: u8) -> [u8; 256] {
 /// The products of `c` with the 16 low nibbles (`c * x` for `x < 16`) and with the
 /// 16 high nibbles (`c * (x << 4)`), for split-nibble table lookup (`pshufb`):
 /// `c * b = low[b & 15] ^ high[b >> 4]`. Built from [`basis_products`] by linearity.
+// Used by the x86-64 kernels; elsewhere only by the tests, which check it on every architecture.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn nibble_tables(c: u8) -> ([u8; 16], [u8; 16]) {
     let basis = basis_products(c);
     let mut low = [0u8; 16];
@@ -121,6 +123,8 @@ pub(crate) fn nibble_tables(c: u8) -> ([u8; 16], [u8; 16]) {
 /// The 8x8 bit matrix of multiplication by `c`, in the layout of the x86 GFNI
 /// instruction `gf2p8affineqb`: byte `7 - i` of the result holds row `i`, whose
 /// bit `j` is bit `i` of `c * 2^j`.
+// Used by the x86-64 kernels; elsewhere only by the tests, which check it on every architecture.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const fn affine_matrix(c: u8) -> u64 {
     // Byte j of `x` is c * 2^j, so bit 8j + i of `x` is the matrix entry (i, j).
     // Transposing the 8x8 bit matrix (Hacker's Delight 7-3) puts it at bit 8i + j,

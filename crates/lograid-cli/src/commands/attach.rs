@@ -2,7 +2,8 @@
 //! device on hosts without the nbd driver (nbdfuse + a direct-I/O loop
 //! device, see `lograid_nbd::attach`).
 //!
-//! Owns: the command-line form of attach, detach and listing. Must never:
+//! Owns: the command-line form of attach, detach and listing (Linux only:
+//! `crate::os::attach_supported`). Must never:
 //! detach a device it has no record of (the record lives in the state
 //! directory).
 
@@ -53,6 +54,7 @@ pub struct DetachArgs {
 }
 
 pub fn run_attach(a: AttachArgs) -> Result<()> {
+    crate::os::attach_supported()?;
     if a.list {
         return print_attachments(&a.state_dir);
     }
@@ -154,7 +156,7 @@ fn detach_one(state_dir: &Path, device: &Path) -> Result<()> {
         .find(|r| r.loop_device == device);
     lograid_nbd::detach(state_dir, device)?;
     if let Some(record) = record.filter(|r| r.owns_mount()) {
-        if lograid_fuse::is_mount_point(&record.mount_dir) {
+        if crate::os::is_fuse_mount_point(&record.mount_dir) {
             let status = std::process::Command::new("fusermount3")
                 .arg("-u")
                 .arg(&record.mount_dir)
@@ -174,6 +176,7 @@ fn detach_one(state_dir: &Path, device: &Path) -> Result<()> {
 }
 
 pub fn run_detach(a: DetachArgs) -> Result<()> {
+    crate::os::attach_supported()?;
     if a.all {
         let records = lograid_nbd::list_attachments(&a.state_dir)?;
         let mut failed = 0;

@@ -400,10 +400,7 @@ fn serve_pool(
         Some(dir) => {
             let dir =
                 std::path::absolute(dir).with_context(|| format!("--fuse {}", dir.display()))?;
-            let mount =
-                lograid_fuse::mount(&dir, exports.clone(), &lograid_fuse::FuseOptions::default())
-                    .map_err(|e| anyhow::anyhow!("--fuse: {e}"))?;
-            Some(mount)
+            Some(crate::os::mount_files(&dir, exports.clone())?)
         }
         None => None,
     };
@@ -426,7 +423,7 @@ fn serve_pool(
     let _ = signal_thread.join();
     if let Some(mount) = fuse {
         // Before the pool closes: requests through the files must end first.
-        unmount_fuse(mount);
+        crate::os::unmount_files(mount);
     }
     served.context("NBD server")?;
     Ok(())
@@ -501,22 +498,6 @@ fn start_signal_thread(
         })
         .context("starting the signal thread")?;
     Ok((signals_handle, signal_thread))
-}
-
-/// Unmounts the volumes' files, warning if one was still in use.
-fn unmount_fuse(mount: lograid_fuse::FuseMount) {
-    match mount.unmount() {
-        Ok(lograid_fuse::Unmounted::Clean) => {}
-        Ok(lograid_fuse::Unmounted::Aborted) => eprintln!(
-            "lograid: warning: a volume's FUSE file was still in use (a loop device not detached?); \
-             its connection was aborted, so its holder now gets I/O errors; detach it with `lograid detach`"
-        ),
-        Ok(lograid_fuse::Unmounted::Refusing) => eprintln!(
-            "lograid: warning: a volume's FUSE file was still in use (a loop device not detached?) and its \
-             connection could not be aborted; its holder gets I/O errors; detach it with `lograid detach`"
-        ),
-        Err(e) => eprintln!("lograid: warning: {e}"),
-    }
 }
 
 /// Tells the user (on stdout) what is served where, and how to connect.

@@ -1,6 +1,7 @@
 //! Members: the drives a pool is made of. This module owns the `Member`
 //! trait (positioned block I/O plus flush and discard), its implementations
-//! (`FileMember` for files and block devices with O_DIRECT; `SimMember`, an
+//! (`FileMember` for files and disks, bypassing the system's cache, over the
+//! system calls of `os` (Linux's or macOS's); `SimMember`, an
 //! in-memory drive with a volatile write cache that can be crashed, for
 //! tests; `RecordingMember`, a wrapper that logs every write, flush and
 //! discard, for crash-replay tests), 4 KiB-aligned buffers, per-member
@@ -10,19 +11,24 @@
 //! (`StaleSegments`), per-member latency histograms (`MemberLatency`, of
 //! the `lograid-latency` crate's histogram; `SLOW_IO`) and the I/O worker
 //! pool that writes a row's columns in parallel (or, for files and block
-//! devices, one io_uring submission per row: `uring`).
+//! devices on Linux, one io_uring submission per row: `uring`).
 //! It never interprets the bytes.
 
 mod aligned;
 mod file;
+mod os;
 mod record;
 mod sim;
+// Row writes through io_uring are Linux's; elsewhere the module says the
+// ring is unavailable and every row goes through the I/O pool.
+#[cfg_attr(not(target_os = "linux"), path = "uring_elsewhere.rs")]
 pub mod uring;
 mod write_cache;
 
 pub use aligned::AlignedBuf;
 pub use file::{
-    is_mounted, probe_signature, signature_in, FileMember, OpenMode, LOGRAID_SIGNATURE,
+    is_gone_error, is_mounted, probe_signature, signature_in, FileMember, OpenMode,
+    LOGRAID_SIGNATURE,
 };
 pub use record::{IoLog, Record, RecordingMember};
 pub use sim::{CrashMode, Hold, PowerCut, SimMember, SimRng};

@@ -371,9 +371,5 @@ pub fn survey_paths(paths: &[PathBuf], read_only: bool) -> Result<Survey> {
 /// Whether opening a drive failed because it is not there (a deleted file,
 /// a device that went away).
 fn is_gone(e: &std::io::Error) -> bool {
-    e.kind() == std::io::ErrorKind::NotFound
-        || matches!(
-            e.raw_os_error(),
-            Some(libc::ENXIO | libc::ENODEV | libc::ENOMEDIUM)
-        )
+    crate::device::is_gone_error(e)
 }

@@ -75,12 +75,12 @@ pub(crate) fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
-/// A random u64 from the kernel.
+/// A random u64 from the kernel (getentropy: Linux's glibc and macOS alike).
 pub(crate) fn random_u64() -> u64 {
     let mut b = [0u8; 8];
-    // SAFETY: getrandom writes at most 8 bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
-    if n == 8 {
+    // SAFETY: getentropy fills exactly the 8 bytes of b (at most 256 allowed).
+    let rc = unsafe { libc::getentropy(b.as_mut_ptr().cast(), b.len()) };
+    if rc == 0 {
         u64::from_le_bytes(b)
     } else {
         let t = std::time::SystemTime::now()

@@ -1,0 +1,78 @@
+//! Linux's side of the command's system-specific parts (see `mod.rs`).
+
+use anyhow::Result;
+use lograid_nbd::Export;
+use std::io;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The volumes as files in a FUSE mount (`serve --fuse`).
+pub struct FilesMount(lograid_fuse::FuseMount);
+
+impl FilesMount {
+    /// The directory the volumes' files are in.
+    pub fn dir(&self) -> &Path {
+        self.0.dir()
+    }
+}
+
+/// Mounts the volumes' files on `dir` (an absolute path).
+pub fn mount_files(dir: &Path, exports: Vec<Arc<dyn Export>>) -> Result<FilesMount> {
+    let mount = lograid_fuse::mount(dir, exports, &lograid_fuse::FuseOptions::default())
+        .map_err(|e| anyhow::anyhow!("--fuse: {e}"))?;
+    Ok(FilesMount(mount))
+}
+
+/// Unmounts the volumes' files, warning if one was still in use.
+pub fn unmount_files(mount: FilesMount) {
+    match mount.0.unmount() {
+        Ok(lograid_fuse::Unmounted::Clean) => {}
+        Ok(lograid_fuse::Unmounted::Aborted) => eprintln!(
+            "lograid: warning: a volume's FUSE file was still in use (a loop device not detached?); \
+             its connection was aborted, so its holder now gets I/O errors; detach it with `lograid detach`"
+        ),
+        Ok(lograid_fuse::Unmounted::Refusing) => eprintln!(
+            "lograid: warning: a volume's FUSE file was still in use (a loop device not detached?) and its \
+             connection could not be aborted; its holder gets I/O errors; detach it with `lograid detach`"
+        ),
+        Err(e) => eprintln!("lograid: warning: {e}"),
+    }
+}
+
+/// `attach` and `detach` work here (loop devices, nbdfuse, FUSE).
+pub fn attach_supported() -> Result<()> {
+    Ok(())
+}
+
+/// Whether something is mounted on `dir` (a FUSE mount that outlived nbdfuse, for `detach`).
+pub fn is_fuse_mount_point(dir: &Path) -> bool {
+    lograid_fuse::is_mount_point(dir)
+}
+
+/// The abstract Unix socket `name` (without the leading `@`).
+pub fn abstract_socket(name: &[u8]) -> io::Result<SocketAddr> {
+    SocketAddr::from_abstract_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::os::unix::net::UnixDatagram;
+
+    #[test]
+    fn an_abstract_socket_takes_datagrams_by_its_name() {
+        let name = format!("lograid-os-unit-{}", std::process::id());
+        let addr = abstract_socket(name.as_bytes()).unwrap();
+        assert_eq!(addr.as_abstract_name(), Some(name.as_bytes()));
+        assert!(addr.as_pathname().is_none());
+        let server = UnixDatagram::bind_addr(&addr).unwrap();
+        let client = UnixDatagram::unbound().unwrap();
+        client.send_to_addr(b"READY=1\n", &addr).unwrap();
+        let mut buf = [0u8; 16];
+        let len = server.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..len], b"READY=1\n");
+    }
+}

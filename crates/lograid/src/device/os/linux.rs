@@ -1,0 +1,132 @@
+//! Linux's side of the member calls (see `mod.rs` for the table).
+
+use super::{Access, DiskGeometry, Kind, Mount};
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+
+/// Disks are block devices on Linux; a character device is never one.
+pub(crate) const CHARACTER_DEVICES_ARE_DISKS: bool = false;
+
+/// The error of a drive with no medium in it.
+pub(crate) const NO_MEDIUM: Option<libc::c_int> = Some(libc::ENOMEDIUM);
+
+const BLKSSZGET: libc::c_ulong = 0x1268;
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+const BLKDISCARD: libc::c_ulong = 0x1277;
+const BLKROGET: libc::c_ulong = 0x125e;
+
+/// Opens with O_DIRECT, or buffered where the filesystem refuses O_DIRECT
+/// (EINVAL; every flush is an fdatasync either way). A block device opened
+/// for writing gets O_EXCL: the kernel refuses it (EBUSY) while it is
+/// mounted or held by another exclusive opener.
+pub(crate) fn open(path: &Path, kind: Kind, access: Access) -> io::Result<File> {
+    let open = |direct: bool| {
+        let mut options = OpenOptions::new();
+        options.read(true).write(access == Access::ReadWrite);
+        let mut flags = 0;
+        if direct {
+            flags |= libc::O_DIRECT;
+        }
+        if kind == Kind::BlockDevice && access == Access::ReadWrite {
+            flags |= libc::O_EXCL;
+        }
+        options.custom_flags(flags);
+        options.open(path)
+    };
+    match open(true) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(false),
+        result => result,
+    }
+}
+
+pub(crate) fn disk_geometry(file: &File) -> io::Result<DiskGeometry> {
+    let fd = file.as_raw_fd();
+    let mut block_bytes: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes an int into `block_bytes`.
+    if unsafe { libc::ioctl(fd, BLKSSZGET, &mut block_bytes) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut size_bytes: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes a u64 into `size_bytes`.
+    if unsafe { libc::ioctl(fd, BLKGETSIZE64, &mut size_bytes) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let block_bytes = u64::try_from(block_bytes).unwrap_or(0);
+    Ok(DiskGeometry {
+        block_bytes,
+        block_count: size_bytes.checked_div(block_bytes).unwrap_or(0),
+    })
+}
+
+pub(crate) fn disk_read_only(file: &File) -> io::Result<bool> {
+    let mut read_only: libc::c_int = 0;
+    // SAFETY: BLKROGET writes an int into `read_only`.
+    if unsafe { libc::ioctl(file.as_raw_fd(), BLKROGET, &mut read_only) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(read_only != 0)
+}
+
+/// fdatasync: the file's (or device's) written data and what is needed to
+/// read it back, through the drive's volatile cache (the kernel sends the
+/// drive a cache flush), for files and block devices alike.
+pub(crate) fn flush(file: &File, _kind: Kind) -> io::Result<()> {
+    file.sync_data()
+}
+
+pub(crate) fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let (offset, len) = (off_t(offset)?, off_t(len)?);
+    // SAFETY: plain fallocate on an owned fd.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+pub(crate) fn discard_disk(file: &File, offset: u64, len: u64) -> io::Result<()> {
+    let range: [u64; 2] = [offset, len];
+    // SAFETY: BLKDISCARD reads two u64s.
+    if unsafe { libc::ioctl(file.as_raw_fd(), BLKDISCARD, &range) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Every mount of this process's mount namespace (/proc/self/mountinfo:
+/// field 3 is the source's device number, the field after " - " and the
+/// filesystem type is the source).
+pub(crate) fn mounts() -> io::Result<Vec<Mount>> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo")?;
+    Ok(table
+        .lines()
+        .map(|line| {
+            let device = line
+                .split_whitespace()
+                .nth(2)
+                .and_then(|numbers| numbers.split_once(':'))
+                .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?)))
+                .map(|(major, minor)| libc::makedev(major, minor));
+            let source = line
+                .split_once(" - ")
+                .and_then(|(_, tail)| tail.split_whitespace().nth(1))
+                .map(PathBuf::from)
+                .unwrap_or_default();
+            Mount { device, source }
+        })
+        .collect())
+}
+
+fn off_t(n: u64) -> io::Result<libc::off_t> {
+    libc::off_t::try_from(n).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
