@@ -45,6 +45,15 @@ fn wait_for_held(pool: &SimPool, what: &str) {
     wait_until(what, || pool.sims.iter().any(|s| s.held() > 0));
 }
 
+/// Lets every held I/O go when dropped (also while a test unwinds).
+struct ReleaseOnDrop<'a>(&'a SimPool);
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        release_all(self.0);
+    }
+}
+
 fn release_all(pool: &SimPool) {
     for s in &pool.sims {
         s.release();
@@ -504,6 +513,9 @@ fn a_flush_that_faulted_a_member_waits_until_the_fault_is_recorded() {
         vol.flush().unwrap();
         hold_superblocks(&pool);
         let (during, after) = std::thread::scope(|scope| {
+            // A failed assertion below must not leave the checkpoint held
+            // (the scope would wait for it for ever).
+            let _release = ReleaseOnDrop(&pool);
             let checkpoint = scope.spawn(|| pool.pool().checkpoint());
             wait_for_held(&pool, "the checkpoint to reach its superblocks");
             vol.write(16 * BLOCK as u64, &pattern(0x42, 16)).unwrap();

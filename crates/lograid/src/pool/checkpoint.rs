@@ -299,6 +299,7 @@ impl Engine {
             if !ledger.faults_unrecorded() {
                 return Ok(()); // another flush or a checkpoint recorded them
             }
+            check_writable(&ledger)?;
             ledger.checkpoint
         };
         self.write_superblocks(pointer, Table::RecordedWithFaults)?;
@@ -334,32 +335,45 @@ impl Engine {
         pointer: CheckpointPointer,
         table: Table,
     ) -> Result<Vec<MemberRecord>> {
-        let (generation, members) = {
+        let (generation, members, now) = {
             let mut ledger = self.ledger.lock();
             ledger.superblock_generation += 1;
-            let members = match table {
+            let members = ledger.with_faults(match table {
                 Table::Current => ledger.members.clone(),
-                Table::RecordedWithFaults => ledger.recorded_members_with_faults(),
-            };
-            (ledger.superblock_generation, members)
+                Table::RecordedWithFaults => ledger.recorded_members.clone(),
+            });
+            (
+                ledger.superblock_generation,
+                members,
+                ledger.members.clone(),
+            )
         };
         type Written = (MemberIndex, Arc<Device>, std::io::Result<()>);
         let mut jobs: Vec<IoJob<Written>> = Vec::new();
         for (m, dev) in self.open_devices() {
+            // Only to the drive the table names there (a slot replaced in
+            // place, or a member added, since the recorded table: not
+            // written until a checkpoint records it).
+            let named = |r: &&MemberRecord| now.get(m.0).is_some_and(|n| n.uuid == r.uuid);
+            let Some(r) = members.get(m.0).filter(named) else {
+                continue;
+            };
             if !matches!(
-                members[m.0].state,
+                r.state,
                 MemberState::Active | MemberState::Joining | MemberState::Removing
             ) {
                 continue; // faulted: left as it is, recorded as faulted on the others
             }
+            let size_blocks = r.size_blocks;
             let sb = self.superblock(m, generation, &members, pointer);
-            let size_blocks = members[m.0].size_blocks;
             jobs.push(Box::new(move || {
                 let mut buf = AlignedBuf::zeroed(BLOCK_SIZE);
                 buf.copy_from_slice(&sb.encode());
                 let r = Superblock::slot_blocks(size_blocks, generation)
                     .iter()
-                    .try_for_each(|&b| dev.write_at(&buf, b * BLOCK_SIZE as u64))
+                    .try_for_each(|&b| {
+                        super::faults::with_retries(|| dev.write_at(&buf, b * BLOCK_SIZE as u64))
+                    })
                     .and_then(|_| dev.sync());
                 (m, dev, r)
             }));

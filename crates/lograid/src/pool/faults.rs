@@ -52,6 +52,11 @@ impl Engine {
         if state != Some(MemberState::Removing) {
             ledger.members[m.0].state = MemberState::Faulted;
         }
+        // Recorded faulted before any flush is acknowledged (`record_faults`).
+        let uuid = ledger.members[m.0].uuid;
+        if !ledger.faulted_uuids.contains(&uuid) {
+            ledger.faulted_uuids.push(uuid);
+        }
         // Not read or written any more: its columns are rebuilt from parity.
         if let Some(dev) = self.device(m) {
             dev.retired.store(true, Ordering::Relaxed);

@@ -237,6 +237,11 @@ pub struct Ledger {
     pub members: Vec<MemberRecord>,
     /// The member table as the durable superblocks record it.
     pub recorded_members: Vec<MemberRecord>,
+    /// Members faulted since the pool was opened, by UUID (a slot may hold
+    /// another drive since: a replacement in place), leaving ones included
+    /// (they stay `Removing` in `members` for the reshape): every
+    /// superblock written records each as faulted.
+    pub faulted_uuids: Vec<u128>,
     /// Members eligible for new segments (state Active, present, working).
     pub active_mask: u32,
     /// Data blocks of the whole pool, and what writes may use.
@@ -256,25 +261,28 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    /// Whether a member was faulted since the superblocks last recorded the
-    /// member table.
+    /// Whether the durable superblocks record a member that was faulted
+    /// since as one whose columns can be trusted.
     pub fn faults_unrecorded(&self) -> bool {
-        self.members
+        self.recorded_members
             .iter()
-            .zip(&self.recorded_members)
-            .any(|(now, recorded)| {
-                now.state == MemberState::Faulted && recorded.state != MemberState::Faulted
-            })
+            .any(|r| self.is_unrecorded_fault(r))
     }
 
-    /// The recorded member table with the faults made since (and nothing
-    /// else: joining and leaving members are recorded by checkpoints, whose
-    /// contents they need).
-    pub fn recorded_members_with_faults(&self) -> Vec<MemberRecord> {
-        let mut table = self.recorded_members.clone();
-        for (recorded, now) in table.iter_mut().zip(&self.members) {
-            if now.state == MemberState::Faulted {
-                recorded.state = MemberState::Faulted;
+    fn is_unrecorded_fault(&self, r: &MemberRecord) -> bool {
+        matches!(
+            r.state,
+            MemberState::Active | MemberState::Joining | MemberState::Removing
+        ) && self.faulted_uuids.contains(&r.uuid)
+    }
+
+    /// `table` with every member faulted since the pool was opened
+    /// recorded faulted (a leaving one too: after a restart it is not
+    /// trusted, and is replaced like any faulted member).
+    pub fn with_faults(&self, mut table: Vec<MemberRecord>) -> Vec<MemberRecord> {
+        for r in table.iter_mut() {
+            if self.is_unrecorded_fault(r) {
+                r.state = MemberState::Faulted;
             }
         }
         table
