@@ -37,6 +37,14 @@ impl Default for FuseOptions {
     }
 }
 
+// How a session ends: once our connection ends (the mount torn down by the unmount, or the
+// connection aborted), the kernel answers each request thread's read with ENODEV, and fuser ends
+// the session without error. But a thread that had just taken a request off the kernel's queue
+// when the connection ended is answered ECONNABORTED instead ("Software caused connection
+// abort": fuse_dev_do_read will not queue the request for an answer on an ended connection),
+// whoever ended it, and fuser ends the session with that as its error. `FuseMount::finish`
+// takes ECONNABORTED, after it ended the connection itself, as the end it is.
+
 /// A live mount. [`FuseMount::unmount`] ends it; dropping it unmounts too (without reporting).
 pub struct FuseMount {
     dir: PathBuf,
@@ -186,8 +194,10 @@ impl FuseMount {
             }
         };
         self.gate.close();
-        // The kernel ends the session (ENODEV to every request thread) once unmounted or aborted.
+        // The kernel ends the session (ENODEV to every request thread) once unmounted or aborted;
+        // ECONNABORTED too, see the comment above `FuseMount`.
         let joined = match session.join() {
+            Ok(Err(e)) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
             Ok(result) => result.map_err(UnmountError::Session),
             Err(_) => Err(UnmountError::SessionPanicked),
         };
