@@ -118,22 +118,42 @@ fn start_session(
 }
 
 /// `dir` resolved (see [`resolve`]) and ready to mount on: a dead lograid mount on it replaced,
-/// any other mount refused, the directory created if missing.
+/// any other mount refused, the directory created if missing. Nothing here asks the server of a
+/// mount already on `dir` (one that does not answer would hold this up without end) but
+/// [`is_dead`], which waits for it at most its `PROBE_TIMEOUT`.
 fn prepare_dir(dir: &Path) -> Result<PathBuf, FuseError> {
-    // Fails on a dead mount point (it exists); resolved and created again below.
-    let _ = fs::create_dir_all(dir);
-    let dir = resolve(dir).map_err(|source| FuseError::Mount {
+    let mount_error = |dir: &Path, source| FuseError::Mount {
         dir: dir.to_owned(),
         source,
-    })?;
+    };
+    // Made first so that it resolves whole (symlinks in its parents too).
+    create_dir_path(dir).map_err(|e| mount_error(dir, e))?;
+    let dir = resolve(dir).map_err(|e| mount_error(dir, e))?;
     if let Some(existing) = mount_at(&dir) {
         replace_dead_mount(&dir, &existing)?;
     }
-    fs::create_dir_all(&dir).map_err(|source| FuseError::Mount {
-        dir: dir.clone(),
-        source,
-    })?;
     Ok(dir)
+}
+
+/// Creates `dir` and its missing parents. An existing `dir` is taken as it is, without a look
+/// inside: mkdir(2) says it exists without going through a mount on it, where `stat` (as
+/// `fs::create_dir_all` does then) would wait for that mount's server.
+fn create_dir_path(dir: &Path) -> io::Result<()> {
+    match fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) else {
+                return Err(e);
+            };
+            create_dir_path(parent)?;
+            match fs::create_dir(dir) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+                _ => Ok(()),
+            }
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Unmounts `existing`, the mount on `dir`, if it is a lograid mount whose server died; refuses

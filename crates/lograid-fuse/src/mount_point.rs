@@ -48,9 +48,10 @@ pub(crate) fn is_dead(dir: &Path) -> bool {
 /// `dir` made absolute with symlinks and `..` resolved. When `dir` cannot be resolved whole
 /// (it does not exist yet, or it is a dead mount point, where every access fails), its parent is
 /// resolved and a symlink in its last part followed with `readlink` (which does not enter it).
-/// Creates nothing.
+/// Creates nothing, and sends no request to a mount on `dir` (a trailing slash would make
+/// realpath(3) check that the mount's root is a directory, asking its server).
 pub(crate) fn resolve(dir: &Path) -> io::Result<PathBuf> {
-    let mut path = std::path::absolute(dir)?;
+    let mut path: PathBuf = std::path::absolute(dir)?.components().collect();
     match path.canonicalize() {
         Ok(resolved) => return Ok(resolved),
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ENOENT)) => {}

@@ -13,6 +13,8 @@
 //! mount in use and the newcomer's unused. Bystanders, a neighbour and a lograid server on
 //! directories of their own, are read and written after every round.
 //!
+//! A mount whose server does not answer (stopped) is refused without waiting for it.
+//!
 //! LOGRAID_NEIGHBOUR_ROUNDS sets the rounds per lane (default 50), LOGRAID_NEIGHBOUR_LANES the
 //! lanes (default 3). Needs root and /dev/fuse (fails without them unless
 //! LOGRAID_SKIP_EXTERNAL=1).
@@ -637,6 +639,92 @@ fn run_lane(lane: u64, rounds: usize, root: &Path, bystanders: &Bystanders) {
         );
         bystanders.check(lane, &what);
     }
+}
+
+/// Mounting on a directory whose mount's server does not answer (stopped, as a wedged server
+/// is) is refused without waiting for that server beyond the 3 s probe: a lograid server's
+/// mount (the directory named also with a trailing slash) counts as live, a neighbour's is not
+/// ours; each is unharmed once its server runs again.
+#[test]
+fn a_mount_whose_server_does_not_answer_is_refused_without_waiting_for_it() {
+    if !can_mount() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let _leftovers = Leftovers(root.path().to_owned());
+    for (kind, seed, refusal) in [
+        (Kind::Lograid, 11, "served by a running lograid"),
+        (Kind::Neighbour, 12, "already a mount point (fuse"),
+    ] {
+        let dir = root.path().join(format!("{kind:?}"));
+        std::fs::create_dir(&dir).unwrap();
+        let server = Server::start(kind, &dir, seed, "stopped");
+        // Not `stat`: that would put the root's attributes in the kernel's cache, and a later
+        // `stat` of the directory would not reach the server.
+        let dev = dev_listed(&dir);
+        // SAFETY: kill on our own child, not reaped yet.
+        assert_eq!(
+            unsafe { libc::kill(server.child.id() as i32, libc::SIGSTOP) },
+            0
+        );
+        let slashed = PathBuf::from(format!("{}/", dir.display()));
+        let answers: Vec<_> = [&dir, &slashed]
+            .into_iter()
+            .map(|d| (d.clone(), mount_within(d, Duration::from_secs(15))))
+            .collect();
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { libc::kill(server.child.id() as i32, libc::SIGCONT) },
+            0
+        );
+        for (d, answer) in answers {
+            let (message, took) = answer.unwrap_or_else(|| {
+                panic!(
+                    "mounting on {} (the {kind:?} server stopped) waited for that server for 15 s",
+                    d.display()
+                )
+            });
+            assert!(message.contains(refusal), "{}: {message}", d.display());
+            eprintln!("{kind:?}, {}: refused in {took:?}", d.display());
+        }
+        assert_unharmed(
+            &server,
+            dev,
+            None,
+            0,
+            &format!("{kind:?} after the refusals"),
+        );
+        stop_cleanly(server, &format!("the {kind:?} server"));
+    }
+}
+
+/// The device number of the mount on `dir` as /proc/self/mountinfo lists it (no request to its
+/// server).
+fn dev_listed(dir: &Path) -> u64 {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let line = info
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some(&*dir.to_string_lossy()))
+        .unwrap_or_else(|| panic!("nothing mounted on {}", dir.display()));
+    let (major, minor) = line.split(' ').nth(2).unwrap().split_once(':').unwrap();
+    libc::makedev(major.parse().unwrap(), minor.parse().unwrap())
+}
+
+/// What `mount` on `dir` answers (its error's text, or "mounted" after unmounting again) and
+/// how long it took; `None` if it had not answered within `timeout`.
+fn mount_within(dir: &Path, timeout: Duration) -> Option<(String, Duration)> {
+    let (tx, rx) = mpsc::channel();
+    let dir = dir.to_owned();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        let vol = Arc::new(MemExport::new("vol0", SIZE));
+        let answer = match mount(&dir, vec![vol as Arc<dyn Export>], &FuseOptions::default()) {
+            Ok(m) => format!("mounted, then {:?}", m.unmount()),
+            Err(e) => e.to_string(),
+        };
+        let _ = tx.send((answer, started.elapsed()));
+    });
+    rx.recv_timeout(timeout).ok()
 }
 
 /// Many servers' mounts, made and ended side by side in processes of their own, with
