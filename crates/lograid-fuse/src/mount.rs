@@ -8,7 +8,8 @@
 //! ours (`connection`); fuser is given no handle to unmount with. Must never: take over a mount
 //! it did not make (any other mount on the directory, or a live lograid server's, is refused),
 //! unmount, abort or detach a mount or connection not proved ours at that moment, let a request
-//! reach an export once unmounting returns, or wait without bound for a file's holder.
+//! reach an export once unmounting returns, or wait without bound for a file's holder or for the
+//! server of a mount already on the directory.
 
 use std::fs;
 use std::io;
