@@ -19,7 +19,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy)]
 enum Fs {
@@ -441,6 +441,87 @@ fn ext4_survives_losing_a_member_and_replacing_it() {
     m.unmount();
     att.detach();
     server.terminate();
+}
+
+/// `serve --fuse DIR` answers on its port only once its files are mounted on DIR, so that
+/// `attach --file DIR/VOLUME` as soon as the port answers finds them. Checked where mounting
+/// takes longest: DIR held by a live server that does not answer (stopped), which a second
+/// server waits for (3 s) and then refuses: its port must never answer; and restarts after
+/// SIGKILL, where the dead server's mount on DIR is replaced first: the harness checks DIR the
+/// moment the port answers.
+#[test]
+fn serve_fuse_answers_on_its_port_only_once_its_files_are_mounted() {
+    if !need_block_devices(&[]) {
+        return;
+    }
+    let first = TestPool::create("64M", "vol0:16M");
+    let files = first.path("files");
+    let fuse = ["--fuse", files.to_str().unwrap()];
+    let server = first.serve_with(&fuse);
+    // SAFETY: kill on the pid of our own child, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(server.pid(), libc::SIGSTOP) }, 0);
+
+    let second = TestPool::create("64M", "vol0:16M");
+    let port = free_port();
+    let stderr_path = second.path("serve.err");
+    let mut child = std::process::Command::new(BIN)
+        .arg("serve")
+        .args(&second.drives)
+        .args(fuse)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let started = Instant::now();
+    let mut answered_after = None;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if answered_after.is_none()
+            && std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok()
+        {
+            answered_after = Some(started.elapsed());
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the second server neither served nor exited within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // SAFETY: as above; the first server serves again.
+    assert_eq!(unsafe { libc::kill(server.pid(), libc::SIGCONT) }, 0);
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap();
+    assert_eq!(
+        answered_after, None,
+        "the port of a server whose files were not (and would not be) mounted answered:\n{stderr}"
+    );
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("served by a running lograid"), "{stderr}");
+    // The first server's files are unharmed.
+    assert_eq!(
+        std::fs::metadata(files.join("vol0")).unwrap().len(),
+        16 << 20
+    );
+    server.terminate();
+
+    // Restarts after SIGKILL: each replaces the dead server's mount before its port answers.
+    let mut server = first.serve_with(&fuse);
+    for _ in 0..8 {
+        server.kill();
+        server = first.serve_with(&fuse);
+        assert_eq!(
+            std::fs::metadata(files.join("vol0")).unwrap().len(),
+            16 << 20
+        );
+    }
+    server.terminate();
+    assert!(!lograid_fuse_mounted(&files));
 }
 
 /// `serve --fuse` and `attach --file`: a file attached twice, or a directory, is refused; the

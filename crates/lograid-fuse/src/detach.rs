@@ -1,16 +1,18 @@
-//! Ending a mount the clean unmount could not end: aborting its FUSE connection and detaching it
-//! lazily.
+//! The kernel calls that end a mount: the unmount of a directory, the `fusectl` abort of a
+//! connection, and the lazy detach of a pinned mount.
 //!
-//! Owns: the `fusectl` abort of a connection (mounting `fusectl` first if nothing has) and the
-//! lazy unmount (umount2 with MNT_DETACH, else `fusermount3 -uz`). Must never: decide whose mount
-//! or connection it is given (callers check that the mount on the directory is ours and still
-//! holds that connection number), or unmount anything but the directory it is given.
+//! Owns: the `fusectl` abort (mounting `fusectl` first if nothing has), umount2 and the
+//! `fusermount3` fallbacks for a process that may not unmount (not root). Must never: decide
+//! whose mount or connection it is given (callers prove it ours first, see `connection`), or
+//! unmount anything but the directory or the pinned mount it is given.
 
 use std::fs;
 use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use crate::device::c_path;
 use crate::error::UnmountError;
 use crate::mount_point::is_mount_point;
 
@@ -44,23 +46,42 @@ pub(crate) fn abort_connection(number: u32) -> Result<(), UnmountError> {
     })
 }
 
-/// Detaches the mount on `dir` lazily: it leaves the directory now, and ends once its last user
-/// lets go.
-pub(crate) fn lazy_unmount(dir: &Path) -> Result<(), UnmountError> {
-    let c_dir = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
-        .map_err(|_| UnmountError::NulInPath)?;
+/// Unmounts the mount on `dir` (fails while it is in use, e.g. by a loop device).
+pub(crate) fn unmount(dir: &Path) -> Result<(), UnmountError> {
+    let c_dir = c_path(dir).map_err(|_| UnmountError::NulInPath)?;
     // SAFETY: umount2 on a NUL-terminated path we own.
-    if unsafe { libc::umount2(c_dir.as_ptr(), libc::MNT_DETACH) } == 0 {
+    if unsafe { libc::umount2(c_dir.as_ptr(), libc::UMOUNT_NOFOLLOW) } == 0 {
         return Ok(());
     }
-    fusermount_lazily(dir)
+    let error = io::Error::last_os_error();
+    if error.raw_os_error() == Some(libc::EPERM) {
+        return fusermount(dir, "-u");
+    }
+    Err(UnmountError::Unmount(error))
 }
 
-/// `fusermount3 -uz dir`: the lazy unmount of a FUSE mount by the setuid helper, for when
-/// umount2 is not allowed (not running as root).
-fn fusermount_lazily(dir: &Path) -> Result<(), UnmountError> {
+/// Detaches the mount `pin` holds (an `O_PATH` descriptor of its root) lazily: it leaves its
+/// directory `dir` now, and ends once its last user lets go. Through `/proc/self/fd/PIN`, which
+/// names that very mount whatever is on `dir` meanwhile; where umount2 is not allowed (not
+/// root), `fusermount3 -uz dir`, which names the directory's mount.
+pub(crate) fn detach_pinned(pin: BorrowedFd<'_>, dir: &Path) -> Result<(), UnmountError> {
+    let c_pinned = c_path(Path::new(&format!("/proc/self/fd/{}", pin.as_raw_fd())))
+        .map_err(|_| UnmountError::NulInPath)?;
+    // SAFETY: umount2 on a NUL-terminated path we own.
+    if unsafe { libc::umount2(c_pinned.as_ptr(), libc::MNT_DETACH) } == 0 {
+        return Ok(());
+    }
+    let error = io::Error::last_os_error();
+    if error.raw_os_error() == Some(libc::EPERM) {
+        return fusermount(dir, "-uz");
+    }
+    Err(UnmountError::Unmount(error))
+}
+
+/// `fusermount3 FLAGS dir`: the setuid helper's unmount, for when umount2 is not allowed.
+fn fusermount(dir: &Path, flags: &str) -> Result<(), UnmountError> {
     let output = Command::new("fusermount3")
-        .arg("-uz")
+        .arg(flags)
         .arg(dir)
         .stdin(Stdio::null())
         .output()
@@ -69,6 +90,7 @@ fn fusermount_lazily(dir: &Path) -> Result<(), UnmountError> {
         Ok(())
     } else {
         Err(UnmountError::Fusermount {
+            flags: flags.to_owned(),
             stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
         })
     }

@@ -51,14 +51,16 @@ impl FuseError {
 /// Why a step of ending a mount failed.
 #[derive(Debug)]
 pub(crate) enum UnmountError {
-    /// fuser's unmount failed (EBUSY while a file is in use, e.g. by a loop device).
+    /// umount2 failed (EBUSY while a file is in use, e.g. by a loop device).
     Unmount(io::Error),
-    /// The mount has no unmount handle left.
-    NoUnmountHandle,
-    /// The mount on the directory is no longer ours, or no longer holds our connection number.
+    /// The mount on the directory is not ours (ours left it, or something is mounted over it).
     NotOnItsDirectory,
-    /// The connection's number was not found in mountinfo when the mount was made.
+    /// Our mount could not be identified when it was made (see `connection`).
     ConnectionUnknown,
+    /// Our connection already ended (aborted, or its mount torn down) before we ended it.
+    ConnectionEnded,
+    /// The directory could not be opened or its device number read, to check whose mount it is.
+    Pin(io::Error),
     /// `fusectl` could not be mounted on [`CONNECTIONS`].
     MountFusectl(io::Error),
     /// Writing the connection's `abort` file failed.
@@ -67,8 +69,8 @@ pub(crate) enum UnmountError {
     NulInPath,
     /// `fusermount3` could not be run.
     RunFusermount(io::Error),
-    /// `fusermount3 -uz` failed; what it wrote to stderr.
-    Fusermount { stderr: String },
+    /// `fusermount3` failed; its flags and what it wrote to stderr.
+    Fusermount { flags: String, stderr: String },
     /// fuser's session ended with an error.
     Session(io::Error),
     /// The thread running fuser's session panicked.
@@ -79,20 +81,23 @@ impl std::fmt::Display for UnmountError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             UnmountError::Unmount(e) | UnmountError::Session(e) => write!(f, "{e}"),
-            UnmountError::NoUnmountHandle => write!(f, "no unmount handle"),
             UnmountError::NotOnItsDirectory => {
-                write!(f, "the mount is no longer on its directory")
+                write!(f, "the mount on the directory is not this server's")
             }
             UnmountError::ConnectionUnknown => {
                 write!(f, "the mount's connection number is unknown")
             }
+            UnmountError::ConnectionEnded => write!(f, "the mount's connection already ended"),
+            UnmountError::Pin(e) => write!(f, "checking whose mount is on the directory: {e}"),
             UnmountError::MountFusectl(e) => write!(f, "mounting fusectl on {CONNECTIONS}: {e}"),
             UnmountError::WriteAbort { path, source } => {
                 write!(f, "writing {}: {source}", path.display())
             }
             UnmountError::NulInPath => write!(f, "the path contains a NUL byte"),
             UnmountError::RunFusermount(e) => write!(f, "running fusermount3: {e}"),
-            UnmountError::Fusermount { stderr } => write!(f, "fusermount3 -uz: {stderr}"),
+            UnmountError::Fusermount { flags, stderr } => {
+                write!(f, "fusermount3 {flags}: {stderr}")
+            }
             UnmountError::SessionPanicked => write!(f, "the FUSE session thread panicked"),
         }
     }

@@ -24,6 +24,7 @@ use fuser::{
 };
 use lograid_nbd::Export;
 
+use crate::connection::Probe;
 use crate::gate::Gate;
 use crate::sectors::{read_range, Edges, SECTOR};
 use crate::stats::Stats;
@@ -53,6 +54,8 @@ pub(crate) struct VolumeFiles {
     edges: Edges,
     stats: Arc<Stats>,
     gate: Arc<Gate>,
+    /// The name looked up to identify our mount (answered "no such file").
+    probe: Arc<Probe>,
 }
 
 thread_local! {
@@ -69,8 +72,14 @@ fn errno(error: &io::Error) -> Errno {
 }
 
 impl VolumeFiles {
-    /// The files of `exports`, passing their calls through `gate` and counting them in `stats`.
-    pub(crate) fn new(exports: Vec<Arc<dyn Export>>, gate: Arc<Gate>, stats: Arc<Stats>) -> Self {
+    /// The files of `exports`, passing their calls through `gate` and counting them in `stats`,
+    /// noting lookups of `probe`.
+    pub(crate) fn new(
+        exports: Vec<Arc<dyn Export>>,
+        gate: Arc<Gate>,
+        stats: Arc<Stats>,
+        probe: Arc<Probe>,
+    ) -> Self {
         // SAFETY: plain getters without side effects.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
         VolumeFiles {
@@ -85,6 +94,7 @@ impl VolumeFiles {
             edges: Edges::default(),
             stats,
             gate,
+            probe,
         }
     }
 
@@ -148,6 +158,9 @@ impl Filesystem for VolumeFiles {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         if u64::from(parent) != ROOT {
             return reply.error(Errno::ENOTDIR);
+        }
+        if self.probe.is_probe(name) {
+            return reply.error(Errno::ENOENT);
         }
         let found = self
             .exports

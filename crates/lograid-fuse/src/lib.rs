@@ -10,19 +10,23 @@
 //! as FUA), and unmounting, also when a loop device still holds a file. Must never: pass the
 //! export a call outside the export's contract (offsets and lengths are multiples of 512 and
 //! within the size; unaligned requests are widened here), call an export after the mount ended,
-//! grow or shrink a file, take over a mount it did not make, or answer a request after the
-//! export refused it.
+//! grow or shrink a file, take over, unmount or abort a mount or connection it did not make (see
+//! `connection` for how it tells), or answer a request after the export refused it.
 //!
-//! Modules: `mount` (a mount's lifecycle), `mount_point` (what is mounted on a directory),
-//! `detach` (aborting and lazily detaching a busy mount), `gate` (keeping requests away from
-//! the exports once unmounting starts), `files` (the file operations), `sectors` (widening
-//! requests to whole sectors), `stats` (requests served), `error` ([`FuseError`]).
+//! Modules: `mount` (a mount's lifecycle), `device` (making the mount), `connection` (proving a
+//! mount and its connection ours before ending them), `mount_point` (what is mounted on a
+//! directory), `detach` (the kernel calls that unmount, abort and detach), `gate` (keeping
+//! requests away from the exports once unmounting starts), `files` (the file operations),
+//! `sectors` (widening requests to whole sectors), `stats` (requests served), `error`
+//! ([`FuseError`]).
 
 // FUSE (through `fuser` and the kernel's /dev/fuse) is Linux-only here: elsewhere the crate is
 // empty, and the `lograid` command says what to use instead.
 #![cfg(target_os = "linux")]
 
+mod connection;
 mod detach;
+mod device;
 mod error;
 mod files;
 mod gate;

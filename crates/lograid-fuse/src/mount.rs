@@ -1,27 +1,37 @@
 //! The lifecycle of one mount: made on a directory, ended by [`FuseMount::unmount`] (or drop).
 //!
 //! Owns: [`FuseOptions`], [`mount`] (checking /dev/fuse, resolving the directory, replacing a
-//! mount a dead lograid server left there, starting fuser's session), [`FuseMount`], and ending
-//! it: the clean unmount through fuser's own handle, else closing the gate, aborting the
-//! connection and detaching the mount lazily, then joining the session; [`Unmounted`] says which.
-//! Must never: take over a mount it did not make (any other mount on the directory, or a live
-//! lograid server's, is refused), abort a connection number its mount no longer holds, let a
-//! request reach an export once unmounting returns, or wait without bound for a file's holder.
+//! mount a dead lograid server left there, mounting, starting fuser's session on our descriptor,
+//! identifying our connection), [`FuseMount`], and ending it: the clean unmount, else closing
+//! the gate, aborting the connection and detaching the mount lazily, then joining the session;
+//! [`Unmounted`] says which. Each step that ends something first proves the directory's mount
+//! ours (`connection`); fuser is given no handle to unmount with. Must never: take over a mount
+//! it did not make (any other mount on the directory, or a live lograid server's, is refused),
+//! unmount, abort or detach a mount or connection not proved ours at that moment, let a request
+//! reach an export once unmounting returns, or wait without bound for a file's holder or for the
+//! server of a mount already on the directory.
 
 use std::fs;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
-use fuser::MountOption;
 use lograid_nbd::Export;
 
-use crate::detach::{abort_connection, lazy_unmount};
+use crate::connection::{Connection, Probe};
+use crate::detach::unmount;
+use crate::device::mount_fuse;
 use crate::error::{FuseError, MountPointTaken, UnmountError};
 use crate::files::VolumeFiles;
 use crate::gate::Gate;
 use crate::mount_point::{is_dead, mount_at, resolve, MountEntry};
 use crate::stats::Stats;
+
+/// How long a clean unmount may take to end our connection (the kernel tears the mount down
+/// before umount2 returns unless the mount is reachable elsewhere too).
+const TEARDOWN_WAIT: Duration = Duration::from_secs(5);
 
 /// How a mount is made.
 #[derive(Clone, Debug)]
@@ -37,16 +47,21 @@ impl Default for FuseOptions {
     }
 }
 
+// How a session ends: once our connection ends (the mount torn down by the unmount, or the
+// connection aborted), the kernel answers each request thread's read with ENODEV, and fuser ends
+// the session without error. But a thread that had just taken a request off the kernel's queue
+// when the connection ended is answered ECONNABORTED instead ("Software caused connection
+// abort": fuse_dev_do_read will not queue the request for an answer on an ended connection),
+// whoever ended it, and fuser ends the session with that as its error. `FuseMount::finish`
+// takes ECONNABORTED, after it ended the connection itself, as the end it is.
+
 /// A live mount. [`FuseMount::unmount`] ends it; dropping it unmounts too (without reporting).
 pub struct FuseMount {
     dir: PathBuf,
     /// The thread running fuser's session (it starts and joins the request threads).
     session: Option<std::thread::JoinHandle<io::Result<()>>>,
-    /// Unmounts through fuser's own handle, so that fuser does not unmount the path again later
-    /// (by then it may be someone else's mount).
-    unmounter: Option<fuser::SessionUnmounter>,
-    /// The FUSE connection's number (the mount's device minor), for aborting it.
-    connection: Option<u32>,
+    /// Our connection, to prove the directory's mount ours before unmounting or aborting it.
+    connection: Connection,
     stats: Arc<Stats>,
     gate: Arc<Gate>,
 }
@@ -68,43 +83,78 @@ pub fn mount(
         source,
     };
     let (stats, gate) = (Arc::<Stats>::default(), Arc::<Gate>::default());
-    let files = VolumeFiles::new(exports, gate.clone(), stats.clone());
-    let mut session =
-        fuser::Session::new(files, &dir, &session_config(options)).map_err(mount_error)?;
-    let unmounter = session.unmount_callable();
-    let connection = mount_at(&dir).filter(MountEntry::is_ours).map(|m| m.minor);
-    let session = std::thread::Builder::new()
-        .name("lograid-fuse".into())
-        .spawn(move || session.run())
-        .map_err(mount_error)?;
+    let probe = Arc::new(Probe::new());
+    let files = VolumeFiles::new(exports, gate.clone(), stats.clone(), probe.clone());
+    let device = mount_fuse(&dir).map_err(mount_error)?;
+    let watch = device.try_clone().map_err(mount_error)?;
+    let session = start_session(files, device, options).map_err(mount_error)?;
+    let connection = Connection::identify(watch, &dir, &probe);
     tracing::info!(dir = %dir.display(), "volumes mounted as FUSE files");
     Ok(FuseMount {
         dir,
         session: Some(session),
-        unmounter: Some(unmounter),
         connection,
         stats,
         gate,
     })
 }
 
+/// Serves `files` through `device` (the kernel's INIT request waiting on it) on a thread of its
+/// own. If that fails, the descriptors are closed, which ends the connection: the mount is left
+/// dead, and the next mount on the directory replaces it.
+fn start_session(
+    files: VolumeFiles,
+    device: OwnedFd,
+    options: &FuseOptions,
+) -> io::Result<std::thread::JoinHandle<io::Result<()>>> {
+    let session = fuser::Session::from_fd(
+        files,
+        device,
+        fuser::SessionACL::Owner,
+        session_config(options),
+    )?;
+    std::thread::Builder::new()
+        .name("lograid-fuse".into())
+        .spawn(move || session.run())
+}
+
 /// `dir` resolved (see [`resolve`]) and ready to mount on: a dead lograid mount on it replaced,
-/// any other mount refused, the directory created if missing.
+/// any other mount refused, the directory created if missing. Nothing here asks the server of a
+/// mount already on `dir` (one that does not answer would hold this up without end) but
+/// [`is_dead`], which waits for it at most its `PROBE_TIMEOUT`.
 fn prepare_dir(dir: &Path) -> Result<PathBuf, FuseError> {
-    // Fails on a dead mount point (it exists); resolved and created again below.
-    let _ = fs::create_dir_all(dir);
-    let dir = resolve(dir).map_err(|source| FuseError::Mount {
+    let mount_error = |dir: &Path, source| FuseError::Mount {
         dir: dir.to_owned(),
         source,
-    })?;
+    };
+    // Made first so that it resolves whole (symlinks in its parents too).
+    create_dir_path(dir).map_err(|e| mount_error(dir, e))?;
+    let dir = resolve(dir).map_err(|e| mount_error(dir, e))?;
     if let Some(existing) = mount_at(&dir) {
         replace_dead_mount(&dir, &existing)?;
     }
-    fs::create_dir_all(&dir).map_err(|source| FuseError::Mount {
-        dir: dir.clone(),
-        source,
-    })?;
     Ok(dir)
+}
+
+/// Creates `dir` and its missing parents. An existing `dir` is taken as it is, without a look
+/// inside: mkdir(2) says it exists without going through a mount on it, where `stat` (as
+/// `fs::create_dir_all` does then) would wait for that mount's server.
+fn create_dir_path(dir: &Path) -> io::Result<()> {
+    match fs::create_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) else {
+                return Err(e);
+            };
+            create_dir_path(parent)?;
+            match fs::create_dir(dir) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+                _ => Ok(()),
+            }
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Unmounts `existing`, the mount on `dir`, if it is a lograid mount whose server died; refuses
@@ -124,22 +174,13 @@ fn replace_dead_mount(dir: &Path, existing: &MountEntry) -> Result<(), FuseError
     }
     // What a killed server leaves: "Transport endpoint is not connected".
     tracing::warn!(dir = %dir.display(), "a FUSE mount left by a server that died is on the directory; unmounting it (lazily)");
-    lazy_unmount(dir).map_err(|e| FuseError::unmount(dir, e))
+    crate::connection::detach_dead(dir, existing.dev).map_err(|e| FuseError::unmount(dir, e))
 }
 
-/// fuser's settings for a mount: its name and type "lograid", no setuid, device or executable
-/// files, permissions checked by the kernel, and `options.threads` request threads, each with
-/// its own /dev/fuse descriptor.
+/// fuser's settings for a session (the mount's own are made in `device`): `options.threads`
+/// request threads, each with its own /dev/fuse descriptor.
 fn session_config(options: &FuseOptions) -> fuser::Config {
     let mut config = fuser::Config::default();
-    config.mount_options = vec![
-        MountOption::FSName("lograid".into()),
-        MountOption::Subtype("lograid".into()),
-        MountOption::DefaultPermissions,
-        MountOption::NoSuid,
-        MountOption::NoDev,
-        MountOption::NoExec,
-    ];
     config.n_threads = Some(options.threads.max(1));
     config.clone_fd = true;
     config
@@ -163,31 +204,37 @@ impl FuseMount {
 
     /// Ends the mount: a clean unmount, else the abort and lazy detach of a busy one; then the
     /// gate closes and the session is joined (not after a refused abort: joining would wait for
-    /// the holder). Only the first call does anything: the drop after [`FuseMount::unmount`]
-    /// finds the session gone.
+    /// the holder). Nothing is unmounted or aborted unless proved ours (see `connection`): a
+    /// directory whose mount is not ours is left alone, and our connection, if still live, is
+    /// refused. Only the first call does anything: the drop after [`FuseMount::unmount`] finds
+    /// the session gone.
     fn finish(&mut self) -> Result<Unmounted, FuseError> {
         let Some(session) = self.session.take() else {
             return Ok(Unmounted::Clean);
         };
         let ended = match self.unmount_cleanly() {
             Ok(()) => Unmounted::Clean,
+            Err(UnmountError::ConnectionEnded) => {
+                // Unmounted or aborted by someone else: nothing of ours is left to end.
+                tracing::warn!(dir = %self.dir.display(), "the FUSE mount's connection had already ended (unmounted or aborted by someone else)");
+                Unmounted::Clean
+            }
+            Err(detail @ (UnmountError::NotOnItsDirectory | UnmountError::ConnectionUnknown)) => {
+                return Ok(self.refuse(&detail));
+            }
             Err(detail) => {
                 tracing::warn!(dir = %self.dir.display(), "unmounting: {detail}; detaching the mount lazily and aborting its connection");
-                if let Err(detail) = self.abort_and_detach() {
-                    // Joining would wait for the holder to let go. The request threads answer
-                    // EIO until the process exits and its /dev/fuse descriptors close.
-                    tracing::warn!(
-                        "cannot abort the FUSE connection of {}: {detail}",
-                        self.dir.display()
-                    );
-                    return Ok(Unmounted::Refusing);
+                match self.abort_and_detach() {
+                    Ok(()) | Err(UnmountError::ConnectionEnded) => Unmounted::Aborted,
+                    Err(detail) => return Ok(self.refuse(&detail)),
                 }
-                Unmounted::Aborted
             }
         };
         self.gate.close();
-        // The kernel ends the session (ENODEV to every request thread) once unmounted or aborted.
+        // The kernel ends the session (ENODEV to every request thread) once unmounted or aborted;
+        // ECONNABORTED too, see the comment above `FuseMount`.
         let joined = match session.join() {
+            Ok(Err(e)) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
             Ok(result) => result.map_err(UnmountError::Session),
             Err(_) => Err(UnmountError::SessionPanicked),
         };
@@ -196,35 +243,46 @@ impl FuseMount {
         Ok(ended)
     }
 
-    /// Unmounts through fuser's handle; fails while a file is in use (e.g. by a loop device).
-    fn unmount_cleanly(&mut self) -> Result<(), UnmountError> {
-        match self.unmounter.take() {
-            Some(mut unmounter) => unmounter.unmount().map_err(UnmountError::Unmount),
-            None => Err(UnmountError::NoUnmountHandle),
-        }
+    /// Leaves our connection as it is, `detail` saying why: the gate answers every request EIO
+    /// until the process exits and its /dev/fuse descriptors close. Not joined: joining would
+    /// wait for the holder.
+    fn refuse(&self, detail: &UnmountError) -> Unmounted {
+        self.gate.close();
+        tracing::warn!(
+            "cannot abort the FUSE connection of {}: {detail}",
+            self.dir.display()
+        );
+        Unmounted::Refusing
     }
 
-    /// Ends a mount whose files are still in use: closes the gate, aborts the connection and
-    /// detaches the mount lazily. An error says why the connection was not aborted (the mount
-    /// is detached all the same if it is still ours on the directory).
+    /// Unmounts the directory's mount once proved ours; fails while a file is in use (e.g. by a
+    /// loop device), and with the reason when it is not ours.
+    fn unmount_cleanly(&self) -> Result<(), UnmountError> {
+        // Proved ours, then the pin let go of: an unmount fails while anything holds the mount.
+        drop(self.connection.pin(&self.dir)?);
+        unmount(&self.dir)?;
+        if !self.connection.wait_ended(TEARDOWN_WAIT) {
+            // Our mount lives on elsewhere (e.g. a bind mount of it): end it the busy way.
+            return Err(UnmountError::Unmount(io::Error::from_raw_os_error(
+                libc::EBUSY,
+            )));
+        }
+        Ok(())
+    }
+
+    /// Ends a mount whose files are still in use: closes the gate, then, the mount pinned and
+    /// proved ours, aborts its connection and detaches it lazily. An error says why the
+    /// connection was not aborted (nothing was touched then).
     fn abort_and_detach(&self) -> Result<(), UnmountError> {
         // From here on requests get EIO from us, whatever happens to the connection.
         self.gate.close();
-        // Abort first, while the mount still holds its connection number: once the mount
-        // is detached and its last user gone, the number is free, and the next FUSE mount
-        // on the machine (another server's) may get it.
-        let ours = mount_at(&self.dir).filter(MountEntry::is_ours);
-        let aborted = match (self.connection, &ours) {
-            (Some(connection), Some(m)) if m.minor == connection => abort_connection(connection),
-            (Some(_), _) => Err(UnmountError::NotOnItsDirectory),
-            (None, _) => Err(UnmountError::ConnectionUnknown),
-        };
-        if ours.is_some() {
-            if let Err(detail) = lazy_unmount(&self.dir) {
-                tracing::warn!(dir = %self.dir.display(), "{detail}");
-            }
+        // The pin keeps our mount, and so its number, ours until both steps are done.
+        let pinned = self.connection.pin(&self.dir)?;
+        pinned.abort()?;
+        if let Err(detail) = pinned.detach() {
+            tracing::warn!(dir = %self.dir.display(), "{detail}");
         }
-        aborted
+        Ok(())
     }
 }
 
@@ -243,7 +301,9 @@ pub enum Unmounted {
     /// A file was still in use (e.g. by a loop device); its connection was aborted, so its
     /// holder now gets I/O errors from the kernel.
     Aborted,
-    /// A file was still in use and the connection could not be aborted: the holder's requests
-    /// get I/O errors from this process until it exits (then from the kernel).
+    /// The connection could not be aborted (a file was still in use), or could not be proved
+    /// ours (our mount had left its directory, or something is mounted over it), so nothing was
+    /// touched: the holder's requests get I/O errors from this process until it exits (then from
+    /// the kernel).
     Refusing,
 }

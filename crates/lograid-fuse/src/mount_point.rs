@@ -4,15 +4,18 @@
 //!
 //! Owns: resolving a mount directory (also when it is a dead mount point, where every access
 //! fails), parsing mountinfo (paths compared as bytes, with its octal escapes), the probe of a
-//! lograid mount's server, and the public [`is_mount_point`] and [`connection_of`]. Must never:
-//! create, mount or unmount anything, or block longer than [`PROBE_TIMEOUT`] on a mount whose
-//! server does not answer.
+//! lograid mount's server, and the public [`is_mount_point`] and [`connection_of`]. Nothing here
+//! says whose a mount is beyond its type and name (see `connection`). Must never: create, mount
+//! or unmount anything, or block longer than [`PROBE_TIMEOUT`] on a mount whose server does not
+//! answer.
 
 use std::fs;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use crate::connection::DevNumber;
 
 /// How long the check of an existing lograid mount at the directory may take: a live but wedged
 /// server's mount is not answering, and counts as live.
@@ -27,7 +30,8 @@ const MAX_SYMLINKS: usize = 40;
 
 /// Whether the lograid mount on `dir` is dead (its server gone: "Transport endpoint is not
 /// connected"). Opening the directory asks the server (attributes may come from the kernel's
-/// cache); a server that does not answer within [`PROBE_TIMEOUT`] counts as alive.
+/// cache); a server that does not answer within [`PROBE_TIMEOUT`] counts as alive. `dir` may
+/// be `/proc/self/fd/PIN` for a pinned mount.
 pub(crate) fn is_dead(dir: &Path) -> bool {
     let (tx, rx) = std::sync::mpsc::channel();
     let probe = dir.to_owned();
@@ -44,9 +48,10 @@ pub(crate) fn is_dead(dir: &Path) -> bool {
 /// `dir` made absolute with symlinks and `..` resolved. When `dir` cannot be resolved whole
 /// (it does not exist yet, or it is a dead mount point, where every access fails), its parent is
 /// resolved and a symlink in its last part followed with `readlink` (which does not enter it).
-/// Creates nothing.
+/// Creates nothing, and sends no request to a mount on `dir` (a trailing slash would make
+/// realpath(3) check that the mount's root is a directory, asking its server).
 pub(crate) fn resolve(dir: &Path) -> io::Result<PathBuf> {
-    let mut path = std::path::absolute(dir)?;
+    let mut path: PathBuf = std::path::absolute(dir)?.components().collect();
     match path.canonicalize() {
         Ok(resolved) => return Ok(resolved),
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ENOENT)) => {}
@@ -70,8 +75,9 @@ pub(crate) fn resolve(dir: &Path) -> io::Result<PathBuf> {
 pub(crate) struct MountEntry {
     pub(crate) fstype: String,
     source: String,
-    /// The device's minor number; for FUSE, the connection's number.
-    pub(crate) minor: u32,
+    /// The mount's device number (for FUSE, the connection's number, which says nothing of
+    /// whose it is: see `connection`).
+    pub(crate) dev: DevNumber,
 }
 
 impl MountEntry {
@@ -101,12 +107,16 @@ fn parse_mount_line(line: &[u8], want: &[u8]) -> Option<MountEntry> {
     }
     let text = |f: &[u8]| String::from_utf8_lossy(f).into_owned();
     let device = text(fields.get(2)?);
-    let minor = device.split(':').nth(1)?.parse().ok()?;
+    let (major, minor) = device.split_once(':')?;
+    let dev = DevNumber {
+        major: major.parse().ok()?,
+        minor: minor.parse().ok()?,
+    };
     let dash = fields.iter().position(|f| *f == b"-")?;
     Some(MountEntry {
         fstype: text(fields.get(dash + 1)?),
         source: text(fields.get(dash + 2)?),
-        minor,
+        dev,
     })
 }
 
@@ -122,11 +132,13 @@ fn escape_mount_path(path: &[u8]) -> Vec<u8> {
     out
 }
 
-/// The FUSE connection number of lograid's mount on `dir`, if there is one.
+/// The FUSE connection number of the lograid mount on `dir`, if there is one, as mountinfo
+/// lists it (the name of its directory under /sys/fs/fuse/connections). A lograid mount's, not
+/// necessarily this process's.
 pub fn connection_of(dir: &Path) -> Option<u32> {
     mount_at(&resolve(dir).ok()?)
         .filter(MountEntry::is_ours)
-        .map(|m| m.minor)
+        .map(|m| m.dev.connection_name())
 }
 
 /// Whether `dir` is a mount point (of any filesystem).

@@ -1,11 +1,12 @@
 //! `lograid serve`: serve every volume of a pool as an NBD export.
 //!
 //! Owns: the server process's life: hardening it for backing local block
-//! devices, opening (or, with no drives, creating) the pool, binding, telling
-//! the user how to connect, and the orderly end on SIGINT/SIGTERM (stop
-//! accepting, finish requests in flight, flush, close the pool with a final
-//! checkpoint). Must never: exit with writes acknowledged by a flush that is
-//! not durable, or listen beyond loopback unless told to.
+//! devices, opening (or, with no drives, creating) the pool, mounting the
+//! `--fuse` files, binding, telling the user how to connect, and the orderly
+//! end on SIGINT/SIGTERM (stop accepting, finish requests in flight, flush,
+//! close the pool with a final checkpoint). Must never: exit with writes
+//! acknowledged by a flush that is not durable, listen beyond loopback unless
+//! told to, or answer on a listener before the `--fuse` files are mounted.
 
 mod notify;
 
@@ -394,8 +395,8 @@ fn serve_pool(
         tls: tls.clone(),
         ..ServerConfig::default()
     };
-    let server = Server::bind(config, exports.clone()).context("starting the NBD server")?;
-    let handle = server.shutdown_handle();
+    // The files before the listeners: a client that finds the port (or socket) answering finds
+    // DIR/VOLUME there too, a dead server's mount on DIR already replaced.
     let fuse = match &a.fuse {
         Some(dir) => {
             let dir =
@@ -404,7 +405,20 @@ fn serve_pool(
         }
         None => None,
     };
-    let (signals_handle, signal_thread) = start_signal_thread(handle, notifier.clone())?;
+    // Caught before the listeners answer: a SIGINT or SIGTERM sent as soon as they do stops
+    // the server cleanly (acted on once the signal thread runs).
+    let signals = catch_stop_signals()?;
+    let server = match Server::bind(config, exports.clone()) {
+        Ok(server) => server,
+        Err(e) => {
+            if let Some(mount) = fuse {
+                crate::os::unmount_files(mount);
+            }
+            return Err(e).context("starting the NBD server");
+        }
+    };
+    let handle = server.shutdown_handle();
+    let (signals_handle, signal_thread) = start_signal_thread(signals, handle, notifier.clone())?;
 
     print_how_to_connect(
         pool,
@@ -458,17 +472,21 @@ fn exports_of(pool: &Pool, a: &ServeArgs) -> Result<Vec<Arc<dyn Export>>> {
     Ok(exports)
 }
 
-/// A thread that turns the first SIGINT or SIGTERM into a server shutdown (and says so); stop
-/// it by closing the returned handle, then join it.
+/// SIGINT and SIGTERM caught from now on, for [`start_signal_thread`] (one that comes before it
+/// runs waits for it).
+fn catch_stop_signals() -> Result<signal_hook::iterator::Signals> {
+    signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+        .context("installing the SIGINT/SIGTERM handlers")
+}
+
+/// A thread that turns the first of `signals` (SIGINT or SIGTERM, also one caught before it
+/// started) into a server shutdown (and says so); stop it by closing the returned handle, then
+/// join it.
 fn start_signal_thread(
+    mut signals: signal_hook::iterator::Signals,
     handle: ShutdownHandle,
     notifier: Arc<notify::Notifier>,
 ) -> Result<(signal_hook::iterator::Handle, std::thread::JoinHandle<()>)> {
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("installing the SIGINT/SIGTERM handlers")?;
     let signals_handle = signals.handle();
     let signal_thread = std::thread::Builder::new()
         .name("lograid-signals".into())

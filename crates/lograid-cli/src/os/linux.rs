@@ -34,8 +34,9 @@ pub fn unmount_files(mount: FilesMount) {
              its connection was aborted, so its holder now gets I/O errors; detach it with `lograid detach`"
         ),
         Ok(lograid_fuse::Unmounted::Refusing) => eprintln!(
-            "lograid: warning: a volume's FUSE file was still in use (a loop device not detached?) and its \
-             connection could not be aborted; its holder gets I/O errors; detach it with `lograid detach`"
+            "lograid: warning: the volumes' FUSE mount was left as it is (the line above says why: a file \
+             still in use whose connection could not be aborted, or a mount on the directory not proved this \
+             server's); requests through its files get I/O errors; detach a loop device on one with `lograid detach`"
         ),
         Err(e) => eprintln!("lograid: warning: {e}"),
     }

@@ -296,7 +296,17 @@ impl Server {
                 ));
             }
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return Ok(());
+                // The port answers only once the files are mounted: a client that attaches
+                // DIR/VOLUME as soon as it answers must find them (no waiting here).
+                return match self.fuse_dir() {
+                    Some(dir) => fuse_files_mounted(&dir).map_err(|e| {
+                        format!(
+                            "lograid serve answered on {addr} before its FUSE files were mounted: {e}\n{}",
+                            self.stderr()
+                        )
+                    }),
+                    None => Ok(()),
+                };
             }
             if Instant::now() > deadline {
                 return Err(format!(
@@ -304,8 +314,14 @@ impl Server {
                     self.stderr()
                 ));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The directory given with `--fuse`, if any.
+    pub fn fuse_dir(&self) -> Option<PathBuf> {
+        let at = self.args.iter().position(|a| a == "--fuse")?;
+        self.args.get(at + 1).map(PathBuf::from)
     }
 
     pub fn uri(&self, export: &str) -> String {
@@ -377,10 +393,23 @@ impl Server {
 }
 
 impl Drop for Server {
+    /// Kills a server still running (a test failed), and detaches the dead mount its `--fuse`
+    /// files leave, so that the failed test leaves nothing mounted.
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+            if let Some(dir) = self.fuse_dir() {
+                let dead = std::fs::read_dir(&dir)
+                    .is_err_and(|e| e.raw_os_error() == Some(libc::ENOTCONN));
+                if dead {
+                    let _ = tool("umount")
+                        .arg("-l")
+                        .arg(&dir)
+                        .stdin(Stdio::null())
+                        .status();
+                }
+            }
         }
     }
 }
@@ -492,6 +521,27 @@ impl Drop for Attachment {
             unmount_fuse_leftovers(&self.state_dir);
         }
     }
+}
+
+/// Ok if the top mount on `dir` is a lograid FUSE mount that answers (lists its files).
+pub fn fuse_files_mounted(dir: &Path) -> Result<(), String> {
+    // mountinfo names the directory without a trailing slash.
+    let dir: PathBuf = dir.components().collect();
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let top = info
+        .lines()
+        .rfind(|l| l.split(' ').nth(4) == Some(&*dir.to_string_lossy()))
+        .ok_or_else(|| format!("nothing is mounted on {}", dir.display()))?;
+    let after_dash: Vec<&str> = top.split(" - ").nth(1).unwrap_or("").split(' ').collect();
+    if after_dash.get(1) != Some(&"lograid") {
+        return Err(format!(
+            "the mount on {} is not lograid's: {top}",
+            dir.display()
+        ));
+    }
+    std::fs::read_dir(&dir)
+        .map(drop)
+        .map_err(|e| format!("listing {}: {e}", dir.display()))
 }
 
 fn mounts_under(dir: &Path) -> Vec<String> {
