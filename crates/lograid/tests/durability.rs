@@ -9,13 +9,13 @@
 
 mod common;
 
-use common::SimPool;
+use common::{pattern, wait_until, SimPool};
 use lograid::device::{AlignedBuf, Device, Member, SimMember, StaleSegments};
 use lograid::device::{CrashMode, Hold, SimRng};
 use lograid::{Error, PoolOptions, Volume};
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const BLOCK: usize = lograid::format::BLOCK_SIZE;
 
@@ -23,22 +23,6 @@ const BLOCK: usize = lograid::format::BLOCK_SIZE;
 /// waiting (a correct one waits until released; a wrong one returned within
 /// milliseconds when this test was written).
 const WATCH: Duration = Duration::from_millis(300);
-
-fn pattern(tag: u8, blocks: usize) -> Vec<u8> {
-    vec![tag; blocks * BLOCK]
-}
-
-/// Waits until `ready`, at most 10 s.
-fn wait_until(what: &str, ready: impl Fn() -> bool) {
-    let start = Instant::now();
-    while !ready() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
 
 /// Waits until some member holds I/O at its gate.
 fn wait_for_held(pool: &SimPool, what: &str) {

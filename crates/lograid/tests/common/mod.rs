@@ -7,6 +7,23 @@ use lograid::device::{CrashMode, Member, SimMember, SimRng};
 use lograid::{create_pool, open_members, CreateOptions, Pool, PoolOptions, Volume};
 use std::sync::Arc;
 
+/// `blocks` 4 KiB blocks, every byte `tag`.
+pub fn pattern(tag: u8, blocks: usize) -> Vec<u8> {
+    vec![tag; blocks * lograid::format::BLOCK_SIZE]
+}
+
+/// Waits until `ready`, at most 10 s.
+pub fn wait_until(what: &str, ready: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !ready() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 pub const SECTOR: usize = lograid::format::SECTOR_BYTES as usize;
 
 pub fn test_options() -> PoolOptions {
