@@ -15,6 +15,25 @@ use std::time::Duration;
 
 const BLOCK: usize = 4096;
 
+/// A 3-member P=1 pool with 64 blocks flushed, whose member 0 failed
+/// enough reads to be faulted (in memory: no flush since).
+fn a_pool_with_member_0_faulted_by_reads() -> (SimPool, lograid::Volume) {
+    let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.5, common::test_options());
+    let vol = pool.volume().clone();
+    vol.write(0, &pattern(0x41, 64)).unwrap();
+    vol.flush().unwrap();
+    pool.sims[0].fail_reads(true);
+    let mut buf = vec![0u8; 64 * BLOCK];
+    for _ in 0..64 {
+        let _ = vol.read(0, &mut buf);
+        if pool.pool().status().members[0].state == "faulted" {
+            break;
+        }
+    }
+    assert_eq!(pool.pool().status().members[0].state, "faulted");
+    (pool, vol)
+}
+
 /// Adding a member while another member's flush fails: the add's checkpoint
 /// calls record_faults, which writes the recorded (shorter) member table to
 /// every open device, the new one included.
@@ -39,19 +58,7 @@ fn a_member_added_while_another_one_faults_is_added() {
 /// was the fault recorded?
 #[test]
 fn a_fault_made_by_reads_is_recorded_when_its_slot_is_replaced_in_place() {
-    let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.5, common::test_options());
-    let vol = pool.volume().clone();
-    vol.write(0, &pattern(0x41, 64)).unwrap();
-    vol.flush().unwrap();
-    pool.sims[0].fail_reads(true);
-    let mut buf = vec![0u8; 64 * BLOCK];
-    for _ in 0..64 {
-        let _ = vol.read(0, &mut buf);
-        if pool.pool().status().members[0].state == "faulted" {
-            break;
-        }
-    }
-    assert_eq!(pool.pool().status().members[0].state, "faulted");
+    let (pool, vol) = a_pool_with_member_0_faulted_by_reads();
     pool.sims[0].fail_reads(false);
     let new = Arc::new(SimMember::new("new", 16 << 20));
     for s in pool.sims.iter() {
@@ -367,19 +374,7 @@ fn assert_reopened_with_member_1_faulted_and_nothing_to_repair(crashed: &SimPool
 
 #[test]
 fn a_member_is_added_after_a_fault_made_by_reads() {
-    let pool = SimPool::create_with_options(3, 1, 16 << 20, 0.5, common::test_options());
-    let vol = pool.volume().clone();
-    vol.write(0, &pattern(0x41, 64)).unwrap();
-    vol.flush().unwrap();
-    pool.sims[0].fail_reads(true);
-    let mut buf = vec![0u8; 64 * BLOCK];
-    for _ in 0..64 {
-        let _ = vol.read(0, &mut buf);
-        if pool.pool().status().members[0].state == "faulted" {
-            break;
-        }
-    }
-    assert_eq!(pool.pool().status().members[0].state, "faulted");
+    let (pool, _vol) = a_pool_with_member_0_faulted_by_reads();
     let sb = lograid::read_superblock(pool.sims[1].as_ref()).unwrap();
     eprintln!(
         "before add: gen {} member0 {:?}",
