@@ -13,6 +13,9 @@
 //! other write to that sector between its read and its write-back, and writes that touch no
 //! partly covered sector only ever share. Reads take no lock.
 //!
+//! Used by this crate's server and by the NFS server (lograid-nfs), each with stripe locks of
+//! its own per export.
+//!
 //! Owns: the widening arithmetic, the read-modify-write, and the stripe locks. Must never: pass
 //! an export an offset or length that is not a multiple of [`SECTOR`], or past its (rounded)
 //! size; or let a read-modify-write interleave with another write to the same sector.

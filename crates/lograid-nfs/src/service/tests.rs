@@ -410,3 +410,23 @@ proptest! {
         fuzz_stream(&fuzz_service(), &stream);
     }
 }
+
+/// The fuzz target's seed corpus is answered whole: every seed's records get replies.
+#[test]
+fn fuzz_seeds_are_answered() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/nfs_proto");
+    let mut seeds = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let stream = std::fs::read(entry.unwrap().path()).unwrap();
+        let mut records = 0;
+        let mut position = 0;
+        while position + 4 <= stream.len() {
+            let mark = u32::from_be_bytes(stream[position..position + 4].try_into().unwrap());
+            position += 4 + (mark & 0x7fff_ffff) as usize;
+            records += usize::from(mark & 0x8000_0000 != 0);
+        }
+        assert_eq!(fuzz_stream(&fuzz_service(), &stream), records);
+        seeds += 1;
+    }
+    assert!(seeds >= 8);
+}
