@@ -5,6 +5,8 @@
 //! (the verifier changes, handles stay valid, what was committed or written FILE_SYNC
 //! survives); the file's size and attributes; a read-only volume; hostile bytes on the socket.
 
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
 mod common;
 
 use common::*;
