@@ -173,12 +173,23 @@ pub fn fuzz_stream(service: &Service, stream: &[u8]) -> usize {
     }
 }
 
-/// A reply is one last fragment of the length its mark says, echoing the call's xid.
+/// A reply is one last fragment of the length its mark says, echoing the call's xid; an
+/// accepted one is never SYSTEM_ERR (what a call that panicked gets, e.g. on a broken export
+/// contract, which the stub export turns into a panic).
 fn check_reply(record: &[u8], reply: &[u8]) {
-    assert!(reply.len() >= 12, "reply too short");
+    assert!(reply.len() >= 16, "reply too short");
     let (last, length) = parse_record_mark([reply[0], reply[1], reply[2], reply[3]]);
     assert!(last, "reply not one fragment");
     assert_eq!(length as usize, reply.len() - 4, "reply length");
     assert_eq!(record[..4], reply[4..8], "xid not echoed");
     assert_eq!(reply[8..12], [0, 0, 0, 1], "not a REPLY");
+    let accepted = reply[12..16] == [0, 0, 0, 0];
+    if accepted {
+        let status = reply.get(24..28);
+        assert_ne!(
+            status,
+            Some(&[0, 0, 0, 5][..]),
+            "a call panicked (SYSTEM_ERR)"
+        );
+    }
 }

@@ -365,6 +365,7 @@ async fn accept(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        set_keepalive(&stream);
         let shared = shared.clone();
         tokio::spawn(async move {
             let counters = shared.counters.clone();
@@ -376,5 +377,22 @@ async fn accept(
             counters.connections_active.fetch_sub(1, Ordering::Relaxed);
             drop(slot);
         });
+    }
+}
+
+/// TCP keepalive (the system's timing), so that a peer that vanished without a FIN releases its
+/// connection slot in the end. Only the portable option: the timing knobs differ by system.
+fn set_keepalive(stream: &tokio::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt on a socket we own, with a pointer to a live c_int and its size.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_KEEPALIVE,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
     }
 }
