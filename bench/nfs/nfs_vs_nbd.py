@@ -4,8 +4,9 @@
 Builds qd_driver.c (libnfs-dev, libnbd-dev), creates a pool of sparse member files in a
 temporary directory, starts `lograid serve --nfs`, and runs each workload over NBD and over NFS
 alternately (the order swapped every repetition): sequential 1 MiB writes and reads, random
-4 KiB writes and reads, at queue depth 32 on one connection, SECONDS each. Prints every run and
-the medians as NFS/NBD ratios. The server is stopped (SIGTERM) at the end.
+4 KiB writes and reads, at queue depth 32 on one connection, SECONDS each. Prints every run (with
+the CPU seconds the server and the client used in it, per GiB moved) and the medians as NFS/NBD
+ratios. The server is stopped (SIGTERM) at the end.
 
     python3 bench/nfs/nfs_vs_nbd.py --lograid target/release/lograid [--seconds 10] [--repeats 3]
 """
@@ -39,6 +40,13 @@ def wait_port(port, deadline):
     sys.exit(f"server did not listen on {port}")
 
 
+def cpu_seconds(pid):
+    """User and system CPU seconds of a process so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_driver(driver, proto, nbd_port, nfs_port, workload, size, args):
     common = [workload, str(args.region_mib), str(size), str(args.qd), str(args.seconds)]
     if proto == "nfs":
@@ -46,7 +54,7 @@ def run_driver(driver, proto, nbd_port, nfs_port, workload, size, args):
     else:
         cmd = [driver, "nbd", f"nbd://127.0.0.1:{nbd_port}/vol0"] + common
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split()
-    return float(out[6]), float(out[7])
+    return float(out[6]), float(out[7]), float(out[8]), int(out[4]) * size / 2**30
 
 
 def main():
@@ -77,10 +85,15 @@ def main():
                 for workload, size in WORKLOADS:
                     order = ["nbd", "nfs"] if repeat % 2 == 0 else ["nfs", "nbd"]
                     for proto in order:
-                        mib_s, iops = run_driver(driver, proto, nbd_port, nfs_port, workload, size, args)
+                        server_before = cpu_seconds(server.pid)
+                        mib_s, iops, client_cpu, gib = run_driver(driver, proto, nbd_port, nfs_port,
+                                                                  workload, size, args)
+                        server_cpu = cpu_seconds(server.pid) - server_before
                         results.setdefault((workload, proto), []).append((mib_s, iops))
                         print(f"run {repeat + 1} {proto} {workload} {size} B QD{args.qd}: "
-                              f"{mib_s:.1f} MiB/s {iops:.0f} IOPS", flush=True)
+                              f"{mib_s:.1f} MiB/s {iops:.0f} IOPS; CPU s per GiB: server "
+                              f"{server_cpu / gib:.2f}, client {client_cpu / gib:.2f}; "
+                              f"load {os.getloadavg()[0]:.1f}", flush=True)
             print(f"\nmedians of {args.repeats} ({args.seconds:g} s each, QD{args.qd}, one connection):")
             print("| workload | NBD | NFS | NFS/NBD |")
             print("|---|---|---|---|")

@@ -8,7 +8,7 @@
  * WORKLOAD: seqwrite, seqread (SIZE-byte requests in order over the first REGION_MIB MiB,
  * wrapping), randwrite, randread (SIZE-aligned offsets at random in that region). Runs for
  * SECONDS; writes end with one COMMIT (NFS, writes are UNSTABLE) or FLUSH (NBD), counted in
- * the time. Prints "proto workload size qd ops seconds MiB/s IOPS".
+ * the time. Prints "proto workload size qd ops seconds MiB/s IOPS client_cpu_seconds".
  */
 #include <inttypes.h>
 #include <poll.h>
@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include <libnbd.h>
@@ -205,7 +206,11 @@ int main(int argc, char **argv) {
         nbd_close(h);
     }
     double took = now() - start;
-    printf("%s %s %" PRIu64 " %d %" PRIu64 " %.3f %.1f %.0f\n", nfs ? "nfs" : "nbd", workload, l.size, qd,
-           done_ops, took, done_ops * (double)l.size / took / (1 << 20), done_ops / took);
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    double cpu = usage.ru_utime.tv_sec + usage.ru_utime.tv_usec / 1e6 + usage.ru_stime.tv_sec +
+                 usage.ru_stime.tv_usec / 1e6;
+    printf("%s %s %" PRIu64 " %d %" PRIu64 " %.3f %.1f %.0f %.2f\n", nfs ? "nfs" : "nbd", workload, l.size, qd,
+           done_ops, took, done_ops * (double)l.size / took / (1 << 20), done_ops / took, cpu);
     return 0;
 }
