@@ -3,7 +3,8 @@
 //! client on libnfs's RPC layer, tests/nfs/nfs_probe.c, compiled here against libnfs-dev).
 //! Writes, COMMIT and read-back; a server killed between UNSTABLE writes and their COMMIT
 //! (the verifier changes, handles stay valid, what was committed or written FILE_SYNC
-//! survives); the file's size and attributes; a read-only volume; hostile bytes on the socket.
+//! survives); the file's size and attributes; a read-only volume; a full pool (NOSPC); hostile
+//! bytes on the socket.
 
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 
@@ -281,6 +282,41 @@ fn a_restart_between_unstable_writes_and_commit_changes_the_verifier() {
     );
     assert_eq!(field(&last[1], "fnv"), fnv(&pattern(22, 8 * MIB, MIB)));
     assert_eq!(field(&last[2], "fnv"), fnv(&pattern(22, 15 * MIB, MIB)));
+    server.terminate();
+}
+
+#[test]
+fn a_full_pool_answers_nospc_and_stored_blocks_stay_writable() {
+    if !need_tools(&["cc", "nfs-ls", "nfs-cat"]) {
+        return;
+    }
+    // A thin 1 GiB volume on a pool that holds about 200 MiB.
+    let pool = TestPool::create("128M", "vol0:1G");
+    let nfs_port = free_port();
+    let server = serve_nfs(&pool, nfs_port, &[]);
+    let lines = probe(
+        nfs_port,
+        &[
+            "mount",
+            "lookup:vol0",
+            "writes:0:1048576:300:4:0",
+            "commit",
+            "write:0:4096:5:2",
+            "read:0:4096",
+        ],
+    );
+    assert_eq!(
+        field(&lines[2], "status"),
+        "28",
+        "NFS3ERR_NOSPC once the pool is full"
+    );
+    assert_eq!(field(&lines[3], "status"), "0", "what was taken commits");
+    assert_eq!(
+        field(&lines[4], "status"),
+        "0",
+        "an overwrite of a stored block still fits"
+    );
+    assert_eq!(field(&lines[5], "fnv"), fnv(&pattern(5, 0, 4096)));
     server.terminate();
 }
 
