@@ -204,8 +204,7 @@ fn set_time(reader: &mut XdrReader<'_>) -> Result<SetTime, XdrError> {
             reader.u32()?;
             Ok(SetTime::ClientTime(secs))
         }
-        // An enum value outside time_how is as bad as a boolean out of range.
-        other => Err(XdrError::BadBool(other)),
+        other => Err(XdrError::BadEnum(other)),
     }
 }
 

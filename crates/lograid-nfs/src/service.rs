@@ -210,6 +210,24 @@ impl Service {
         }
     }
 
+    /// The directory a handle names; otherwise writes the failure (NOTDIR with the file's
+    /// attributes, or the handle's error) and returns `None`.
+    fn resolve_dir(&self, raw: &[u8], out: &mut Vec<u8>) -> Option<Node> {
+        match self.resolve(raw) {
+            Ok(Node::Root) => Some(Node::Root),
+            Ok(node) => {
+                out.put_u32(NFS3ERR_NOTDIR);
+                put_post_op_attr(out, Some(&self.attributes(node)));
+                None
+            }
+            Err(status) => {
+                out.put_u32(status);
+                put_post_op_attr(out, None);
+                None
+            }
+        }
+    }
+
     fn attributes(&self, node: Node) -> Fattr {
         let (uid, gid) = self.namespace.owner();
         let mut attr = Fattr {
@@ -343,18 +361,8 @@ impl Service {
     }
 
     fn lookup(&self, (dir, name): (&[u8], &[u8]), out: &mut Vec<u8>) -> Result<(), XdrError> {
-        let dir_node = match self.resolve(dir) {
-            Ok(Node::Root) => Node::Root,
-            Ok(node) => {
-                out.put_u32(NFS3ERR_NOTDIR);
-                put_post_op_attr(out, Some(&self.attributes(node)));
-                return Ok(());
-            }
-            Err(status) => {
-                out.put_u32(status);
-                put_post_op_attr(out, None);
-                return Ok(());
-            }
+        let Some(dir_node) = self.resolve_dir(dir, out) else {
+            return Ok(());
         };
         let dir_attr = self.attributes(dir_node);
         let found = if name.len() > NAME_MAX as usize {
@@ -536,18 +544,8 @@ impl Service {
         plus: bool,
         out: &mut Vec<u8>,
     ) -> Result<(), XdrError> {
-        let node = match self.resolve(args.handle) {
-            Ok(Node::Root) => Node::Root,
-            Ok(node) => {
-                out.put_u32(NFS3ERR_NOTDIR);
-                put_post_op_attr(out, Some(&self.attributes(node)));
-                return Ok(());
-            }
-            Err(status) => {
-                out.put_u32(status);
-                put_post_op_attr(out, None);
-                return Ok(());
-            }
+        let Some(node) = self.resolve_dir(args.handle, out) else {
+            return Ok(());
         };
         let entries = self.directory_entries();
         let start = usize::try_from(args.cookie).unwrap_or(usize::MAX);

@@ -15,6 +15,8 @@ pub enum XdrError {
     TooLong { length: u32, max: u32 },
     #[error("boolean with value {0}")]
     BadBool(u32),
+    #[error("enumeration with value {0}")]
+    BadEnum(u32),
 }
 
 /// Reads XDR items from a byte slice, front to back.
