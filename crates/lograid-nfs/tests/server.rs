@@ -102,7 +102,7 @@ fn many_calls_in_flight_stay_within_the_budgets() {
                 .unwrap();
         }
     });
-    let mut seen = vec![false; 200];
+    let mut seen = [false; 200];
     for _ in 0..200 {
         let (xid, status) = read_reply(&mut stream);
         assert_eq!(status, 0);
