@@ -46,6 +46,7 @@ pub fn bind(text: &str, allow: &[IpAddr]) -> Result<std::net::TcpListener> {
 /// A running NFS server: stop it with [`Running::stop`].
 pub struct Running {
     handle: ShutdownHandle,
+    stats: lograid_nfs::StatsHandle,
     thread: std::thread::JoinHandle<Result<(), lograid_nfs::NfsError>>,
     pub addr: SocketAddr,
 }
@@ -92,12 +93,14 @@ pub fn start(
     let server = NfsServer::new(listener, config, namespace).context("starting the NFS server")?;
     let addr = server.local_addr();
     let handle = server.shutdown_handle();
+    let stats = server.stats_handle();
     let thread = std::thread::Builder::new()
         .name("lograid-nfs".into())
         .spawn(move || server.serve())
         .context("starting the NFS server's thread")?;
     Ok(Running {
         handle,
+        stats,
         thread,
         addr,
     })
@@ -109,13 +112,28 @@ impl Running {
         self.handle.clone()
     }
 
-    /// Stops accepting, answers what is in flight, flushes the volumes, and waits for it.
+    /// Stops accepting, answers what is in flight, flushes the volumes, and waits for it;
+    /// then says what was served.
     pub fn stop(self) -> Result<()> {
         self.handle.shutdown();
-        match self.thread.join() {
+        let result = match self.thread.join() {
             Ok(result) => result.context("NFS server"),
-            Err(_) => anyhow::bail!("the NFS server's thread panicked"),
-        }
+            Err(_) => Err(anyhow::anyhow!("the NFS server's thread panicked")),
+        };
+        let s = self.stats.snapshot();
+        tracing::info!(
+            connections = s.connections_accepted,
+            refused = s.connections_refused,
+            calls = s.calls,
+            errors = s.call_errors,
+            read_bytes = s.read_bytes,
+            written_bytes = s.written_bytes,
+            commits = s.commits,
+            protocol_errors = s.protocol_errors,
+            peak_in_flight_bytes = s.peak_in_flight_bytes,
+            "NFS server stopped"
+        );
+        result
     }
 }
 
