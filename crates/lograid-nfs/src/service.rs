@@ -112,34 +112,45 @@ impl Service {
         match (call.program, call.version) {
             (PROGRAM, VERSION) if call.procedure <= PROC_COMMIT => {
                 let capacity = reply_capacity(call);
-                self.answer(xid, capacity, call.args, |args, out| {
+                let id = (xid, call.program, call.procedure);
+                self.answer(id, capacity, call.args, |args, out| {
                     self.nfs(call.procedure, args, out)
                 })
             }
             (mount::PROGRAM, mount::VERSION) if mount::known(call.procedure) => {
-                self.answer(xid, 256, call.args, |args, out| {
+                let id = (xid, call.program, call.procedure);
+                self.answer(id, 256, call.args, |args, out| {
                     mount::serve(&self.namespace, call.procedure, args, out)
                 })
             }
             (PROGRAM, VERSION) | (mount::PROGRAM, mount::VERSION) => {
-                self.refuse(xid, rpc::PROC_UNAVAIL)
+                self.refuse(call, rpc::PROC_UNAVAIL)
             }
             (PROGRAM, _) => rpc::prog_mismatch(xid, VERSION, VERSION),
             (mount::PROGRAM, _) => rpc::prog_mismatch(xid, mount::VERSION, mount::VERSION),
-            _ => self.refuse(xid, rpc::PROG_UNAVAIL),
+            // NFSACL, NLM, the portmapper and the rest are not served.
+            _ => self.refuse(call, rpc::PROG_UNAVAIL),
         }
     }
 
-    fn refuse(&self, xid: u32, accept_stat: u32) -> ReplyBuf {
+    fn refuse(&self, call: &rpc::Call<'_>, accept_stat: u32) -> ReplyBuf {
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
-        rpc::accepted(xid, accept_stat)
+        tracing::debug!(
+            xid = call.xid,
+            program = call.program,
+            version = call.version,
+            procedure = call.procedure,
+            accept_stat,
+            "call refused"
+        );
+        rpc::accepted(call.xid, accept_stat)
     }
 
     /// A SUCCESS reply with what `serve` appends, or GARBAGE_ARGS if the arguments did not
     /// parse (procedures parse all their arguments before they act).
     fn answer(
         &self,
-        xid: u32,
+        (xid, program, procedure): (u32, u32, u32),
         capacity: usize,
         args: &[u8],
         serve: impl FnOnce(&mut XdrReader<'_>, &mut Vec<u8>) -> Result<(), XdrError>,
@@ -149,14 +160,23 @@ impl Service {
         match serve(&mut XdrReader::new(args), &mut reply.bytes) {
             Ok(()) => {
                 let status = reply.bytes.get(results_start..results_start + 4);
-                if status.is_some_and(|status| status != [0, 0, 0, 0]) {
+                if let Some(status) = status.filter(|status| *status != [0, 0, 0, 0]) {
                     self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                    let status = u32::from_be_bytes([status[0], status[1], status[2], status[3]]);
+                    tracing::debug!(
+                        xid,
+                        program,
+                        procedure,
+                        status,
+                        "answered with an error status"
+                    );
                 }
                 reply
             }
             Err(error) => {
-                tracing::info!(xid, %error, "arguments do not parse");
-                self.refuse(xid, rpc::GARBAGE_ARGS)
+                tracing::info!(xid, program, procedure, %error, "arguments do not parse");
+                self.counters.errors.fetch_add(1, Ordering::Relaxed);
+                rpc::accepted(xid, rpc::GARBAGE_ARGS)
             }
         }
     }
