@@ -407,6 +407,11 @@ fn serve_pool(
     };
     let server = Server::bind(config, exports.clone()).context("starting the NBD server")?;
     let handle = server.shutdown_handle();
+    // Before the FUSE mount: a failure here leaves nothing mounted.
+    let nfs = match nfs_listener {
+        Some(listener) => Some(nfs::start(listener, pool, &exports, a.read_only, &a.allow)?),
+        None => None,
+    };
     let fuse = match &a.fuse {
         Some(dir) => {
             let dir =
@@ -416,10 +421,6 @@ fn serve_pool(
                     .map_err(|e| anyhow::anyhow!("--fuse: {e}"))?;
             Some(mount)
         }
-        None => None,
-    };
-    let nfs = match nfs_listener {
-        Some(listener) => Some(nfs::start(listener, pool, &exports, a.read_only, &a.allow)?),
         None => None,
     };
     let nfs_handle = nfs.as_ref().map(nfs::Running::shutdown_handle);

@@ -43,11 +43,12 @@ pub fn bind(text: &str, allow: &[IpAddr]) -> Result<std::net::TcpListener> {
     std::net::TcpListener::bind(addr).with_context(|| format!("--nfs {addr}: cannot listen"))
 }
 
-/// A running NFS server: stop it with [`Running::stop`].
+/// A running NFS server: stop it with [`Running::stop`]; dropped, it is stopped too (an early
+/// return must not leave it serving a pool about to close).
 pub struct Running {
     handle: ShutdownHandle,
     stats: lograid_nfs::StatsHandle,
-    thread: std::thread::JoinHandle<Result<(), lograid_nfs::NfsError>>,
+    thread: Option<std::thread::JoinHandle<Result<(), lograid_nfs::NfsError>>>,
     pub addr: SocketAddr,
 }
 
@@ -101,7 +102,7 @@ pub fn start(
     Ok(Running {
         handle,
         stats,
-        thread,
+        thread: Some(thread),
         addr,
     })
 }
@@ -114,11 +115,12 @@ impl Running {
 
     /// Stops accepting, answers what is in flight, flushes the volumes, and waits for it;
     /// then says what was served.
-    pub fn stop(self) -> Result<()> {
+    pub fn stop(mut self) -> Result<()> {
         self.handle.shutdown();
-        let result = match self.thread.join() {
-            Ok(result) => result.context("NFS server"),
-            Err(_) => Err(anyhow::anyhow!("the NFS server's thread panicked")),
+        let result = match self.thread.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(result)) => result.context("NFS server"),
+            Some(Err(_)) => Err(anyhow::anyhow!("the NFS server's thread panicked")),
+            None => Ok(()),
         };
         let s = self.stats.snapshot();
         tracing::info!(
@@ -134,6 +136,15 @@ impl Running {
             "NFS server stopped"
         );
         result
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            self.handle.shutdown();
+            let _ = thread.join();
+        }
     }
 }
 
