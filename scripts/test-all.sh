@@ -7,13 +7,15 @@ cd "$(dirname "$0")/.."
 need_pkgs=()
 for tool_pkg in nbdinfo:libnbd-bin nbdfuse:libnbd-bin nbdkit:nbdkit fio:fio fusermount3:fuse3 \
     mkfs.xfs:xfsprogs mkfs.btrfs:btrfs-progs mkfs.ext4:e2fsprogs losetup:mount qemu-img:qemu-utils \
-    openssl:openssl nbdsh:python3-libnbd; do
+    openssl:openssl nbdsh:python3-libnbd nfs-ls:libnfs-utils nfs-cat:libnfs-utils cc:gcc; do
     tool=${tool_pkg%%:*}; pkg=${tool_pkg##*:}
     command -v "$tool" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
 # The metrics test parses the exposition with the Prometheus Python client (Debian's package,
 # for /usr/bin/python3).
 /usr/bin/python3 -c 'import prometheus_client.parser' >/dev/null 2>&1 || need_pkgs+=(python3-prometheus-client)
+# The NFS export test compiles a small libnfs client (crates/lograid-cli/tests/nfs/nfs_probe.c).
+[ -f /usr/include/nfsc/libnfs-raw.h ] || need_pkgs+=(libnfs-dev)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "test-all: missing tools (${need_pkgs[*]}); run as root to install them" >&2

@@ -9,7 +9,7 @@
 //! - [`proto`]: wire constants (spec names) and pure parsers/encoders.
 //! - [`negotiate`]: option haggling as a pure state machine.
 //! - `dispatch`: runs a validated request on an export and encodes the reply.
-//! - `sectors`: requests at any byte offset (clients that did not negotiate block sizes) on
+//! - [`sectors`]: requests at any byte offset (clients that did not negotiate block sizes) on
 //!   exports that take whole sectors: widening, read-modify-write, per-export stripe locks.
 //! - `connection`: per-connection I/O, bounds and the reply writer.
 //! - [`server`]: listeners, limits, shutdown; [`Server`], [`serve_until`].
@@ -48,7 +48,7 @@ pub mod mem_export;
 pub mod negotiate;
 mod os;
 pub mod proto;
-mod sectors;
+pub mod sectors;
 pub mod server;
 pub mod stats;
 pub mod tls;

@@ -13,6 +13,9 @@
 //! other write to that sector between its read and its write-back, and writes that touch no
 //! partly covered sector only ever share. Reads take no lock.
 //!
+//! Used by this crate's server and by the NFS server (lograid-nfs), each with stripe locks of
+//! its own per export.
+//!
 //! Owns: the widening arithmetic, the read-modify-write, and the stripe locks. Must never: pass
 //! an export an offset or length that is not a multiple of [`SECTOR`], or past its (rounded)
 //! size; or let a read-modify-write interleave with another write to the same sector.
@@ -24,7 +27,7 @@ use crate::export::Export;
 use crate::proto::{MIN_BLOCK_SIZE, PREFERRED_BLOCK_SIZE};
 
 /// The export contract's unit.
-pub(crate) const SECTOR: u64 = MIN_BLOCK_SIZE as u64;
+pub const SECTOR: u64 = MIN_BLOCK_SIZE as u64;
 /// Bytes one stripe lock stands for at a time (consecutive granules map to consecutive stripes).
 const GRANULE: u64 = PREFERRED_BLOCK_SIZE as u64;
 /// Stripe locks per export. A request covering this many granules or more takes all of them.
@@ -32,7 +35,7 @@ const STRIPES: usize = 64;
 /// An unaligned write or read whose covering sectors span at most this many bytes goes through
 /// one buffer of that size (one export write); a larger one patches its edge sectors
 /// separately and passes its aligned middle straight through (no copy of the payload).
-pub(crate) const MERGE_MAX: u64 = 64 * 1024;
+pub const MERGE_MAX: u64 = 64 * 1024;
 
 fn round_down(x: u64) -> u64 {
     x / SECTOR * SECTOR
@@ -48,7 +51,7 @@ fn is_aligned(offset: u64, length: u64) -> bool {
 
 /// Buffer bytes (beyond the request's own payload or reply) that serving `[offset,
 /// offset+length)` unaligned takes at most: counted in the connection's in-flight budget.
-pub(crate) fn scratch_bytes(offset: u64, length: u64) -> u32 {
+pub fn scratch_bytes(offset: u64, length: u64) -> u32 {
     if is_aligned(offset, length) || length == 0 {
         return 0;
     }
@@ -61,7 +64,7 @@ pub(crate) fn scratch_bytes(offset: u64, length: u64) -> u32 {
 }
 
 /// The stripe locks of one export, shared by every connection to it (see the module docs).
-pub(crate) struct SectorLocks {
+pub struct SectorLocks {
     stripes: Box<[RwLock<()>]>,
 }
 
@@ -74,7 +77,7 @@ impl Default for SectorLocks {
 }
 
 /// Held locks; released on drop.
-pub(crate) struct RangeGuard<'a> {
+pub struct RangeGuard<'a> {
     _shared: Vec<RwLockReadGuard<'a, ()>>,
     _exclusive: Vec<RwLockWriteGuard<'a, ()>>,
 }
@@ -83,7 +86,7 @@ impl SectorLocks {
     /// Locks for a write to `[offset, end)`: exclusive on the stripes of a partly covered first
     /// or last sector, shared on the rest (nothing for an empty range). Stripes are always taken
     /// in index order and each once, so two callers never wait on each other in a cycle.
-    pub(crate) fn lock(&self, offset: u64, end: u64) -> RangeGuard<'_> {
+    pub fn lock(&self, offset: u64, end: u64) -> RangeGuard<'_> {
         let mut guard = RangeGuard {
             _shared: Vec::new(),
             _exclusive: Vec::new(),
@@ -133,7 +136,7 @@ impl SectorLocks {
 
 /// Reads `[offset, offset+buf.len())` (inside the rounded size) into `buf`, widening to whole
 /// sectors where needed.
-pub(crate) fn read(export: &dyn Export, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+pub fn read(export: &dyn Export, offset: u64, buf: &mut [u8]) -> io::Result<()> {
     let length = buf.len() as u64;
     if is_aligned(offset, length) {
         return export.read(offset, buf);
@@ -215,7 +218,7 @@ fn merge_write(export: &dyn Export, offset: u64, fill: Fill<'_>, fua: bool) -> i
 }
 
 /// Writes `data` at `offset` (inside the rounded size; `data` not empty).
-pub(crate) fn write(
+pub fn write(
     export: &dyn Export,
     locks: &SectorLocks,
     offset: u64,

@@ -8,6 +8,7 @@
 //! acknowledged by a flush that is not durable, listen beyond loopback unless
 //! told to, or answer on a listener before the `--fuse` files are mounted.
 
+mod nfs;
 mod notify;
 
 use super::open_pool_with;
@@ -16,9 +17,7 @@ use crate::size::human;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use lograid::{CreateOptions, Pool, PoolOptions};
-use lograid_nbd::{
-    Export, ListenAddr, Server, ServerConfig, ShutdownHandle, TlsFiles, TlsMode, TlsSettings,
-};
+use lograid_nbd::{Export, ListenAddr, Server, ServerConfig, TlsFiles, TlsMode, TlsSettings};
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -85,6 +84,11 @@ pub struct ServeArgs {
     /// `lograid attach --file DIR/VOLUME` (a /dev/loopN with no NBD client in between).
     #[arg(long, value_name = "DIR")]
     pub fuse: Option<PathBuf>,
+    /// Also serve each volume as a fixed-size file /VOLUME over NFSv3 on ADDR:PORT (or PORT on
+    /// 127.0.0.1), NFS and MOUNT on that one port, for disk-image attachers (macOS hdiutil, a
+    /// Linux loop device on an NFS mount). No authentication: keep it on loopback.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub nfs: Option<String>,
     /// Serve metrics in the Prometheus text format at http://ADDR:PORT/metrics (off by
     /// default; e.g. 127.0.0.1:9450). docs/OPERATIONS.md, "Metrics", lists them.
     #[arg(long, value_name = "ADDR:PORT")]
@@ -270,6 +274,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .as_deref()
         .map(crate::metrics::Endpoint::bind)
         .transpose()?;
+    // Also bound first: a bad --nfs address fails before the pool opens.
+    let nfs_listener = a
+        .nfs
+        .as_deref()
+        .map(|text| nfs::bind(text, &a.allow))
+        .transpose()?;
     let mut listen = Vec::new();
     let tcp = match (&a.listen, &a.socket) {
         (Some(text), _) => Some(parse_listen(text)?),
@@ -325,7 +335,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         }
     };
     let metrics = crate::metrics::serve(metrics, &pool, &jobs);
-    let result = serve_pool(&pool, listen, tls, &a, &notifier);
+    let result = serve_pool(&pool, listen, nfs_listener, tls, &a, &notifier);
     drop(metrics);
     // Said at SIGTERM already; here for a server that ended by itself.
     notifier.stopping("closing the pool: flushing, writing a checkpoint");
@@ -377,6 +387,7 @@ fn tls_settings(a: &ServeArgs) -> Result<Option<TlsSettings>> {
 fn serve_pool(
     pool: &Pool,
     listen: Vec<ListenAddr>,
+    nfs_listener: Option<std::net::TcpListener>,
     tls: Option<TlsSettings>,
     a: &ServeArgs,
     notifier: &Arc<notify::Notifier>,
@@ -408,17 +419,34 @@ fn serve_pool(
     // Caught before the listeners answer: a SIGINT or SIGTERM sent as soon as they do stops
     // the server cleanly (acted on once the signal thread runs).
     let signals = catch_stop_signals()?;
+    let unmount = |fuse: Option<crate::os::FilesMount>| {
+        if let Some(mount) = fuse {
+            crate::os::unmount_files(mount);
+        }
+    };
     let server = match Server::bind(config, exports.clone()) {
         Ok(server) => server,
         Err(e) => {
-            if let Some(mount) = fuse {
-                crate::os::unmount_files(mount);
-            }
+            unmount(fuse);
             return Err(e).context("starting the NBD server");
         }
     };
     let handle = server.shutdown_handle();
-    let (signals_handle, signal_thread) = start_signal_thread(signals, handle, notifier.clone())?;
+    let nfs = match nfs_listener.map(|l| nfs::start(l, pool, &exports, a.read_only, &a.allow)) {
+        Some(Err(e)) => {
+            unmount(fuse);
+            return Err(e);
+        }
+        started => started.transpose()?,
+    };
+    let nfs_handle = nfs.as_ref().map(nfs::Running::shutdown_handle);
+    let stop = move || {
+        handle.shutdown();
+        if let Some(nfs) = &nfs_handle {
+            nfs.shutdown();
+        }
+    };
+    let (signals_handle, signal_thread) = start_signal_thread(signals, stop, notifier.clone())?;
 
     print_how_to_connect(
         pool,
@@ -427,6 +455,8 @@ fn serve_pool(
         a.read_only,
         tls.map(|t| t.mode),
         fuse.as_ref().map(|m| m.dir()),
+        nfs.as_ref()
+            .map(|running| nfs::connect_lines(running.addr, exports[0].name())),
     );
     // systemd: ready only now (pool recovered, listeners bound, FUSE mounted);
     // the watchdog stops with this function, before the pool closes.
@@ -435,12 +465,14 @@ fn serve_pool(
     drop(watchdog);
     signals_handle.close();
     let _ = signal_thread.join();
+    // Before the pool closes: calls over NFS end and the volumes are flushed.
+    let nfs_stopped = nfs.map_or(Ok(()), nfs::Running::stop);
     if let Some(mount) = fuse {
         // Before the pool closes: requests through the files must end first.
         crate::os::unmount_files(mount);
     }
     served.context("NBD server")?;
-    Ok(())
+    nfs_stopped
 }
 
 /// One export per volume of `pool`, read-only as the flags say.
@@ -484,7 +516,7 @@ fn catch_stop_signals() -> Result<signal_hook::iterator::Signals> {
 /// join it.
 fn start_signal_thread(
     mut signals: signal_hook::iterator::Signals,
-    handle: ShutdownHandle,
+    stop: impl Fn() + Send + 'static,
     notifier: Arc<notify::Notifier>,
 ) -> Result<(signal_hook::iterator::Handle, std::thread::JoinHandle<()>)> {
     let signals_handle = signals.handle();
@@ -498,7 +530,7 @@ fn start_signal_thread(
                 // Shut down first, then say so, and never panic on a closed
                 // stderr (eprintln! would, and the server would not stop).
                 if seen == 1 {
-                    handle.shutdown();
+                    stop();
                     notifier.stopping(&format!(
                         "{name}: finishing requests in flight, flushing, writing a checkpoint"
                     ));
@@ -526,6 +558,7 @@ fn print_how_to_connect(
     read_only: bool,
     tls: Option<TlsMode>,
     fuse: Option<&Path>,
+    nfs: Option<String>,
 ) {
     let status = pool.status();
     let mut out = String::new();
@@ -567,6 +600,9 @@ fn print_how_to_connect(
             dir.display(),
             dir.join(first).display()
         ));
+    }
+    if let Some(lines) = nfs {
+        out.push_str(&lines);
     }
     out.push_str("stop with Ctrl-C or SIGTERM (flushes and checkpoints before exiting)\n");
     let mut stdout = std::io::stdout().lock();

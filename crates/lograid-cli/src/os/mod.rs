@@ -20,4 +20,6 @@ mod sys;
 #[cfg(not(any(target_os = "linux", target_os = "macos")))]
 compile_error!("the lograid command is implemented for Linux and macOS only");
 
-pub use sys::{abstract_socket, attach_supported, is_fuse_mount_point, mount_files, unmount_files};
+pub use sys::{
+    abstract_socket, attach_supported, is_fuse_mount_point, mount_files, unmount_files, FilesMount,
+};
