@@ -688,6 +688,9 @@ fn a_mount_whose_server_does_not_answer_is_refused_without_waiting_for_it() {
             assert!(message.contains(refusal), "{}: {message}", d.display());
             eprintln!("{kind:?}, {}: refused in {took:?}", d.display());
         }
+        // The refused mounts' probes (threads of this process) were blocked in the stopped
+        // server: each holds the mount until its answer comes; a clean unmount needs them gone.
+        wait_for_probes_to_end();
         assert_unharmed(
             &server,
             dev,
@@ -696,6 +699,25 @@ fn a_mount_whose_server_does_not_answer_is_refused_without_waiting_for_it() {
             &format!("{kind:?} after the refusals"),
         );
         stop_cleanly(server, &format!("the {kind:?} server"));
+    }
+}
+
+/// Waits (at most 10 s) until no probe thread of the crate runs in this process (their names,
+/// as /proc shows them cut to 15 bytes: `lograid-fuse-pr`, `lograid-fuse-id`).
+fn wait_for_probes_to_end() {
+    let probing = || {
+        std::fs::read_dir("/proc/self/task").unwrap().any(|t| {
+            let comm = std::fs::read_to_string(t.unwrap().path().join("comm")).unwrap_or_default();
+            comm.starts_with("lograid-fuse-pr") || comm.starts_with("lograid-fuse-id")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while probing() {
+        assert!(
+            Instant::now() < deadline,
+            "the crate's probe threads still run after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
