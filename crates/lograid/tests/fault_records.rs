@@ -301,20 +301,7 @@ fn a_leaving_member_that_faults_is_recorded_faulted() {
     pool.sims[1].fail_next_flushes(1);
     vol.flush()
         .expect("flush with the leaving member failing, within parity");
-    eprintln!(
-        "before the cut: {:?}",
-        pool.pool()
-            .status()
-            .members
-            .iter()
-            .map(|m| m.state.clone())
-            .collect::<Vec<_>>()
-    );
-    let mut rng = SimRng(3);
-    let mut images = pool.images_now(CrashMode::DropAll, &mut rng);
-    images.push(new.crash_image(CrashMode::DropAll, &mut rng));
-    let crashed = SimPool::open_images(images, common::test_options()).unwrap();
-    assert_reopened_with_member_1_faulted_and_nothing_to_repair(&crashed);
+    assert_reopened_with_member_1_faulted_and_nothing_to_repair(&cut_and_reopen(&pool, &new));
 }
 
 /// The member being replaced fails its flush in the replace's own
@@ -334,20 +321,15 @@ fn a_member_that_fails_in_its_own_replacement_is_recorded_faulted() {
         .unwrap();
     pool.pool().set_reshape_paused(true);
     vol.flush().unwrap();
-    eprintln!(
-        "before the cut: {:?}",
-        pool.pool()
-            .status()
-            .members
-            .iter()
-            .map(|m| m.state.clone())
-            .collect::<Vec<_>>()
-    );
+    assert_reopened_with_member_1_faulted_and_nothing_to_repair(&cut_and_reopen(&pool, &new));
+}
+
+/// The pool as a power cut now leaves it, the new drive `new` among its members.
+fn cut_and_reopen(pool: &SimPool, new: &SimMember) -> SimPool {
     let mut rng = SimRng(3);
     let mut images = pool.images_now(CrashMode::DropAll, &mut rng);
     images.push(new.crash_image(CrashMode::DropAll, &mut rng));
-    let crashed = SimPool::open_images(images, common::test_options()).unwrap();
-    assert_reopened_with_member_1_faulted_and_nothing_to_repair(&crashed);
+    SimPool::open_images(images, common::test_options()).unwrap()
 }
 
 /// After the cut: the flushed second batch reads back, member 1 is
