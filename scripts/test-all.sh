@@ -49,3 +49,9 @@ fi
 
 # The benchmark scripts' own tests (report, ratios, argument errors; no root work).
 python3 -m unittest discover -s bench -p 'test_*.py'
+
+# The real Linux kernel's clients (the NFS client, nbd-client; ublk) against the binary, in a
+# Debian guest (kernel 6.12) under qemu with TCG: installs qemu and builds the cached guest
+# image the first time (about 1.5 minutes), then a few minutes (scripts/vm/run.sh).
+cargo build --profile ci -p lograid-cli
+./scripts/vm/run.sh --binary "${CARGO_TARGET_DIR:-target}/ci/lograid"

@@ -1,0 +1,43 @@
+# Sourced by every in-guest test (scripts/vm/tests/*.sh): results, host requests, waiting.
+# The environment: LOGRAID (the binary), DISKS (three blank virtio disks), WORK (a scratch
+# directory), SHARE (the 9p share), and from $SHARE/env the host ports NBD_PORT, NFS_PORT.
+# The host's loopback is 10.0.2.2 from the guest.
+set -u
+. "$SHARE/env"
+HOST=10.0.2.2
+FAILED=0
+
+ok() { echo "RESULT ok $*"; }
+fail() { echo "RESULT FAIL $*"; FAILED=1; }
+# check MSG CMD...: runs CMD, ok MSG if it succeeds, fail MSG (with its status) if not.
+check() {
+    msg=$1; shift
+    if "$@"; then ok "$msg"; else fail "$msg (status $?)"; fi
+}
+# The test's exit status: non-zero if anything failed.
+finish() { [ "$FAILED" = 0 ]; exit $?; }
+
+_host_seq=0
+# host CMD ARGS...: asks run.sh to run a host request (see run.sh) and waits for it (5 min at
+# most); prints its output and returns its status.
+host() {
+    _host_seq=$((_host_seq + 1))
+    id=$(basename "$WORK")-$_host_seq
+    ctl=$SHARE/out/ctl
+    echo "$*" > "$ctl/$id.tmp" && mv "$ctl/$id.tmp" "$ctl/$id.req"
+    for _ in $(seq 1500); do
+        if [ -f "$ctl/$id.done" ]; then
+            rc=$(tail -n 1 "$ctl/$id.done")
+            head -n -1 "$ctl/$id.done"
+            rm -f "$ctl/$id.done"
+            return "$rc"
+        fi
+        sleep 0.2
+    done
+    echo "host request '$*' got no answer"; return 124
+}
+
+# md5 FILE: the file's MD5 sum alone.
+md5() { md5sum "$1" | cut -d' ' -f1; }
+# drop_caches: the next reads come from the device, not the page cache.
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
