@@ -29,6 +29,12 @@ host $SERVE && ok "server started again on port $P"
 wait $copy && ok "the copy across the restart finished" || fail "the copy across the restart"
 dd if=/dev/urandom of=/mnt/fs/b bs=1M count=8 conv=fsync status=none
 B=$(md5 /mnt/fs/b)
+# The studies' many 14 MB files (as a photo library's), through the same path.
+head -c 14M /dev/urandom > $WORK/photo
+P14=$(md5 $WORK/photo)
+mkdir -p /mnt/fs/photos
+for i in $(seq 12); do cp $WORK/photo /mnt/fs/photos/$i.jpg; done
+sync && ok "12 files of 14 MB written and synced"
 check "umount ext4" umount /mnt/fs
 check "fsck.ext4 clean" fsck.ext4 -f -n "$dev"
 drop_caches
@@ -36,6 +42,8 @@ mount "$dev" /mnt/fs
 [ "$(md5 /mnt/fs/a)" = "$A" ] && [ "$(md5 /mnt/fs/b)" = "$B" ] && ok "files before and after the restart intact" ||
     fail "files before and after the restart"
 [ "$(md5 /mnt/fs/c)" = "$S" ] && ok "the file copied across the restart intact" || fail "the file copied across the restart"
+bad=0; for i in $(seq 12); do [ "$(md5 /mnt/fs/photos/$i.jpg)" = "$P14" ] || bad=$((bad + 1)); done
+[ $bad = 0 ] && ok "the 14 MB files intact" || fail "$bad of the 14 MB files differ"
 umount /mnt/fs; losetup -d "$dev"
 check "umount the export" umount /mnt/nfs
 host stop nfs && ok "server stopped cleanly" || fail "server stop"
