@@ -1,6 +1,6 @@
 //! Linux's side of the command's system-specific parts (see `mod.rs`).
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
 use lograid_nbd::Export;
 use std::io;
 use std::os::linux::net::SocketAddrExt;
@@ -55,6 +55,24 @@ pub fn is_fuse_mount_point(dir: &Path) -> bool {
 /// The abstract Unix socket `name` (without the leading `@`).
 pub fn abstract_socket(name: &[u8]) -> io::Result<SocketAddr> {
     SocketAddr::from_abstract_name(name)
+}
+
+/// Keeps this process (the calling thread, and every thread started after) on CPUs 0..n.
+pub fn run_on_first_cpus(n: usize) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if n == 0 || n > cores || n > libc::CPU_SETSIZE as usize {
+        bail!("{n} CPUs asked for; this machine has {cores}");
+    }
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET writes within it (n <= CPU_SETSIZE).
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for cpu in 0..n {
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: the set is a valid cpu_set_t of the size given; pid 0 is the calling thread.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(io::Error::last_os_error()).context("sched_setaffinity");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

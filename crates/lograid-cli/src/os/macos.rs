@@ -46,3 +46,7 @@ pub fn abstract_socket(_name: &[u8]) -> io::Result<SocketAddr> {
         "abstract Unix sockets (@name) are Linux-only",
     ))
 }
+
+pub fn run_on_first_cpus(_n: usize) -> Result<()> {
+    bail!("macOS has no CPU affinity to set (thread affinity tags are only hints)")
+}

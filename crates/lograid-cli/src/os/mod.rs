@@ -9,6 +9,9 @@
 //! - Abstract Unix socket names (`@name`), which systemd's `NOTIFY_SOCKET` may use: Linux only
 //!   (`abstract_socket`).
 //!
+//! - Keeping the process on the first N CPUs (`run_on_first_cpus`, for `bench --cpus`):
+//!   Linux's CPU affinity; macOS has none to set, and says so.
+//!
 //! Must never: decide anything the commands decide on both systems.
 
 #[cfg(target_os = "linux")]
@@ -21,5 +24,6 @@ mod sys;
 compile_error!("the lograid command is implemented for Linux and macOS only");
 
 pub use sys::{
-    abstract_socket, attach_supported, is_fuse_mount_point, mount_files, unmount_files, FilesMount,
+    abstract_socket, attach_supported, is_fuse_mount_point, mount_files, run_on_first_cpus,
+    unmount_files, FilesMount,
 };

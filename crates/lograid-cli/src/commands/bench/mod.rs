@@ -26,8 +26,16 @@ use std::time::{Duration, Instant};
 #[derive(Args, Clone)]
 pub struct BenchArgs {
     /// Folder for the member files (default: a new folder in /var/tmp); removed afterwards.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "memory")]
     pub dir: Option<PathBuf>,
+    /// Memory-backed members: the member files (and the raw file) in a new folder on the tmpfs
+    /// at /dev/shm, after writing that much memory once so that first touches do not slow
+    /// the figures. Shows what the engine itself costs, with no disk to hide it.
+    #[arg(long)]
+    pub memory: bool,
+    /// Run on the first N CPUs only (the process and every thread it starts; Linux).
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<usize>,
     /// Member drives.
     #[arg(long, default_value_t = 3)]
     pub members: usize,
@@ -86,6 +94,21 @@ pub struct Measure {
     /// Member flushes per operation (the `sync` workload).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub flushes_per_op: Option<f64>,
+    /// CPU of the whole process per operation, user and system, in µs.
+    pub cpu_user_us_per_op: f64,
+    pub cpu_system_us_per_op: f64,
+    /// CPU seconds per GB moved (user + system).
+    pub cpu_s_per_gb: f64,
+}
+
+impl Measure {
+    fn with_cpu(mut self, cpu: CpuTime) -> Measure {
+        let ops = self.ops.max(1) as f64;
+        self.cpu_user_us_per_op = cpu.user_s * 1e6 / ops;
+        self.cpu_system_us_per_op = cpu.system_s * 1e6 / ops;
+        self.cpu_s_per_gb = (cpu.user_s + cpu.system_s) / (self.bytes.max(1) as f64 / 1e9);
+        self
+    }
 }
 
 #[derive(Serialize)]
@@ -103,13 +126,15 @@ struct Report {
 }
 
 /// One workload: each of `qd` threads repeatedly calls `op(i)` until the
-/// deadline; returns (ops, latencies in ns).
+/// deadline; returns the operations, the seconds taken, the latencies in ns
+/// (sorted) and the CPU the whole process spent meanwhile.
 fn drive(
     qd: usize,
     seconds: f64,
     limit_ops: u64,
     op: Arc<dyn Fn(u64) -> std::io::Result<()> + Send + Sync>,
-) -> Result<(u64, f64, Vec<u64>)> {
+) -> Result<(u64, f64, Vec<u64>, CpuTime)> {
+    let cpu_before = CpuTime::of_process();
     let counter = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let start = Instant::now();
@@ -133,7 +158,37 @@ fn drive(
         .collect();
     let all = join_latencies(handles)?;
     let elapsed = start.elapsed().as_secs_f64();
-    Ok((all.len() as u64, elapsed, all))
+    let cpu = CpuTime::of_process().since(cpu_before);
+    Ok((all.len() as u64, elapsed, all, cpu))
+}
+
+/// CPU time in seconds, user and system, of every thread of this process
+/// (the issuing threads and the engine's own).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuTime {
+    pub user_s: f64,
+    pub system_s: f64,
+}
+
+impl CpuTime {
+    fn of_process() -> CpuTime {
+        // SAFETY: getrusage fills the struct it is given.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+            return CpuTime::default();
+        }
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        CpuTime {
+            user_s: secs(usage.ru_utime),
+            system_s: secs(usage.ru_stime),
+        }
+    }
+    fn since(self, earlier: CpuTime) -> CpuTime {
+        CpuTime {
+            user_s: self.user_s - earlier.user_s,
+            system_s: self.system_s - earlier.system_s,
+        }
+    }
 }
 
 /// Joins benchmark threads and returns all their latencies, sorted.
@@ -181,6 +236,9 @@ fn measure(
         p999_us: percentile(lat, 0.999),
         write_amplification: wa,
         flushes_per_op: None,
+        cpu_user_us_per_op: 0.0,
+        cpu_system_us_per_op: 0.0,
+        cpu_s_per_gb: 0.0,
     }
 }
 
@@ -320,9 +378,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
     {
         bail!("--workloads: unknown workload '{w}' (seq, rand, sync, recovery, steady, rebuild)");
     }
+    if let Some(n) = a.cpus {
+        crate::os::run_on_first_cpus(n).with_context(|| format!("--cpus {n}"))?;
+    }
+    let base = if a.memory { MEMORY_DIR } else { "/var/tmp" };
+    if a.memory && !Path::new(MEMORY_DIR).is_dir() {
+        bail!("--memory: no {MEMORY_DIR} here (a tmpfs on Linux) to hold the members");
+    }
     let dir = match &a.dir {
         Some(d) => d.clone(),
-        None => PathBuf::from("/var/tmp").join(format!("lograid-bench-{}", std::process::id())),
+        None => PathBuf::from(base).join(format!("lograid-bench-{}", std::process::id())),
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let need = a.member_size * (a.members as u64 + 1);
@@ -337,6 +402,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     let wants = |w: &str| a.workloads.split(',').any(|x| x.trim() == w);
     let result = (|| {
+        if a.memory {
+            warm_memory(&dir, need)?;
+        }
         if ["seq", "rand", "sync", "recovery"].iter().any(|w| wants(w)) {
             run_in(&a, &dir)?;
         }
@@ -360,6 +428,31 @@ pub fn run(a: BenchArgs) -> Result<()> {
 /// Bytes of one sequential request.
 const MIB: usize = 1 << 20;
 
+/// Where `--memory` puts the members.
+const MEMORY_DIR: &str = "/dev/shm";
+
+/// Writes `bytes` of memory-backed file in `dir` once and removes it, so that the memory the
+/// members will use has been touched (a virtual machine's host grants it on first touch).
+fn warm_memory(dir: &Path, bytes: u64) -> Result<()> {
+    use std::io::Write;
+    eprintln!(
+        "lograid bench: warming {} of memory in {}",
+        human(bytes),
+        dir.display()
+    );
+    let path = dir.join("warm");
+    let data = filled(MIB, 9);
+    let result = (|| -> Result<()> {
+        let mut file = std::fs::File::create(&path)?;
+        for _ in 0..bytes / MIB as u64 {
+            file.write_all(&data)?;
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_file(&path);
+    result.with_context(|| format!("warming memory in {}", dir.display()))
+}
+
 /// The measures of a run, each printed as it is taken.
 #[derive(Default)]
 struct Results(Vec<Measure>);
@@ -374,7 +467,7 @@ impl Results {
 /// One measure as a progress line on stderr.
 fn show(m: &Measure) {
     eprintln!(
-        "  {:<8} {:<22} {:>9.1} MB/s {:>9.0} IOPS  p50 {:>7.1} us  p99 {:>8.1} us  p99.9 {:>8.1} us{}",
+        "  {:<8} {:<22} {:>9.1} MB/s {:>9.0} IOPS  p50 {:>7.1} us  p99 {:>8.1} us  p99.9 {:>8.1} us  CPU {:>6.2} us/op{}",
         m.target,
         m.workload,
         m.mb_per_s,
@@ -382,6 +475,7 @@ fn show(m: &Measure) {
         m.p50_us,
         m.p99_us,
         m.p999_us,
+        m.cpu_user_us_per_op + m.cpu_system_us_per_op,
         m.write_amplification.map(|w| format!("  WA {w:.3}")).unwrap_or_default()
     );
 }
@@ -461,7 +555,7 @@ fn raw_seq_write(
     let m = raw.member.clone();
     let d = data.clone();
     let blocks = a.member_size / MIB as u64;
-    let (ops, t, lat) = drive(
+    let (ops, t, lat, cpu) = drive(
         a.queue_depth,
         a.seconds.max(3.0),
         blocks,
@@ -469,15 +563,7 @@ fn raw_seq_write(
     )?;
     raw.member.flush()?;
     if keep {
-        results.add(measure(
-            "raw",
-            "seq-write-1M",
-            ops,
-            t,
-            &lat,
-            MIB as u64,
-            None,
-        ));
+        results.add(measure("raw", "seq-write-1M", ops, t, &lat, MIB as u64, None).with_cpu(cpu));
     }
     Ok(ops * (MIB as u64 / 4096))
 }
@@ -495,30 +581,36 @@ fn lograid_seq(
     let d = data.clone();
     let before = bp.member_bytes_written();
     let blocks = v.size_bytes() / MIB as u64;
+    // Time and CPU both include the flush that makes the writes durable.
+    let cpu_before = CpuTime::of_process();
     let start = Instant::now();
-    let (ops, _, lat) = drive(
+    let (ops, _, lat, _) = drive(
         qd,
         secs,
         blocks,
         Arc::new(move |i| v.write(i * MIB as u64, &d).map_err(Into::into)),
     )?;
     bp.volume.flush()?;
+    let cpu = CpuTime::of_process().since(cpu_before);
     let elapsed = start.elapsed().as_secs_f64();
     let wa = (bp.member_bytes_written() - before) as f64 / (ops * MIB as u64) as f64;
-    results.add(measure(
-        "lograid",
-        "seq-write-1M",
-        ops,
-        elapsed,
-        &lat,
-        MIB as u64,
-        Some(wa),
-    ));
+    results.add(
+        measure(
+            "lograid",
+            "seq-write-1M",
+            ops,
+            elapsed,
+            &lat,
+            MIB as u64,
+            Some(wa),
+        )
+        .with_cpu(cpu),
+    );
     show_counters(&bp.pool);
     // Sequential read back.
     let v = bp.volume.clone();
     let written = ops;
-    let (rops, rt, rlat) = drive(
+    let (rops, rt, rlat, rcpu) = drive(
         qd,
         secs,
         written,
@@ -527,15 +619,8 @@ fn lograid_seq(
             v.read(i * MIB as u64, &mut buf).map_err(Into::into)
         }),
     )?;
-    results.add(measure(
-        "lograid",
-        "seq-read-1M",
-        rops,
-        rt,
-        &rlat,
-        MIB as u64,
-        None,
-    ));
+    results
+        .add(measure("lograid", "seq-read-1M", rops, rt, &rlat, MIB as u64, None).with_cpu(rcpu));
     Ok(())
 }
 
@@ -550,16 +635,16 @@ fn raw_rand(
     let (qd, secs) = (a.queue_depth, a.seconds);
     let m = raw.member.clone();
     let b = block.clone();
-    let (ops, t, lat) = drive(
+    let (ops, t, lat, cpu) = drive(
         qd,
         secs,
         u64::MAX,
         Arc::new(move |i| m.write_at(&b, (mix(i) % blocks) * 4096)),
     )?;
     raw.member.flush()?;
-    results.add(measure("raw", "rand-write-4K", ops, t, &lat, 4096, None));
+    results.add(measure("raw", "rand-write-4K", ops, t, &lat, 4096, None).with_cpu(cpu));
     let m = raw.member.clone();
-    let (ops, t, lat) = drive(
+    let (ops, t, lat, cpu) = drive(
         qd,
         secs,
         u64::MAX,
@@ -568,7 +653,7 @@ fn raw_rand(
             m.read_at(&mut buf, (mix(i) % blocks) * 4096)
         }),
     )?;
-    results.add(measure("raw", "rand-read-4K", ops, t, &lat, 4096, None));
+    results.add(measure("raw", "rand-read-4K", ops, t, &lat, 4096, None).with_cpu(cpu));
     Ok(())
 }
 
@@ -585,30 +670,25 @@ fn lograid_rand(
     let b = block.clone();
     let blocks = v.size_bytes() / 4096;
     let before = bp.member_bytes_written();
+    // Time and CPU both include the flush that makes the writes durable.
+    let cpu_before = CpuTime::of_process();
     let start = Instant::now();
-    let (ops, _, lat) = drive(
+    let (ops, _, lat, _) = drive(
         qd,
         secs,
         u64::MAX,
         Arc::new(move |i| v.write((mix(i) % blocks) * 4096, &b).map_err(Into::into)),
     )?;
     bp.volume.flush()?;
+    let cpu = CpuTime::of_process().since(cpu_before);
     let t = start.elapsed().as_secs_f64();
     let wa = (bp.member_bytes_written() - before) as f64 / (ops * 4096) as f64;
-    results.add(measure(
-        "lograid",
-        "rand-write-4K",
-        ops,
-        t,
-        &lat,
-        4096,
-        Some(wa),
-    ));
+    results.add(measure("lograid", "rand-write-4K", ops, t, &lat, 4096, Some(wa)).with_cpu(cpu));
     show_counters(&bp.pool);
     // Read blocks that were written: the i-th write went to mix(i).
     let v = bp.volume.clone();
     let written_ops = ops.max(1);
-    let (rops, rt, rlat) = drive(
+    let (rops, rt, rlat, rcpu) = drive(
         qd,
         secs,
         u64::MAX,
@@ -618,15 +698,7 @@ fn lograid_rand(
                 .map_err(Into::into)
         }),
     )?;
-    results.add(measure(
-        "lograid",
-        "rand-read-4K",
-        rops,
-        rt,
-        &rlat,
-        4096,
-        None,
-    ));
+    results.add(measure("lograid", "rand-read-4K", rops, rt, &rlat, 4096, None).with_cpu(rcpu));
     Ok(())
 }
 
@@ -659,7 +731,7 @@ fn sync_writes(
     let (qd, secs) = (a.queue_depth, a.seconds);
     let m = raw.member.clone();
     let b = block.clone();
-    let (ops, t, lat) = drive(
+    let (ops, t, lat, cpu) = drive(
         qd,
         secs,
         u64::MAX,
@@ -668,7 +740,7 @@ fn sync_writes(
             m.flush()
         }),
     )?;
-    let mut raw_r = measure("raw", "sync-write-4K", ops, t, &lat, 4096, None);
+    let mut raw_r = measure("raw", "sync-write-4K", ops, t, &lat, 4096, None).with_cpu(cpu);
     raw_r.flushes_per_op = Some(1.0);
     let bp = BenchPool::new(a, dir)?;
     let flushes = |pool: &Pool| -> u64 {
@@ -682,7 +754,7 @@ fn sync_writes(
     let b = block.clone();
     let blocks = v.size_bytes() / 4096;
     let (bytes_before, flushes_before) = (bp.member_bytes_written(), flushes(&bp.pool));
-    let (ops, t, lat) = drive(
+    let (ops, t, lat, cpu) = drive(
         qd,
         secs,
         u64::MAX,
@@ -692,7 +764,7 @@ fn sync_writes(
         }),
     )?;
     let wa = (bp.member_bytes_written() - bytes_before) as f64 / (ops.max(1) * 4096) as f64;
-    let mut r = measure("lograid", "sync-write-4K", ops, t, &lat, 4096, Some(wa));
+    let mut r = measure("lograid", "sync-write-4K", ops, t, &lat, 4096, Some(wa)).with_cpu(cpu);
     r.flushes_per_op = Some((flushes(&bp.pool) - flushes_before) as f64 / ops.max(1) as f64);
     Ok(vec![raw_r, r])
 }
@@ -786,11 +858,11 @@ fn chrono_like_now() -> String {
 }
 
 fn print_table(a: &BenchArgs, results: &[Measure]) {
-    println!("| target | workload | MB/s | IOPS | p50 us | p99 us | p99.9 us | WA |");
-    println!("|---|---|--:|--:|--:|--:|--:|--:|");
+    println!("| target | workload | MB/s | IOPS | p50 us | p99 us | p99.9 us | WA | CPU us/op (user+sys) | CPU s/GB |");
+    println!("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|");
     for m in results {
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} |",
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {:.2} ({:.2}+{:.2}) | {:.2} |",
             m.target,
             m.workload,
             m.mb_per_s,
@@ -800,7 +872,11 @@ fn print_table(a: &BenchArgs, results: &[Measure]) {
             m.p999_us,
             m.write_amplification
                 .map(|w| format!("{w:.3}"))
-                .unwrap_or_else(|| "-".into())
+                .unwrap_or_else(|| "-".into()),
+            m.cpu_user_us_per_op + m.cpu_system_us_per_op,
+            m.cpu_user_us_per_op,
+            m.cpu_system_us_per_op,
+            m.cpu_s_per_gb
         );
     }
     let get = |t: &str, w: &str| results.iter().find(|m| m.target == t && m.workload == w);

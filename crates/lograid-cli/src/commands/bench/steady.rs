@@ -180,7 +180,7 @@ fn empty_run(a: &BenchArgs, dir: &Path, options: &PoolOptions) -> Result<Latency
     let b = Arc::new(filled(4096, 3));
     let secs = (a.steady_seconds / 4.0).max(5.0);
     let start = Instant::now();
-    let (ops, _, lat) = drive(
+    let (ops, _, lat, _) = drive(
         a.queue_depth,
         secs,
         u64::MAX,
