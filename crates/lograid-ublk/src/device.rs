@@ -177,7 +177,14 @@ impl Device {
         let cache = params::cache_mode_of(&device_params);
         let read_only = params::read_only_of(&device_params) || config.export.read_only();
         warn_if_different(config, cache, params::read_only_of(&device_params), dev_id);
-        start_recovery(control, dev_id)?;
+        match start_recovery(control, dev_id) {
+            // A recovery that died half-way leaves a device the driver will not recover again.
+            Err(e) if e.errno() == Some(libc::EINVAL) => {
+                tracing::warn!(dev_id, "the driver refuses to recover the device: {e}");
+                return Ok(None);
+            }
+            other => other?,
+        }
         let shape = Shape {
             dev_id,
             queues: info.nr_hw_queues,
@@ -431,9 +438,10 @@ fn write_back_page_cache(dev_id: u32) {
         tracing::warn!(
             device = %path.display(),
             mount_point,
-            "stopping a device with a filesystem mounted on it: unmount it first next time (its writes not yet \
-             written back are lost, and the filesystem sees its device go)"
+            "stopping a device with a filesystem mounted on it: unmount it first next time (the filesystem is \
+             synced now, but sees its device go, and what it writes after this is lost)"
         );
+        sync_filesystem(&mount_point);
     }
     match File::open(&path) {
         Ok(file) => {
@@ -442,6 +450,24 @@ fn write_back_page_cache(dev_id: u32) {
             }
         }
         Err(e) => tracing::debug!(device = %path.display(), "not written back: {e}"),
+    }
+}
+
+/// syncfs(2) on the filesystem mounted at `mount_point`, so what it holds is written while the
+/// device still serves.
+fn sync_filesystem(mount_point: &str) {
+    let synced = File::open(mount_point).and_then(|dir| {
+        // SAFETY: syncfs takes a descriptor this function holds open.
+        match unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    });
+    if let Err(e) = synced {
+        tracing::warn!(
+            mount_point,
+            "syncing the filesystem before its device stops: {e}"
+        );
     }
 }
 

@@ -32,11 +32,13 @@ pub enum Request {
     Discard {
         offset: u64,
         length: u64,
+        fua: bool,
     },
     WriteZeroes {
         offset: u64,
         length: u64,
         keep_allocated: bool,
+        fua: bool,
     },
     /// Refused with this (positive) errno before reaching the export.
     Refuse(i32),
@@ -94,11 +96,16 @@ pub fn decode(desc: &IoDesc, size_bytes: u64, read_only: bool) -> Request {
             length: length as u32,
             fua: flags & uapi::IO_F_FUA != 0,
         },
-        uapi::IO_OP_DISCARD => Request::Discard { offset, length },
+        uapi::IO_OP_DISCARD => Request::Discard {
+            offset,
+            length,
+            fua: flags & uapi::IO_F_FUA != 0,
+        },
         _ => Request::WriteZeroes {
             offset,
             length,
             keep_allocated: flags & uapi::IO_F_NOUNMAP != 0,
+            fua: flags & uapi::IO_F_FUA != 0,
         },
     }
 }
@@ -127,13 +134,18 @@ pub fn execute(export: &dyn Export, request: Request, data: &mut [u8]) -> i32 {
             .write(offset, &data[..length as usize], fua)
             .map(|()| length as i32),
         Request::Flush => export.flush().map(|()| 0),
-        Request::Discard { offset, length } => export.trim(offset, length, false).map(|()| 0),
+        Request::Discard {
+            offset,
+            length,
+            fua,
+        } => export.trim(offset, length, fua).map(|()| 0),
         Request::WriteZeroes {
             offset,
             length,
             keep_allocated,
+            fua,
         } => export
-            .write_zeroes(offset, length, keep_allocated, false)
+            .write_zeroes(offset, length, keep_allocated, fua)
             .map(|()| 0),
         Request::Refuse(errno) => return -errno,
     };
@@ -194,16 +206,23 @@ mod tests {
             decode(&trim, SIZE, false),
             Request::Discard {
                 offset: 8192,
-                length: 8192
+                length: 8192,
+                fua: false
             }
         );
-        let zeroes = desc(uapi::IO_OP_WRITE_ZEROES, uapi::IO_F_NOUNMAP, 0, 8);
+        let zeroes = desc(
+            uapi::IO_OP_WRITE_ZEROES,
+            uapi::IO_F_NOUNMAP | uapi::IO_F_FUA,
+            0,
+            8,
+        );
         assert_eq!(
             decode(&zeroes, SIZE, false),
             Request::WriteZeroes {
                 offset: 0,
                 length: 4096,
-                keep_allocated: true
+                keep_allocated: true,
+                fua: true
             }
         );
     }
@@ -265,11 +284,13 @@ mod tests {
             offset: 4096,
             length: 4096,
             keep_allocated: false,
+            fua: true,
         };
         assert_eq!(execute(&export, zero, &mut []), 0);
         let trim = Request::Discard {
             offset: 8192,
             length: 4096,
+            fua: false,
         };
         assert_eq!(execute(&export, trim, &mut []), 0);
         assert_eq!(execute(&export, Request::Flush, &mut []), 0);
