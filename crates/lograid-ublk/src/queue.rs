@@ -130,7 +130,15 @@ pub fn spawn(
                     return Ok(());
                 }
             };
-            queue.run(ready_tx)
+            let ended = queue.run(ready_tx);
+            if let Err(e) = &ended {
+                tracing::error!(
+                    dev_id = spec.dev_id,
+                    q_id = spec.q_id,
+                    "the queue stopped serving (its requests wait until the device is stopped): {e}"
+                );
+            }
+            ended
         })
         .map_err(|e| UblkError::io("starting a ublk queue thread", e))?;
     match ready_rx.recv() {

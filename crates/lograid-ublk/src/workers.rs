@@ -175,7 +175,20 @@ impl Drop for Workers {
 fn work(jobs: &JobQueue, context: &WorkerContext) {
     let mut buffer: Vec<u8> = Vec::new();
     while let Some(job) = jobs.pop() {
-        let result = serve(context, &job, &mut buffer);
+        // A panic in an export call fails its request instead of leaving the tag (and the
+        // device, and its stop) waiting for ever.
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            serve(context, &job, &mut buffer)
+        }));
+        let result = served.unwrap_or_else(|_| {
+            tracing::error!(
+                q_id = job.q_id,
+                tag = job.tag,
+                "a request panicked; it fails with EIO"
+            );
+            buffer = Vec::new();
+            -libc::EIO
+        });
         context.stats.count(&job.request, result);
         match &context.group_commit {
             Some(commit) if job.request.modifies() && result >= 0 => {

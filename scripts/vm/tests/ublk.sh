@@ -5,8 +5,9 @@
 #     dropping caches and after a clean restart of the server (same /dev/ublkbN), fsck clean;
 #     a read-only volume is a read-only device; nothing left in /dev after a clean stop.
 #  2. Write-through (the default): the server SIGKILLed during fsync'd writes to both mounted
-#     filesystems and started again: the devices are recovered under the same names, the
-#     writers only pause, every fsync'd file is intact without unmounting, fsck clean after.
+#     filesystems and started again, three times: the devices are recovered under the same
+#     names, the writers only pause, every fsync'd file is intact without unmounting, fsck
+#     clean after.
 #  3. --ublk-write-cache: the same kill; the devices' I/O fails (their lost cache makes a
 #     recovery unsafe), the filesystems are unmounted; after the restart the journals replay,
 #     every file fsync'd before the kill is intact, fsck clean.
@@ -125,24 +126,32 @@ kill -TERM $other; wait $other
 [ $? = 0 ] && ! [ -e /dev/ublkb5 ] && ok "the second server stops cleanly" || fail "the second server's stop"
 
 
-# --- 2. Write-through: killed under load, recovered under the mounted filesystems -------------
+# --- 2. Write-through: killed under load (three times), recovered under the mounted filesystems
 OLD0=$D0 OLD1=$D1
-writer $M0 k0- 24 > $WORK/writer0.log 2>&1 & w0=$!
-writer $M1 k1- 24 > $WORK/writer1.log 2>&1 & w1=$!
-for _ in $(seq 600); do [ -f $WORK/k0-3.md5 ] && [ -f $WORK/k1-3.md5 ] && break; sleep 0.2; done
-kill -KILL $SERVER && ok "server SIGKILLed during fsync'd writes to both filesystems"
-wait $SERVER 2>/dev/null
-sleep 2
-[ -b $OLD0 ] && ok "$OLD0 stays while no server runs" || fail "$OLD0 vanished"
-check "server started again" serve
-grep -q "recovered from the previous server" $WORK/serve.out && ok "it says it recovered the devices" \
-    || fail "no recovery in: $(cat $WORK/serve.out)"
-[ "$D0 $D1" = "$OLD0 $OLD1" ] && ok "the same devices ($D0 $D1)" || fail "devices moved: $OLD0 $OLD1 -> $D0 $D1"
+writer $M0 k0- 30 > $WORK/writer0.log 2>&1 & w0=$!
+writer $M1 k1- 30 > $WORK/writer1.log 2>&1 & w1=$!
+for round in 1 2 3; do
+    n=$((round * 7 - 4))
+    for _ in $(seq 900); do
+        [ -f $WORK/k0-$n.md5 ] && [ -f $WORK/k1-$n.md5 ] && break
+        kill -0 $w0 2>/dev/null || kill -0 $w1 2>/dev/null || break
+        sleep 0.2
+    done
+    kill -KILL $SERVER && ok "server SIGKILLed during fsync'd writes to both filesystems (round $round)"
+    wait $SERVER 2>/dev/null
+    sleep 1
+    [ -b $OLD0 ] && ok "$OLD0 stays while no server runs" || fail "$OLD0 vanished"
+    check "server started again" serve
+    grep -q "recovered from the previous server" $WORK/serve.out && ok "it says it recovered the devices" \
+        || fail "no recovery in: $(cat $WORK/serve.out)"
+    [ "$D0 $D1" = "$OLD0 $OLD1" ] && ok "the same devices ($D0 $D1)" || fail "devices moved: $OLD0 $OLD1 -> $D0 $D1"
+done
 check "the ext4 writer finishes without an error" wait $w0
 check "the xfs writer finishes without an error" wait $w1
-check "every fsync'd file intact, still mounted (ext4)" files_intact $M0 a-u0 d-u0 $(written k0- 24)
-check "every fsync'd file intact, still mounted (xfs)" files_intact $M1 a-u1 d-u1 $(written k1- 24)
-[ "$(written k0- 24 | wc -l)" = 24 ] && ok "all 24 files written on ext4" || fail "only $(written k0- 24 | wc -l) files"
+check "every fsync'd file intact, still mounted (ext4)" files_intact $M0 a-u0 d-u0 $(written k0- 30)
+check "every fsync'd file intact, still mounted (xfs)" files_intact $M1 a-u1 d-u1 $(written k1- 30)
+[ "$(written k0- 30 | wc -l)" = 30 ] && [ "$(written k1- 30 | wc -l)" = 30 ] && ok "all 30 files written on each" \
+    || fail "only $(written k0- 30 | wc -l) and $(written k1- 30 | wc -l) files"
 check "umount both" umount $M0 $M1
 check "fsck.ext4 clean after the recovery" fsck.ext4 -f -n $D0
 check "xfs_repair clean after the recovery" xfs_repair -n $D1
@@ -166,8 +175,8 @@ check "nothing of ours still mounted" sh -c "! grep -q ublkb /proc/mounts"
 check "server started again (write cache)" serve --ublk-write-cache
 check "mount ext4 (its journal replays)" mount $D0 $M0
 check "mount xfs (its log replays)" mount $D1 $M1
-check "files fsync'd before the kill intact (ext4)" files_intact $M0 a-u0 d-u0 c-u0 $(written k0- 24) $(written w0- 40)
-check "files fsync'd before the kill intact (xfs)" files_intact $M1 a-u1 d-u1 c-u1 $(written k1- 24) $(written w1- 40)
+check "files fsync'd before the kill intact (ext4)" files_intact $M0 a-u0 d-u0 c-u0 $(written k0- 30) $(written w0- 40)
+check "files fsync'd before the kill intact (xfs)" files_intact $M1 a-u1 d-u1 c-u1 $(written k1- 30) $(written w1- 40)
 check "umount both" umount $M0 $M1
 check "fsck.ext4 clean after the kill" fsck.ext4 -f -n $D0
 check "xfs_repair clean after the kill" xfs_repair -n $D1
