@@ -2,6 +2,8 @@
 //! clear error (before the pool is opened) when /dev/ublk-control is missing. Serving real
 //! /dev/ublkbN devices runs in the guest: scripts/vm/tests/ublk.sh.
 
+// ublk is Linux's; on macOS `--ublk` only says so.
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 
 mod common;
