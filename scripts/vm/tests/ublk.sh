@@ -76,6 +76,11 @@ echo "devices: $D0 $D1"
 [ "$(blockdev --getro $D1)" = 1 ] && ok "the read-only volume's $D1 is read-only" || fail "$D1 not read-only"
 [ "$(blockdev --getss $D0)/$(blockdev --getpbsz $D0)" = 512/4096 ] && ok "512-byte logical, 4 KiB physical blocks" \
     || fail "block sizes $(blockdev --getss $D0)/$(blockdev --getpbsz $D0)"
+q=/sys/block/${D0#/dev/}/queue
+[ "$(cat $q/max_hw_sectors_kb)/$(cat $q/discard_granularity)/$(cat $q/write_zeroes_max_bytes)" = 1024/4096/1073741824 ] \
+    && ok "1 MiB requests, 4 KiB discard granularity, 1 GiB write-zeroes" \
+    || fail "limits $(cat $q/max_hw_sectors_kb)/$(cat $q/discard_granularity)/$(cat $q/write_zeroes_max_bytes)"
+[ "$(cat $q/write_cache)" = "write through" ] && ok "no volatile write cache (write-through)" || fail "cache: $(cat $q/write_cache)"
 check "fio randwrite QD16 with verify on the raw device" \
     fio --name=raw --filename=$D0 --size=24M --bs=64k --rw=randwrite --ioengine=libaio --iodepth=16 \
         --direct=1 --verify=crc32c --verify_fatal=1 --output=$WORK/fio-raw.txt
@@ -118,10 +123,14 @@ check "a second pool on files" $LOGRAID create --size 128M --volume x:16M $OTHER
 $LOGRAID serve --ublk --ublk-id-base 0 --socket $WORK/o.sock $OTHER > $WORK/o.out 2> $WORK/o.err
 grep -q "/dev/ublkb0 is taken by another ublk server (pid $SERVER)" $WORK/o.err \
     && ok "--ublk-id-base 0 refused: $(grep -o '/dev/ublkb0 is taken[^;]*' $WORK/o.err)" || fail "id taken: $(tail -3 $WORK/o.err)"
-$LOGRAID serve --ublk --ublk-id-base 5 --socket $WORK/o.sock $OTHER > $WORK/o.out 2> $WORK/o.err & other=$!
+$LOGRAID serve --ublk --ublk-id-base 5 --ublk-queues 1 --ublk-depth 2 --socket $WORK/o.sock $OTHER \
+    > $WORK/o.out 2> $WORK/o.err & other=$!
 for _ in $(seq 300); do grep -q "^stop with" $WORK/o.out && break; sleep 0.2; done
 grep -q "/dev/ublkb5 .*volume 'x'" $WORK/o.out && [ -b /dev/ublkb5 ] && ok "a second server's volume is /dev/ublkb5" \
     || fail "second server: $(cat $WORK/o.out; tail -3 $WORK/o.err)"
+check "one queue of depth 2: fio randrw QD8 with verify" \
+    fio --name=small --filename=/dev/ublkb5 --size=8M --bs=4k --rw=randrw --ioengine=libaio --iodepth=8 \
+        --direct=1 --verify=crc32c --verify_fatal=1 --output=$WORK/fio-small.txt
 kill -TERM $other; wait $other
 [ $? = 0 ] && ! [ -e /dev/ublkb5 ] && ok "the second server stops cleanly" || fail "the second server's stop"
 
@@ -160,6 +169,8 @@ check "nothing left in /dev" no_devices_left
 
 # --- 3. Write cache: killed under load; I/O fails; journals replay after the restart ----------
 check "serve --ublk --ublk-write-cache" serve --ublk-write-cache
+[ "$(cat /sys/block/${D0#/dev/}/queue/write_cache)/$(cat /sys/block/${D0#/dev/}/queue/fua)" = "write back/1" ] \
+    && ok "a volatile write cache with FUA" || fail "cache: $(cat /sys/block/${D0#/dev/}/queue/write_cache)"
 check "mount both" mount_both
 check "write before the kill (ext4)" write_file $M0 c-u0 4
 check "write before the kill (xfs)" write_file $M1 c-u1 4
