@@ -2,14 +2,16 @@
 //!
 //! Owns: the server process's life: hardening it for backing local block
 //! devices, opening (or, with no drives, creating) the pool, mounting the
-//! `--fuse` files, binding, telling the user how to connect, and the orderly
-//! end on SIGINT/SIGTERM (stop accepting, finish requests in flight, flush,
-//! close the pool with a final checkpoint). Must never: exit with writes
+//! `--fuse` files, binding, starting the `--nfs` service and the `--ublk`
+//! devices, telling the user how to connect, and the orderly end on
+//! SIGINT/SIGTERM (stop accepting, finish requests in flight, flush, remove the
+//! ublk devices, close the pool with a final checkpoint). Must never: exit with writes
 //! acknowledged by a flush that is not durable, listen beyond loopback unless
 //! told to, or answer on a listener before the `--fuse` files are mounted.
 
 mod nfs;
 mod notify;
+mod ublk;
 
 use super::open_pool_with;
 use crate::export::VolumeExport;
@@ -89,6 +91,27 @@ pub struct ServeArgs {
     /// Linux loop device on an NFS mount). No authentication: keep it on loopback.
     #[arg(long, value_name = "ADDR:PORT")]
     pub nfs: Option<String>,
+    /// Also serve each volume as a Linux block device /dev/ublkbN through the kernel's ublk
+    /// driver (as root; Linux 6.5 or later, `modprobe ublk_drv`). Write-through: a write
+    /// completes once it is durable, so a server killed and started again on the same pool
+    /// takes its devices back and a filesystem mounted on one sees only a pause.
+    #[arg(long)]
+    pub ublk: bool,
+    /// Hardware queues per ublk device (default: the number of CPUs, at most 4).
+    #[arg(long, value_name = "N", requires = "ublk")]
+    pub ublk_queues: Option<u16>,
+    /// Requests in flight per ublk queue.
+    #[arg(long, value_name = "N", default_value_t = 64, requires = "ublk")]
+    pub ublk_depth: u16,
+    /// Volume i becomes /dev/ublkb(N+i), or the server does not start (by default each volume
+    /// gets the id it had last time if that is free, else the lowest free one).
+    #[arg(long, value_name = "N", requires = "ublk")]
+    pub ublk_id_base: Option<u32>,
+    /// Give the ublk devices a volatile write cache, like a drive's (writes complete from
+    /// memory; FLUSH and FUA make them durable). Fewer flushes, but a killed server's devices
+    /// are not taken back: their I/O fails and a filesystem on them must be mounted again.
+    #[arg(long, requires = "ublk")]
+    pub ublk_write_cache: bool,
     /// Serve metrics in the Prometheus text format at http://ADDR:PORT/metrics (off by
     /// default; e.g. 127.0.0.1:9450). docs/OPERATIONS.md, "Metrics", lists them.
     #[arg(long, value_name = "ADDR:PORT")]
@@ -280,6 +303,10 @@ pub fn run(a: ServeArgs) -> Result<()> {
         .as_deref()
         .map(|text| nfs::bind(text, &a.allow))
         .transpose()?;
+    // And the ublk driver checked: a missing one fails before the pool opens.
+    if a.ublk {
+        ublk::check(&a)?;
+    }
     let mut listen = Vec::new();
     let tcp = match (&a.listen, &a.socket) {
         (Some(text), _) => Some(parse_listen(text)?),
@@ -439,6 +466,14 @@ fn serve_pool(
         }
         started => started.transpose()?,
     };
+    let ublk = match a.ublk.then(|| ublk::start(pool, &exports, a)) {
+        Some(Err(e)) => {
+            drop(nfs);
+            unmount(fuse);
+            return Err(e);
+        }
+        started => started.transpose()?,
+    };
     let nfs_handle = nfs.as_ref().map(nfs::Running::shutdown_handle);
     let stop = move || {
         handle.shutdown();
@@ -455,8 +490,11 @@ fn serve_pool(
         a.read_only,
         tls.map(|t| t.mode),
         fuse.as_ref().map(|m| m.dir()),
-        nfs.as_ref()
-            .map(|running| nfs::connect_lines(running.addr, exports[0].name())),
+        vec![
+            nfs.as_ref()
+                .map(|running| nfs::connect_lines(running.addr, exports[0].name())),
+            ublk.as_ref().map(ublk::Running::connect_lines),
+        ],
     );
     // systemd: ready only now (pool recovered, listeners bound, FUSE mounted);
     // the watchdog stops with this function, before the pool closes.
@@ -467,12 +505,15 @@ fn serve_pool(
     let _ = signal_thread.join();
     // Before the pool closes: calls over NFS end and the volumes are flushed.
     let nfs_stopped = nfs.map_or(Ok(()), nfs::Running::stop);
+    // Before the pool closes too: the devices' page caches written back, the volumes flushed.
+    let ublk_stopped = ublk.map_or(Ok(()), ublk::Running::stop);
     if let Some(mount) = fuse {
         // Before the pool closes: requests through the files must end first.
         crate::os::unmount_files(mount);
     }
     served.context("NBD server")?;
-    nfs_stopped
+    nfs_stopped?;
+    ublk_stopped
 }
 
 /// One export per volume of `pool`, read-only as the flags say.
@@ -558,7 +599,7 @@ fn print_how_to_connect(
     read_only: bool,
     tls: Option<TlsMode>,
     fuse: Option<&Path>,
-    nfs: Option<String>,
+    more: Vec<Option<String>>,
 ) {
     let status = pool.status();
     let mut out = String::new();
@@ -601,7 +642,7 @@ fn print_how_to_connect(
             dir.join(first).display()
         ));
     }
-    if let Some(lines) = nfs {
+    for lines in more.into_iter().flatten() {
         out.push_str(&lines);
     }
     out.push_str("stop with Ctrl-C or SIGTERM (flushes and checkpoints before exiting)\n");
