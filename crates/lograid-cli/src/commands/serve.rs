@@ -11,6 +11,8 @@
 mod nfs;
 mod notify;
 
+pub use nfs::parse_addr as parse_nfs_addr;
+
 use super::open_pool_with;
 use crate::export::VolumeExport;
 use crate::size::human;
