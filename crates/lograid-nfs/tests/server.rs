@@ -157,3 +157,56 @@ fn volume_errors_are_nfs_status_codes_and_shutdown_flushes() {
     assert_eq!(export.contents(8192, 100), vec![9; 100]);
     assert_eq!(export.contract_violations(), 0);
 }
+
+/// Sets SO_LINGER to 0, so that closing `stream` resets the connection (as libnfs does).
+fn reset_on_close(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt with a linger struct we own, on a socket we own.
+    let result = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::addr_of!(linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(result, 0);
+}
+
+#[test]
+fn a_client_that_resets_between_calls_has_gone_and_broke_nothing() {
+    let export = Arc::new(MemExport::new("vol0", 16 << 20));
+    let running = start(export, NfsConfig::default());
+    let wait_closed = |accepted: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let stats = running.stats.snapshot();
+            if stats.connections_accepted == accepted && stats.connections_active == 0 {
+                return stats;
+            }
+            assert!(std::time::Instant::now() < deadline, "{stats:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // Reset after a call was answered: a client going away.
+    let mut stream = connect(&running);
+    stream.write_all(&commit_call(1)).unwrap();
+    assert_eq!(read_reply(&mut stream), (1, 0));
+    reset_on_close(&stream);
+    drop(stream);
+    assert_eq!(wait_closed(1).protocol_errors, 0);
+    // Reset halfway through a record: a broken call.
+    let mut stream = connect(&running);
+    stream.write_all(&commit_call(2)[..10]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    reset_on_close(&stream);
+    drop(stream);
+    assert_eq!(wait_closed(2).protocol_errors, 1);
+    running.shutdown.shutdown();
+    running.thread.join().unwrap().unwrap();
+}
