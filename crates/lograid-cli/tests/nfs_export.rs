@@ -13,55 +13,9 @@ mod common;
 use common::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
-
-/// Compiles the C client once per test process.
-fn probe_binary() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            assert!(need_tools(&["cc", "nfs-ls", "nfs-cat"]));
-            assert!(
-                Path::new("/usr/include/nfsc/libnfs-raw.h").exists(),
-                "libnfs-dev is missing (scripts/test-all.sh installs it)"
-            );
-            let dir = tempfile::Builder::new()
-                .prefix("nfs-probe-")
-                .tempdir()
-                .unwrap()
-                .keep();
-            let out = dir.join("nfs_probe");
-            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nfs/nfs_probe.c");
-            run(Command::new("cc")
-                .args(["-O2", "-Wall", "-o"])
-                .arg(&out)
-                .arg(&source)
-                .arg("-lnfs"));
-            out
-        })
-        .clone()
-}
-
-/// Runs the probe's steps against the NFS server on `port`; its output lines.
-fn probe(port: u16, steps: &[&str]) -> Vec<String> {
-    let out = stdout_of(
-        Command::new(probe_binary())
-            .args(["127.0.0.1", &port.to_string()])
-            .args(steps),
-    );
-    out.lines().map(str::to_string).collect()
-}
-
-/// The value of `key=` in a probe line.
-fn field<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split(' ')
-        .find_map(|part| part.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
-}
 
 /// The probe's write pattern (nfs_probe.c): byte at file offset p for seed s.
 fn pattern(seed: u64, offset: u64, len: u64) -> Vec<u8> {

@@ -17,7 +17,7 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::connection::{self, ConnectionLimits, Counters, Shared, MAX_RECORD_BYTES};
 use crate::files::Namespace;
-use crate::service::{Service, MAX_IO_BYTES};
+use crate::service::{Service, MAX_IO_BYTES, MOUNT_PROCEDURES, NFS_PROCEDURES};
 
 /// Server settings; [`NfsConfig::default`] suits a local disk image.
 #[derive(Clone, Debug)]
@@ -140,6 +140,12 @@ pub struct NfsStats {
     pub peak_in_flight_bytes: u64,
     pub protocol_errors: u64,
     pub stalled_writers: u64,
+    /// Calls by NFSv3 procedure (names: `crate::NFS_PROCEDURE_NAMES`).
+    pub nfs_calls: [u64; NFS_PROCEDURES],
+    /// Calls by MOUNT procedure (names: `crate::MOUNT_PROCEDURE_NAMES`).
+    pub mount_calls: [u64; MOUNT_PROCEDURES],
+    /// Calls to programs, versions or procedures not served.
+    pub unserved_calls: u64,
 }
 
 /// Reads a server's counters from any thread. Cloneable.
@@ -170,6 +176,9 @@ impl StatsHandle {
             peak_in_flight_bytes: load(&c.peak_in_flight_bytes),
             protocol_errors: load(&c.protocol_errors),
             stalled_writers: load(&c.stalled_writers),
+            nfs_calls: s.nfs_calls.each_ref().map(load),
+            mount_calls: s.mount_calls.each_ref().map(load),
+            unserved_calls: load(&s.unserved_calls),
         }
     }
 }

@@ -3,7 +3,8 @@
 //! Owns: parsing and binding the NFS address (before the pool is opened, so a bad one fails
 //! first; a bare port means loopback; a warning for anything beyond it), the NFS server's
 //! thread and runtime, its files (the same exports as NBD serves, with the engine's volume
-//! ids for stable handles), and how to connect. Must never: stop before the calls it has in
+//! ids for stable handles), showing its counters in the metrics while it runs, and how to
+//! connect. Must never: stop before the calls it has in
 //! flight are answered and the volumes flushed, or outlive the pool.
 
 use anyhow::{Context, Result};
@@ -95,6 +96,7 @@ pub fn start(
     let addr = server.local_addr();
     let handle = server.shutdown_handle();
     let stats = server.stats_handle();
+    crate::metrics::serve_nfs_stats(Some(stats.clone()));
     let thread = std::thread::Builder::new()
         .name("lograid-nfs".into())
         .spawn(move || server.serve())
@@ -123,6 +125,7 @@ impl Running {
             None => Ok(()),
         };
         let s = self.stats.snapshot();
+        crate::metrics::serve_nfs_stats(None);
         tracing::info!(
             connections = s.connections_accepted,
             refused = s.connections_refused,
@@ -144,6 +147,7 @@ impl Drop for Running {
         if let Some(thread) = self.thread.take() {
             self.handle.shutdown();
             let _ = thread.join();
+            crate::metrics::serve_nfs_stats(None);
         }
     }
 }
