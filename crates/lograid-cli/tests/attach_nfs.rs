@@ -8,6 +8,7 @@
 //! macOS's side (`mount_nfs`, `hdiutil`) cannot run here; its command lines and output
 //! parsers are unit-tested in `src/os/macos_tools.rs` (docs/MACOS.md says what is unverified).
 
+#![cfg(target_os = "linux")]
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 
 mod common;

@@ -186,6 +186,7 @@ fn too_few_members_or_none_are_refused_without_a_wait() {
 /// A candidate that never answers (here a loop device on a FUSE file of a stopped server; on
 /// macOS the disk image of this very server's volume, after a restart) is skipped after the
 /// probe's time limit: the pool opens without waiting for it.
+#[cfg(target_os = "linux")]
 #[test]
 fn a_candidate_that_does_not_answer_is_skipped() {
     if !need_block_devices(&[]) {
