@@ -155,3 +155,151 @@ fn nfs_port_of(state: &Path) -> u16 {
     let server = line.split('\t').nth(2).unwrap();
     server.rsplit(':').next().unwrap().parse().unwrap()
 }
+
+/// Writes the NFS attachment records of `state` (the format `lograid attach` keeps).
+fn write_records(state: &Path, lines: &[String]) {
+    let mut text = String::from("lograid-nfs-attachments-v1\n");
+    for line in lines {
+        text.push_str(line);
+        text.push('\n');
+    }
+    std::fs::write(state.join("nfs-attachments"), text).unwrap();
+}
+
+/// Loop devices and mounts made by a test, undone when it ends (also when it fails).
+#[derive(Default)]
+struct Undo {
+    loops: Vec<String>,
+    mounts: Vec<std::path::PathBuf>,
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        for device in &self.loops {
+            let _ = tool("losetup").arg("--detach").arg(device).output();
+        }
+        for dir in self.mounts.iter().rev() {
+            let _ = tool("umount").arg(dir).output();
+        }
+    }
+}
+
+impl Undo {
+    fn tmpfs(&mut self, dir: &Path) {
+        std::fs::create_dir_all(dir).unwrap();
+        run(tool("mount").args(["-t", "tmpfs", "lograid-test"]).arg(dir));
+        self.mounts.push(dir.to_path_buf());
+    }
+}
+
+/// A tmpfs on `dir` holding an 8 MiB file `vol0` (standing in for the NFS mount, which this
+/// kernel cannot make), and a loop device on that file.
+fn mounted_file_on_loop(undo: &mut Undo, dir: &Path) -> String {
+    undo.tmpfs(dir);
+    std::fs::File::create(dir.join("vol0"))
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
+    let out = stdout_of(
+        tool("losetup")
+            .args(["--find", "--show"])
+            .arg(dir.join("vol0")),
+    );
+    let device = out.trim().to_string();
+    undo.loops.push(device.clone());
+    device
+}
+
+/// Detach and the forgetting of dead records, on the Linux side: the disk and the mount of a
+/// record are undone when the disk shows the record's file; a disk that shows another file
+/// (its number reused) is left alone while the mount goes; a record whose disk and mount are
+/// both gone is forgotten by the next attach. The NFS mount is a tmpfs here.
+#[test]
+fn detach_undoes_what_is_recorded_and_leaves_a_reused_disk_alone() {
+    if !need_block_devices(&[]) {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("lograid-attach-nfs-")
+        .tempdir()
+        .unwrap();
+    let state = dir.path().canonicalize().unwrap().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let mut undo = Undo::default();
+    let ours = state.join("nfs-20490-1");
+    let device = mounted_file_on_loop(&mut undo, &ours);
+    let other = state.join("other");
+    let reused = mounted_file_on_loop(&mut undo, &other);
+    let stale = state.join("nfs-20490-2");
+    undo.tmpfs(&stale);
+    write_records(
+        &state,
+        &[
+            format!("{device}\t{}\t127.0.0.1:20490\tvol0", ours.display()),
+            format!("{reused}\t{}\t127.0.0.1:20490\tvol1", stale.display()),
+            format!(
+                "/dev/loop251\t{}\t127.0.0.1:20490\tvol2",
+                state.join("nfs-20490-3").display()
+            ),
+        ],
+    );
+    assert_eq!(listed(&state).lines().count(), 3);
+
+    // Ours: detached and unmounted.
+    run(lograid()
+        .arg("detach")
+        .arg(&device)
+        .arg("--state-dir")
+        .arg(&state));
+    assert!(!mounts_under(&state).contains(&ours.display().to_string()));
+    let backing = tool("losetup")
+        .args(["--noheadings", "--output", "BACK-FILE"])
+        .arg(&device)
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&backing.stdout).contains("nfs-20490-1"));
+
+    // A reused number: the disk is left as it is, the record's mount goes.
+    let out = lograid()
+        .arg("detach")
+        .arg(&reused)
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("left attached (the record was stale)"),
+        "{err}"
+    );
+    let backing = stdout_of(
+        tool("losetup")
+            .args(["--noheadings", "--output", "BACK-FILE"])
+            .arg(&reused),
+    );
+    assert!(backing.contains("/other/vol0"), "{backing}");
+    assert!(!mounts_under(&state).contains(&stale.display().to_string()));
+
+    // The dead one (no disk, no mount) is forgotten by the next attach, which then fails
+    // (no NFS server here) leaving nothing.
+    let out = lograid()
+        .args([
+            "attach",
+            "--nfs",
+            &free_port().to_string(),
+            "--export",
+            "vol2",
+            "--state-dir",
+        ])
+        .arg(&state)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("forgetting the attachment of nfs://127.0.0.1:20490/vol2"),
+        "{err}"
+    );
+    assert!(!out.status.success());
+    assert!(listed(&state).is_empty(), "{}", listed(&state));
+}

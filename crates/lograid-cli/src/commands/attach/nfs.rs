@@ -6,7 +6,8 @@
 //! `crate::os`'s.
 //!
 //! Owns: the records (`nfs-attachments` in the state directory, one line per attachment,
-//! changed under a lock), the order of the steps and their undoing when one fails. Must never:
+//! changed under a lock; one whose mount and disk are both gone is forgotten at the next
+//! attach), the order of the steps and their undoing when one fails. Must never:
 //! detach a disk it has no record of, or one that no longer shows its record's file (a disk
 //! number reused by another disk); stat anything on a mount whose server may be down while
 //! detaching (the mount table is read instead).
@@ -205,6 +206,7 @@ pub fn attach(request: &NfsAttach<'_>) -> Result<NfsRecord> {
     }
     let state_dir = prepare_state_dir(request.state_dir)?;
     let mut records = Records::open(&state_dir)?;
+    forget_dead(&mut records)?;
     let mount_dir = free_mount_dir(&state_dir, request.server.port(), &records.list)?;
     fs::create_dir_all(&mount_dir).with_context(|| format!("creating {}", mount_dir.display()))?;
     if let Err(e) = crate::os::mount_nfs(request.server, &mount_dir, request.mount_options) {
@@ -237,6 +239,32 @@ pub fn attach(request: &NfsAttach<'_>) -> Result<NfsRecord> {
         return Err(e);
     }
     Ok(record)
+}
+
+/// Forgets the records whose mount and disk are both gone (a crash, or a restart that
+/// kept the state directory), so that their volumes can be attached again. A record with
+/// either still there is kept.
+fn forget_dead(records: &mut Records) -> Result<()> {
+    let before = records.list.len();
+    records.list.retain(|r| {
+        let mounted = lograid::device::is_mount_point(&r.mount_dir).unwrap_or(true);
+        let shows_file = crate::os::image_backing(&r.device)
+            .map(|image| image.is_some_and(|image| r.is_file(&image)))
+            .unwrap_or(true);
+        if !mounted && !shows_file {
+            eprintln!(
+                "lograid: forgetting the attachment of {} as {}: its mount and its disk are gone",
+                r.uri(),
+                r.device.display()
+            );
+            let _ = fs::remove_dir(&r.mount_dir);
+        }
+        mounted || shows_file
+    });
+    if records.list.len() != before {
+        records.save()?;
+    }
+    Ok(())
 }
 
 /// Most attachments from NFS mounts of one server at once.
