@@ -69,7 +69,7 @@ fn main() -> ExitCode {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
-            "lograid={level},lograid_cli={level},lograid_nbd={level}"
+            "lograid={level},lograid_cli={level},lograid_nbd={level},lograid_nfs={level}"
         ))
     });
     tracing_subscriber::fmt()

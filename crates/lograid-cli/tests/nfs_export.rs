@@ -4,7 +4,7 @@
 //! Writes, COMMIT and read-back; a server killed between UNSTABLE writes and their COMMIT
 //! (the verifier changes, handles stay valid, what was committed or written FILE_SYNC
 //! survives); the file's size and attributes; a read-only volume; a full pool (NOSPC); hostile
-//! bytes on the socket.
+//! bytes on the socket; a connected client served on at stop (`--nfs-drain`).
 
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 
@@ -362,4 +362,38 @@ fn a_bad_nfs_address_fails_before_the_pool_opens() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--nfs 'not an address'"), "{err}");
     assert!(!err.contains("opened pool"), "{err}");
+}
+
+/// `--nfs-drain SECONDS`: at SIGTERM a client still connected (a disk image being detached)
+/// is served on, a new one is refused, and once the client goes the server stops cleanly
+/// without waiting out the drain.
+#[test]
+fn at_stop_a_connected_client_is_served_until_it_goes() {
+    let pool = TestPool::create("256M", "vol0:16M");
+    let nfs_port = free_port();
+    let server = serve_nfs(&pool, nfs_port, &["--nfs-drain", "120"]);
+    let null_call = |xid: u32| record(&[xid, 0, 2, 100_003, 3, 0, 0, 0, 0, 0], &[]);
+    let mut client = TcpStream::connect(("127.0.0.1", nfs_port)).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut reply = [0u8; 28];
+    client.write_all(&null_call(1)).unwrap();
+    client.read_exact(&mut reply).unwrap();
+    // SAFETY: a signal to our own child.
+    assert_eq!(unsafe { libc::kill(server.pid(), libc::SIGTERM) }, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !server.stderr().contains("serving them for up to 120 s") {
+        assert!(std::time::Instant::now() < deadline, "{}", server.stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(TcpStream::connect(("127.0.0.1", nfs_port)).is_err());
+    client.write_all(&null_call(2)).unwrap();
+    client.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply[4..8], &2u32.to_be_bytes());
+    let started = std::time::Instant::now();
+    drop(client);
+    let err = server.terminate();
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert!(err.contains("every client has disconnected"), "{err}");
 }

@@ -210,3 +210,61 @@ fn a_client_that_resets_between_calls_has_gone_and_broke_nothing() {
     running.shutdown.shutdown();
     running.thread.join().unwrap().unwrap();
 }
+
+#[test]
+fn at_shutdown_connected_clients_are_served_until_they_go_within_the_drain() {
+    let export = Arc::new(MemExport::new("vol0", 16 << 20));
+    let config = NfsConfig {
+        drain: Duration::from_secs(60),
+        ..NfsConfig::default()
+    };
+    let running = start(export.clone(), config);
+    let mut stream = connect(&running);
+    stream.write_all(&write_call(1, 0, &[3; 4096], 0)).unwrap();
+    assert_eq!(read_reply(&mut stream), (1, 0));
+    let started = std::time::Instant::now();
+    running.shutdown.shutdown();
+    // New clients are refused at once...
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(running.addr).is_ok() {
+        assert!(std::time::Instant::now() < deadline, "still accepting");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // ... the connected one is served on (a write and the COMMIT a detach sends)...
+    stream
+        .write_all(&write_call(2, 4096, &[4; 4096], 0))
+        .unwrap();
+    assert_eq!(read_reply(&mut stream), (2, 0));
+    stream.write_all(&commit_call(3)).unwrap();
+    assert_eq!(read_reply(&mut stream), (3, 0));
+    assert_eq!(export.unflushed_writes(), 0);
+    // ... and once it goes, the server ends without waiting out the drain.
+    drop(stream);
+    running.thread.join().unwrap().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(export.contents(4096, 4), vec![4; 4]);
+}
+
+#[test]
+fn a_client_that_stays_is_closed_when_the_drain_is_over() {
+    let export = Arc::new(MemExport::new("vol0", 16 << 20));
+    let config = NfsConfig {
+        drain: Duration::from_millis(500),
+        ..NfsConfig::default()
+    };
+    let running = start(export, config);
+    let mut stream = connect(&running);
+    stream.write_all(&commit_call(1)).unwrap();
+    assert_eq!(read_reply(&mut stream), (1, 0));
+    let started = std::time::Instant::now();
+    running.shutdown.shutdown();
+    running.thread.join().unwrap().unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_secs(20),
+        "{took:?}"
+    );
+    // The server closed it.
+    let mut rest = Vec::new();
+    assert_eq!(stream.read_to_end(&mut rest).unwrap_or(0), 0);
+}

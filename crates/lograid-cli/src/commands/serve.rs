@@ -92,6 +92,10 @@ pub struct ServeArgs {
     /// Linux loop device on an NFS mount). No authentication: keep it on loopback.
     #[arg(long, value_name = "ADDR:PORT")]
     pub nfs: Option<String>,
+    /// With --nfs: at stop, go on serving the NFS clients still connected (a disk image being
+    /// detached, its mount unmounted) for up to SECONDS before closing their connections.
+    #[arg(long, value_name = "SECONDS", requires = "nfs", default_value_t = 0)]
+    pub nfs_drain: u64,
     /// Serve metrics in the Prometheus text format at http://ADDR:PORT/metrics (off by
     /// default; e.g. 127.0.0.1:9450). docs/OPERATIONS.md, "Metrics", lists them.
     #[arg(long, value_name = "ADDR:PORT")]
@@ -439,7 +443,7 @@ fn serve_pool(
         }
     };
     let handle = server.shutdown_handle();
-    let nfs = match nfs_listener.map(|l| nfs::start(l, pool, &exports, a.read_only, &a.allow)) {
+    let nfs = match nfs_listener.map(|l| nfs::start(l, pool, &exports, a)) {
         Some(Err(e)) => {
             unmount(fuse);
             return Err(e);

@@ -53,14 +53,15 @@ pub struct Running {
     pub addr: SocketAddr,
 }
 
-/// Serves `exports` (the volumes of `pool`, as NBD serves them) as files on `listener`.
+/// Serves `exports` (the volumes of `pool`, as NBD serves them) as files on `listener`, as
+/// `args` say (read-only, allowed clients, drain at stop).
 pub fn start(
     listener: std::net::TcpListener,
     pool: &Pool,
     exports: &[Arc<dyn Export>],
-    read_only: bool,
-    allow: &[IpAddr],
+    args: &super::ServeArgs,
 ) -> Result<Running> {
+    let (read_only, allow) = (args.read_only, &args.allow);
     let ids: Vec<(String, u32)> = pool
         .volumes()
         .iter()
@@ -90,6 +91,7 @@ pub fn start(
         allow_list: (!allow.is_empty()).then(|| allow.to_vec()),
         read_only,
         shutdown_grace: Duration::from_secs(30),
+        drain: Duration::from_secs(args.nfs_drain),
         ..NfsConfig::default()
     };
     let server = NfsServer::new(listener, config, namespace).context("starting the NFS server")?;
