@@ -188,6 +188,13 @@ fn the_attach_script_retries_and_stops_at_once_when_told() {
 #[cfg(target_os = "linux")]
 #[test]
 fn the_attach_script_holds_a_recorded_attachment_and_detaches_it_when_stopped() {
+    /// Unmounts a directory when dropped (a test that failed).
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = tool("umount").arg(&self.0).output();
+        }
+    }
     if !need_block_devices(&[]) {
         return;
     }
@@ -236,13 +243,4 @@ fn the_attach_script_holds_a_recorded_attachment_and_detaches_it_when_stopped() 
         .unwrap()
         .contains(&mount_dir.display().to_string()));
     std::mem::forget(unmount);
-}
-
-/// Unmounts a directory when dropped (a test that failed).
-struct Unmount(PathBuf);
-
-impl Drop for Unmount {
-    fn drop(&mut self) {
-        let _ = tool("umount").arg(&self.0).output();
-    }
 }
