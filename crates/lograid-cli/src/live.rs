@@ -4,8 +4,9 @@
 //! temporary file and renamed), and removes it when it stops; `lograid
 //! status` reads it when the drives are held by that server.
 //!
-//! The run directory is `$LOGRAID_RUN_DIR`, else /run/lograid (made if
-//! missing), else a folder in the temporary directory.
+//! The run directory is `$LOGRAID_RUN_DIR`, else the system's
+//! (`crate::os::RUN_DIR`: /run/lograid on Linux, /var/run/lograid on macOS;
+//! made if missing), else a folder in the temporary directory.
 
 use anyhow::{Context, Result};
 use lograid::{Pool, PoolStatus};
@@ -126,7 +127,7 @@ pub fn run_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("LOGRAID_RUN_DIR") {
         return PathBuf::from(d);
     }
-    let system = PathBuf::from("/run/lograid");
+    let system = PathBuf::from(crate::os::RUN_DIR);
     if std::fs::create_dir_all(&system).is_ok() {
         return system;
     }

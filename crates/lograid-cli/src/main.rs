@@ -43,7 +43,8 @@ enum Command {
     Bench(commands::bench::BenchArgs),
     /// Serve every volume of a pool over NBD (no drives: a default pool in ./lograid-data).
     Serve(commands::serve::ServeArgs),
-    /// Attach an NBD export (nbdfuse + loop) or a `serve --fuse` file (loop) as a /dev/loopN (needs root).
+    /// Attach a volume as a disk (needs root): a `serve --nfs` file (macOS: hdiutil, /dev/diskN;
+    /// Linux: loop), or on Linux an NBD export (nbdfuse + loop) or a `serve --fuse` file (loop).
     Attach(commands::attach::AttachArgs),
     /// Detach a device made by `lograid attach`.
     Detach(commands::attach::DetachArgs),
@@ -69,7 +70,7 @@ fn main() -> ExitCode {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!(
-            "lograid={level},lograid_cli={level},lograid_nbd={level}"
+            "lograid={level},lograid_cli={level},lograid_nbd={level},lograid_nfs={level}"
         ))
     });
     tracing_subscriber::fmt()

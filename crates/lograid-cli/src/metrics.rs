@@ -2,8 +2,9 @@
 //! text exposition format (version 0.0.4), over a small HTTP/1.1 endpoint on threads of its own.
 //!
 //! Owns: every metric's name, type, labels and help (docs/OPERATIONS.md, "Metrics", lists
-//! them), rendering them from `Pool::status`, `Pool::member_latency`, the server's scrub job and
-//! the NBD server's per-export stats, and the endpoint: `GET /metrics` (or `HEAD`) answers 200,
+//! them), rendering them from `Pool::status`, `Pool::member_latency`, the server's scrub job,
+//! the NBD server's per-export stats and the NFS server's counters (`serve --nfs` registers
+//! its server here: `serve_nfs_stats`), and the endpoint: `GET /metrics` (or `HEAD`) answers 200,
 //! any other path 404, any other method 405, anything unreadable 400; one request per
 //! connection. Must never: panic or stop on what a client sends, hold more than
 //! `MAX_CONNECTIONS` connections or `MAX_REQUEST_BYTES` of request each, wait on a client
@@ -19,6 +20,7 @@ use anyhow::{Context, Result};
 use lograid::pool::CleanerState;
 use lograid::{Health, Pool, PoolStatus};
 use lograid_nbd::{ExportStatsRegistry, ExportStatsValues};
+use lograid_nfs::{NfsStats, StatsHandle};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -198,8 +200,24 @@ impl Sources {
         let latency = self.pool.member_latency();
         let scrub = self.jobs.scrub.lock().clone();
         let volumes = self.volumes.values();
-        render(&status, &latency, scrub.as_ref(), &volumes)
+        let nfs = NFS_SERVER.lock().as_ref().map(StatsHandle::snapshot);
+        let mut text = render(&status, &latency, scrub.as_ref(), &volumes);
+        if let Some(nfs) = nfs {
+            let mut t = Text::default();
+            render_nfs(&mut t, &status.name, &nfs);
+            text.push_str(&t.out);
+        }
+        text
     }
+}
+
+/// The NFS server this process runs (`serve --nfs`), if any.
+static NFS_SERVER: parking_lot::Mutex<Option<StatsHandle>> = parking_lot::const_mutex(None);
+
+/// Shows the counters of the NFS server this process runs (Some) from now on, or no longer
+/// (None, when it stops).
+pub fn serve_nfs_stats(stats: Option<StatsHandle>) {
+    *NFS_SERVER.lock() = stats;
 }
 
 const HEALTH: [(Health, &str); 6] = [
@@ -822,6 +840,104 @@ fn render_volumes(t: &mut Text, status: &PoolStatus, served: &[(String, ExportSt
                 },
             );
         }
+    }
+}
+
+/// The NFS server (`serve --nfs`): its calls by procedure, bytes, commits, errors and
+/// connections, since it started.
+fn render_nfs(t: &mut Text, pool: &str, s: &NfsStats) {
+    let p: &Labels<'_> = &[("pool", pool)];
+    t.family(
+        "lograid_nfs_calls_total",
+        "counter",
+        "NFS and MOUNT calls answered, by program and procedure (errors included), since the server started.",
+    );
+    for (name, count) in lograid_nfs::NFS_PROCEDURE_NAMES.iter().zip(s.nfs_calls) {
+        t.sample(
+            &[("pool", pool), ("program", "nfs"), ("procedure", name)],
+            count,
+        );
+    }
+    for (name, count) in lograid_nfs::MOUNT_PROCEDURE_NAMES.iter().zip(s.mount_calls) {
+        t.sample(
+            &[("pool", pool), ("program", "mount"), ("procedure", name)],
+            count,
+        );
+    }
+    let counters: [(&'static str, &'static str, u64); 9] = [
+        (
+            "lograid_nfs_unserved_calls_total",
+            "Calls to programs, versions or procedures not served (NFSACL, NLM, the portmapper), since the server started.",
+            s.unserved_calls,
+        ),
+        (
+            "lograid_nfs_call_errors_total",
+            "Calls answered with an NFS error status or refused at the RPC level, since the server started.",
+            s.call_errors,
+        ),
+        (
+            "lograid_nfs_read_bytes_total",
+            "Bytes NFS READs returned, since the server started.",
+            s.read_bytes,
+        ),
+        (
+            "lograid_nfs_written_bytes_total",
+            "Bytes of NFS WRITEs taken, since the server started.",
+            s.written_bytes,
+        ),
+        (
+            "lograid_nfs_commits_total",
+            "NFS COMMITs answered (each a flush of the volume), since the server started.",
+            s.commits,
+        ),
+        (
+            "lograid_nfs_connections_accepted_total",
+            "NFS connections served, since the server started.",
+            s.connections_accepted,
+        ),
+        (
+            "lograid_nfs_connections_refused_total",
+            "NFS connections closed at once (not in the allow-list, or over the connection limit), since the server started.",
+            s.connections_refused,
+        ),
+        (
+            "lograid_nfs_protocol_errors_total",
+            "NFS connections closed for bytes that are not ONC RPC calls within the limits, since the server started.",
+            s.protocol_errors,
+        ),
+        (
+            "lograid_nfs_stalled_replies_total",
+            "NFS connections closed because the client did not take a reply within 30 s, since the server started.",
+            s.stalled_writers,
+        ),
+    ];
+    for (name, help, value) in counters {
+        t.one(name, "counter", help, p, value);
+    }
+    let gauges: [(&'static str, &'static str, u64); 4] = [
+        (
+            "lograid_nfs_connections",
+            "NFS connections open now.",
+            s.connections_active,
+        ),
+        (
+            "lograid_nfs_in_flight_calls",
+            "NFS calls received and not yet answered.",
+            s.in_flight_calls,
+        ),
+        (
+            "lograid_nfs_in_flight_bytes",
+            "Bytes of call and reply buffers held now (at most 1 GiB).",
+            s.in_flight_bytes,
+        ),
+        (
+            "lograid_nfs_in_flight_bytes_peak",
+            "The most bytes of call and reply buffers held at once, since the server started.",
+            s.peak_in_flight_bytes,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        t.one(name, "gauge", help, p, value);
     }
 }
 

@@ -558,3 +558,130 @@ fn a_metrics_address_that_cannot_be_used_fails_before_the_pool_is_opened() {
     }
     drop(taken);
 }
+
+/// `serve --nfs --metrics`: the NFS server's counters after real NFS traffic (the libnfs probe
+/// of tests/nfs_export.rs): calls by procedure, bytes, commits, errors, connections; parsed by
+/// the Prometheus client like the rest. Without --nfs there is no `lograid_nfs_` family.
+#[test]
+fn nfs_counters_are_served_after_real_nfs_traffic() {
+    if !need_tools(&["cc", "nfs-ls", "nfs-cat"]) {
+        return;
+    }
+    let Some(python) = python_with_prometheus_client() else {
+        if std::env::var("LOGRAID_SKIP_EXTERNAL").is_ok_and(|v| v == "1") {
+            eprintln!("SKIPPED (LOGRAID_SKIP_EXTERNAL=1): no python3 with prometheus_client");
+            return;
+        }
+        panic!("no python3 with prometheus_client: install python3-prometheus-client");
+    };
+    let pool = TestPool::create("256M", "vol0:64M");
+    pool.add_volume("ro", "8M");
+    let (port, nfs_port) = (free_port(), free_port());
+    let server = pool.serve_with(&[
+        "--metrics",
+        &format!("127.0.0.1:{port}"),
+        "--nfs",
+        &format!("127.0.0.1:{nfs_port}"),
+        "--read-only-volume",
+        "ro",
+    ]);
+    let before = parse(&python, &fetch(port));
+    check_families(&before);
+    let nfs =
+        |families: &[Family], name: &str, labels: &[(&str, &str)]| value(families, name, labels);
+    assert_eq!(
+        nfs(
+            &before,
+            "lograid_nfs_calls_total",
+            &[("procedure", "write")]
+        ),
+        0.0
+    );
+    assert_eq!(
+        nfs(&before, "lograid_nfs_connections_accepted_total", &[]),
+        0.0
+    );
+
+    let lines = probe(
+        nfs_port,
+        &[
+            "mount",
+            "lookup:vol0",
+            "write:0:65536:3:0",
+            "write:1048576:4096:4:2",
+            "commit",
+            "read:0:65536",
+            "read:1048576:8192",
+            "lookup:nothing",
+            "lookup:ro",
+            "write:0:512:5:2",
+        ],
+    );
+    assert_eq!(field(&lines[7], "status"), "2", "NOENT: {}", lines[7]);
+    assert_eq!(field(&lines[9], "status"), "30", "ROFS: {}", lines[9]);
+    let after = parse(&python, &fetch(port));
+    check_families(&after);
+    let calls = |program: &str, procedure: &str| {
+        nfs(
+            &after,
+            "lograid_nfs_calls_total",
+            &[("program", program), ("procedure", procedure)],
+        )
+    };
+    assert_eq!(calls("mount", "mnt"), 1.0);
+    assert_eq!(calls("nfs", "lookup"), 3.0);
+    assert_eq!(calls("nfs", "write"), 3.0);
+    assert_eq!(calls("nfs", "commit"), 1.0);
+    assert_eq!(calls("nfs", "read"), 2.0);
+    assert_eq!(calls("nfs", "readdirplus"), 0.0);
+    let one = |name: &str| nfs(&after, name, &[]);
+    assert_eq!(
+        one("lograid_nfs_written_bytes_total"),
+        (65536 + 4096) as f64
+    );
+    assert_eq!(one("lograid_nfs_read_bytes_total"), (65536 + 8192) as f64);
+    assert_eq!(one("lograid_nfs_commits_total"), 1.0);
+    assert_eq!(one("lograid_nfs_call_errors_total"), 2.0, "NOENT and ROFS");
+    assert!(one("lograid_nfs_connections_accepted_total") >= 1.0);
+    assert_eq!(one("lograid_nfs_connections_refused_total"), 0.0);
+    assert_eq!(one("lograid_nfs_protocol_errors_total"), 0.0);
+    assert_eq!(one("lograid_nfs_unserved_calls_total"), 0.0);
+    assert!(one("lograid_nfs_in_flight_bytes_peak") > 65536.0);
+    // The probe has gone: nothing in flight, no connection open (once the server noticed).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = parse(&python, &fetch(port));
+        if nfs(&now, "lograid_nfs_connections", &[]) == 0.0 {
+            assert_eq!(nfs(&now, "lograid_nfs_in_flight_calls", &[]), 0.0);
+            assert_eq!(nfs(&now, "lograid_nfs_in_flight_bytes", &[]), 0.0);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the probe's connection stays open"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The bytes reached the volume: its live bytes count them.
+    assert!(value(&after, "lograid_volume_live_bytes", &[("volume", "vol0")]) >= 69632.0);
+    // Hostile bytes: a protocol error, counted.
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", nfs_port)).unwrap();
+    stream
+        .write_all(&[0x80, 0, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8])
+        .unwrap();
+    let mut sink = Vec::new();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = stream.read_to_end(&mut sink);
+    let last = parse(&python, &fetch(port));
+    assert_eq!(nfs(&last, "lograid_nfs_protocol_errors_total", &[]), 1.0);
+    server.terminate();
+
+    // Without --nfs: no NFS family at all.
+    let plain_port = free_port();
+    let plain = pool.serve_with(&["--metrics", &format!("127.0.0.1:{plain_port}")]);
+    let families = parse(&python, &fetch(plain_port));
+    assert!(!families.iter().any(|f| f.name.starts_with("lograid_nfs_")));
+    plain.terminate();
+}

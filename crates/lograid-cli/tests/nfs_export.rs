@@ -4,7 +4,7 @@
 //! Writes, COMMIT and read-back; a server killed between UNSTABLE writes and their COMMIT
 //! (the verifier changes, handles stay valid, what was committed or written FILE_SYNC
 //! survives); the file's size and attributes; a read-only volume; a full pool (NOSPC); hostile
-//! bytes on the socket.
+//! bytes on the socket; a connected client served on at stop (`--nfs-drain`).
 
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 
@@ -13,55 +13,9 @@ mod common;
 use common::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
-
-/// Compiles the C client once per test process.
-fn probe_binary() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            assert!(need_tools(&["cc", "nfs-ls", "nfs-cat"]));
-            assert!(
-                Path::new("/usr/include/nfsc/libnfs-raw.h").exists(),
-                "libnfs-dev is missing (scripts/test-all.sh installs it)"
-            );
-            let dir = tempfile::Builder::new()
-                .prefix("nfs-probe-")
-                .tempdir()
-                .unwrap()
-                .keep();
-            let out = dir.join("nfs_probe");
-            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nfs/nfs_probe.c");
-            run(Command::new("cc")
-                .args(["-O2", "-Wall", "-o"])
-                .arg(&out)
-                .arg(&source)
-                .arg("-lnfs"));
-            out
-        })
-        .clone()
-}
-
-/// Runs the probe's steps against the NFS server on `port`; its output lines.
-fn probe(port: u16, steps: &[&str]) -> Vec<String> {
-    let out = stdout_of(
-        Command::new(probe_binary())
-            .args(["127.0.0.1", &port.to_string()])
-            .args(steps),
-    );
-    out.lines().map(str::to_string).collect()
-}
-
-/// The value of `key=` in a probe line.
-fn field<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split(' ')
-        .find_map(|part| part.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
-}
 
 /// The probe's write pattern (nfs_probe.c): byte at file offset p for seed s.
 fn pattern(seed: u64, offset: u64, len: u64) -> Vec<u8> {
@@ -408,4 +362,38 @@ fn a_bad_nfs_address_fails_before_the_pool_opens() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--nfs 'not an address'"), "{err}");
     assert!(!err.contains("opened pool"), "{err}");
+}
+
+/// `--nfs-drain SECONDS`: at SIGTERM a client still connected (a disk image being detached)
+/// is served on, a new one is refused, and once the client goes the server stops cleanly
+/// without waiting out the drain.
+#[test]
+fn at_stop_a_connected_client_is_served_until_it_goes() {
+    let pool = TestPool::create("256M", "vol0:16M");
+    let nfs_port = free_port();
+    let server = serve_nfs(&pool, nfs_port, &["--nfs-drain", "120"]);
+    let null_call = |xid: u32| record(&[xid, 0, 2, 100_003, 3, 0, 0, 0, 0, 0], &[]);
+    let mut client = TcpStream::connect(("127.0.0.1", nfs_port)).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut reply = [0u8; 28];
+    client.write_all(&null_call(1)).unwrap();
+    client.read_exact(&mut reply).unwrap();
+    // SAFETY: a signal to our own child.
+    assert_eq!(unsafe { libc::kill(server.pid(), libc::SIGTERM) }, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !server.stderr().contains("serving them for up to 120 s") {
+        assert!(std::time::Instant::now() < deadline, "{}", server.stderr());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(TcpStream::connect(("127.0.0.1", nfs_port)).is_err());
+    client.write_all(&null_call(2)).unwrap();
+    client.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply[4..8], &2u32.to_be_bytes());
+    let started = std::time::Instant::now();
+    drop(client);
+    let err = server.terminate();
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert!(err.contains("every client has disconnected"), "{err}");
 }

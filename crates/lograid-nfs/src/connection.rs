@@ -325,8 +325,8 @@ fn read_reply_bytes(record: &[u8]) -> usize {
     count.min(MAX_IO_BYTES) as usize + 256
 }
 
-/// Reads a record mark. `Ok(None)`: a clean end of stream before its first byte (only taken
-/// as clean at a record boundary, `at_boundary`).
+/// Reads a record mark. `Ok(None)`: a clean end of stream, or a reset, before its first byte
+/// (only taken as the client's going at a record boundary, `at_boundary`).
 async fn read_mark<R: AsyncRead + Unpin>(
     reader: &mut R,
     at_boundary: bool,
@@ -334,7 +334,22 @@ async fn read_mark<R: AsyncRead + Unpin>(
     let mut raw = [0u8; 4];
     let mut filled = 0;
     while filled < raw.len() {
-        let count = reader.read(&mut raw[filled..]).await?;
+        let count = match reader.read(&mut raw[filled..]).await {
+            Ok(count) => count,
+            // A client that resets its connection between records has gone away (libnfs
+            // does, on close), like one that closes it.
+            Err(error)
+                if filled == 0
+                    && at_boundary
+                    && matches!(
+                        error.kind(),
+                        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+                    ) =>
+            {
+                return Ok(None)
+            }
+            Err(error) => return Err(error),
+        };
         if count == 0 {
             if filled == 0 && at_boundary {
                 return Ok(None);

@@ -38,5 +38,7 @@ pub mod xdr;
 
 pub use connection::MAX_RECORD_BYTES;
 pub use files::{Namespace, NamespaceError, NfsVolume, Space, SpaceReporter};
+pub use mount::PROCEDURE_NAMES as MOUNT_PROCEDURE_NAMES;
+pub use nfs3::PROCEDURE_NAMES as NFS_PROCEDURE_NAMES;
 pub use server::{NfsConfig, NfsError, NfsServer, NfsStats, ShutdownHandle, StatsHandle};
 pub use service::{Outcome, Service, MAX_IO_BYTES};

@@ -19,6 +19,9 @@ const PROC_UMNT: u32 = 3;
 const PROC_UMNTALL: u32 = 4;
 const PROC_EXPORT: u32 = 5;
 
+/// The procedures' names, by number (for counters and logs).
+pub const PROCEDURE_NAMES: [&str; 6] = ["null", "mnt", "dump", "umnt", "umntall", "export"];
+
 const MNT3_OK: u32 = 0;
 const MNT3ERR_NOENT: u32 = 2;
 /// `MNTPATHLEN`.

@@ -34,6 +34,32 @@ pub const PROC_FSINFO: u32 = 19;
 pub const PROC_PATHCONF: u32 = 20;
 pub const PROC_COMMIT: u32 = 21;
 
+/// The procedures' names, by number (for counters and logs).
+pub const PROCEDURE_NAMES: [&str; 22] = [
+    "null",
+    "getattr",
+    "setattr",
+    "lookup",
+    "access",
+    "readlink",
+    "read",
+    "write",
+    "create",
+    "mkdir",
+    "symlink",
+    "mknod",
+    "remove",
+    "rmdir",
+    "rename",
+    "link",
+    "readdir",
+    "readdirplus",
+    "fsstat",
+    "fsinfo",
+    "pathconf",
+    "commit",
+];
+
 /// `nfsstat3` values this server sends.
 pub const NFS3_OK: u32 = 0;
 pub const NFS3ERR_PERM: u32 = 1;

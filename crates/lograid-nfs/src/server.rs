@@ -2,7 +2,8 @@
 //! allow-list, and an orderly shutdown.
 //!
 //! Owns: the life cycle of the listener and its connections, and the end-of-life sequence (stop
-//! accepting, let every connection answer the calls it has in flight, flush every volume).
+//! accepting, serve the connections still open for the drain time while their clients
+//! unmount, let every connection answer the calls it has in flight, flush every volume).
 //! Must never: block the async runtime on a volume call, or let the failure of one connection
 //! stop the others.
 
@@ -17,7 +18,7 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::connection::{self, ConnectionLimits, Counters, Shared, MAX_RECORD_BYTES};
 use crate::files::Namespace;
-use crate::service::{Service, MAX_IO_BYTES};
+use crate::service::{Service, MAX_IO_BYTES, MOUNT_PROCEDURES, NFS_PROCEDURES};
 
 /// Server settings; [`NfsConfig::default`] suits a local disk image.
 #[derive(Clone, Debug)]
@@ -44,6 +45,10 @@ pub struct NfsConfig {
     pub blocking_threads: usize,
     /// On shutdown, how long to wait for connections to finish before flushing anyway.
     pub shutdown_grace: Duration,
+    /// On shutdown, how long connections already open go on being served (new ones are
+    /// refused) until their clients close them, before the server closes them: time for a
+    /// client to detach a disk image and unmount. Zero: they are closed at once.
+    pub drain: Duration,
 }
 
 impl Default for NfsConfig {
@@ -60,6 +65,7 @@ impl Default for NfsConfig {
             runtime_worker_threads: 2,
             blocking_threads: 64,
             shutdown_grace: Duration::from_secs(30),
+            drain: Duration::ZERO,
         }
     }
 }
@@ -140,6 +146,12 @@ pub struct NfsStats {
     pub peak_in_flight_bytes: u64,
     pub protocol_errors: u64,
     pub stalled_writers: u64,
+    /// Calls by NFSv3 procedure (names: `crate::NFS_PROCEDURE_NAMES`).
+    pub nfs_calls: [u64; NFS_PROCEDURES],
+    /// Calls by MOUNT procedure (names: `crate::MOUNT_PROCEDURE_NAMES`).
+    pub mount_calls: [u64; MOUNT_PROCEDURES],
+    /// Calls to programs, versions or procedures not served.
+    pub unserved_calls: u64,
 }
 
 /// Reads a server's counters from any thread. Cloneable.
@@ -170,6 +182,9 @@ impl StatsHandle {
             peak_in_flight_bytes: load(&c.peak_in_flight_bytes),
             protocol_errors: load(&c.protocol_errors),
             stalled_writers: load(&c.stalled_writers),
+            nfs_calls: s.nfs_calls.each_ref().map(load),
+            mount_calls: s.mount_calls.each_ref().map(load),
+            unserved_calls: load(&s.unserved_calls),
         }
     }
 }
@@ -224,7 +239,8 @@ impl NfsServer {
     }
 
     /// Serves until `shutdown` completes or the shutdown handle fires, then stops accepting,
-    /// lets every connection answer what it has in flight, flushes every volume and returns.
+    /// serves the connections still open until they close or `drain` is over, lets every
+    /// connection answer what it has in flight, flushes every volume and returns.
     pub async fn run_until<F: Future<Output = ()>>(self, shutdown: F) -> Result<(), NfsError> {
         let NfsServer {
             listener,
@@ -234,6 +250,8 @@ impl NfsServer {
             counters,
             ..
         } = self;
+        // Connections stop when this says so: after the drain.
+        let (connections_stop, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             service: service.clone(),
             limits: ConnectionLimits {
@@ -248,7 +266,7 @@ impl NfsServer {
                     .unwrap_or(usize::MAX)
                     .min(Semaphore::MAX_PERMITS),
             )),
-            shutdown: shutdown_tx.subscribe(),
+            shutdown: connections_stop.subscribe(),
         });
         let listener = tokio::net::TcpListener::from_std(listener).map_err(NfsError::Runtime)?;
         let slots = Arc::new(Semaphore::new(config.max_connections));
@@ -256,16 +274,25 @@ impl NfsServer {
             .allow_list
             .as_ref()
             .map(|list| list.iter().map(|ip| ip.to_canonical()).collect::<Vec<_>>());
-        let accepting = tokio::spawn(accept(listener, shared.clone(), slots.clone(), allow_list));
+        let accepting = tokio::spawn(accept(
+            listener,
+            shared.clone(),
+            slots.clone(),
+            allow_list,
+            shutdown_tx.subscribe(),
+        ));
         let mut shutdown_rx = shutdown_tx.subscribe();
         tokio::select! {
             _ = shutdown => {}
             _ = shutdown_rx.wait_for(|value| *value) => {}
         }
         shutdown_tx.send_replace(true);
-        tracing::info!("NFS: shutting down: no new connections; finishing calls in flight");
+        tracing::info!("NFS: shutting down: no new connections");
         let _ = accepting.await;
         let all_slots = u32::try_from(config.max_connections).unwrap_or(u32::MAX);
+        drain(&shared, &slots, all_slots, config.drain).await;
+        tracing::info!("NFS: closing the connections; finishing calls in flight");
+        connections_stop.send_replace(true);
         if tokio::time::timeout(config.shutdown_grace, slots.acquire_many(all_slots))
             .await
             .is_err()
@@ -319,24 +346,41 @@ async fn flush_all(service: &Arc<Service>) -> Result<(), NfsError> {
     first_error.map_or(Ok(()), Err)
 }
 
-async fn wait_shutdown(shared: &Shared) {
-    let mut receiver = shared.shutdown.clone();
-    let _ = receiver.wait_for(|value| *value).await;
+/// Serves the connections still open (each holds a slot) until all have closed or `limit`
+/// is over.
+async fn drain(shared: &Shared, slots: &Semaphore, all_slots: u32, limit: Duration) {
+    let open = shared.counters.connections_active.load(Ordering::Relaxed);
+    if limit.is_zero() || open == 0 {
+        return;
+    }
+    tracing::info!(
+        "NFS: {open} clients still connected; serving them for up to {} s while they unmount",
+        limit.as_secs()
+    );
+    match tokio::time::timeout(limit, slots.acquire_many(all_slots)).await {
+        Ok(_) => tracing::info!("NFS: every client has disconnected"),
+        Err(_) => tracing::warn!(
+            "NFS: clients still connected after {} s; closing their connections",
+            limit.as_secs()
+        ),
+    }
 }
 
 /// Sleep after a failed accept (e.g. out of file descriptors) before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// Accepts connections until `stop` says so (the listener is then closed).
 async fn accept(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
     slots: Arc<Semaphore>,
     allow_list: Option<Vec<IpAddr>>,
+    mut stop: watch::Receiver<bool>,
 ) {
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = wait_shutdown(&shared) => return,
+            _ = stop.wait_for(|value| *value) => return,
         };
         let (stream, peer) = match accepted {
             Ok(accepted) => accepted,

@@ -42,7 +42,17 @@ pub struct ServiceCounters {
     pub writes: AtomicU64,
     pub written_bytes: AtomicU64,
     pub commits: AtomicU64,
+    /// Calls by NFSv3 procedure (indexed by its number), whatever their outcome.
+    pub nfs_calls: [AtomicU64; NFS_PROCEDURES],
+    /// Calls by MOUNT v3 procedure.
+    pub mount_calls: [AtomicU64; MOUNT_PROCEDURES],
+    /// Calls to programs, versions or procedures not served (NFSACL, NLM, the portmapper).
+    pub unserved_calls: AtomicU64,
 }
+
+/// How many procedures NFSv3 and MOUNT v3 have.
+pub const NFS_PROCEDURES: usize = crate::nfs3::PROCEDURE_NAMES.len();
+pub const MOUNT_PROCEDURES: usize = mount::PROCEDURE_NAMES.len();
 
 /// Largest READ and WRITE served (`rtmax`, `wtmax`).
 pub const MAX_IO_BYTES: u32 = 1 << 20;
@@ -107,7 +117,21 @@ impl Service {
         Outcome::Reply(reply.finish())
     }
 
+    /// Counts `call` under its procedure.
+    fn count(&self, call: &rpc::Call<'_>) {
+        let procedure = usize::try_from(call.procedure).unwrap_or(usize::MAX);
+        let counter = match (call.program, call.version) {
+            (PROGRAM, VERSION) => self.counters.nfs_calls.get(procedure),
+            (mount::PROGRAM, mount::VERSION) => self.counters.mount_calls.get(procedure),
+            _ => None,
+        };
+        counter
+            .unwrap_or(&self.counters.unserved_calls)
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
     fn route(&self, call: &rpc::Call<'_>) -> ReplyBuf {
+        self.count(call);
         let xid = call.xid;
         match (call.program, call.version) {
             (PROGRAM, VERSION) if call.procedure <= PROC_COMMIT => {

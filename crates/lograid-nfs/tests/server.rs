@@ -157,3 +157,114 @@ fn volume_errors_are_nfs_status_codes_and_shutdown_flushes() {
     assert_eq!(export.contents(8192, 100), vec![9; 100]);
     assert_eq!(export.contract_violations(), 0);
 }
+
+/// Sets SO_LINGER to 0, so that closing `stream` resets the connection (as libnfs does).
+fn reset_on_close(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt with a linger struct we own, on a socket we own.
+    let result = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::addr_of!(linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(result, 0);
+}
+
+#[test]
+fn a_client_that_resets_between_calls_has_gone_and_broke_nothing() {
+    let export = Arc::new(MemExport::new("vol0", 16 << 20));
+    let running = start(export, NfsConfig::default());
+    let wait_closed = |accepted: u64| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let stats = running.stats.snapshot();
+            if stats.connections_accepted == accepted && stats.connections_active == 0 {
+                return stats;
+            }
+            assert!(std::time::Instant::now() < deadline, "{stats:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // Reset after a call was answered: a client going away.
+    let mut stream = connect(&running);
+    stream.write_all(&commit_call(1)).unwrap();
+    assert_eq!(read_reply(&mut stream), (1, 0));
+    reset_on_close(&stream);
+    drop(stream);
+    assert_eq!(wait_closed(1).protocol_errors, 0);
+    // Reset halfway through a record: a broken call.
+    let mut stream = connect(&running);
+    stream.write_all(&commit_call(2)[..10]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    reset_on_close(&stream);
+    drop(stream);
+    assert_eq!(wait_closed(2).protocol_errors, 1);
+    running.shutdown.shutdown();
+    running.thread.join().unwrap().unwrap();
+}
+
+#[test]
+fn at_shutdown_connected_clients_are_served_until_they_go_within_the_drain() {
+    let export = Arc::new(MemExport::new("vol0", 16 << 20));
+    let config = NfsConfig {
+        drain: Duration::from_secs(60),
+        ..NfsConfig::default()
+    };
+    let running = start(export.clone(), config);
+    let mut stream = connect(&running);
+    stream.write_all(&write_call(1, 0, &[3; 4096], 0)).unwrap();
+    assert_eq!(read_reply(&mut stream), (1, 0));
+    let started = std::time::Instant::now();
+    running.shutdown.shutdown();
+    // New clients are refused at once...
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(running.addr).is_ok() {
+        assert!(std::time::Instant::now() < deadline, "still accepting");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // ... the connected one is served on (a write and the COMMIT a detach sends)...
+    stream
+        .write_all(&write_call(2, 4096, &[4; 4096], 0))
+        .unwrap();
+    assert_eq!(read_reply(&mut stream), (2, 0));
+    stream.write_all(&commit_call(3)).unwrap();
+    assert_eq!(read_reply(&mut stream), (3, 0));
+    assert_eq!(export.unflushed_writes(), 0);
+    // ... and once it goes, the server ends without waiting out the drain.
+    drop(stream);
+    running.thread.join().unwrap().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(export.contents(4096, 4), vec![4; 4]);
+}
+
+#[test]
+fn a_client_that_stays_is_closed_when_the_drain_is_over() {
+    let export = Arc::new(MemExport::new("vol0", 16 << 20));
+    let config = NfsConfig {
+        drain: Duration::from_millis(500),
+        ..NfsConfig::default()
+    };
+    let running = start(export, config);
+    let mut stream = connect(&running);
+    stream.write_all(&commit_call(1)).unwrap();
+    assert_eq!(read_reply(&mut stream), (1, 0));
+    let started = std::time::Instant::now();
+    running.shutdown.shutdown();
+    running.thread.join().unwrap().unwrap();
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_secs(20),
+        "{took:?}"
+    );
+    // The server closed it.
+    let mut rest = Vec::new();
+    assert_eq!(stream.read_to_end(&mut rest).unwrap_or(0), 0);
+}

@@ -17,12 +17,10 @@ check() {
 # The test's exit status: non-zero if anything failed.
 finish() { [ "$FAILED" = 0 ]; exit $?; }
 
-_host_seq=0
 # host CMD ARGS...: asks run.sh to run a host request (see run.sh) and waits for it (5 min at
 # most); prints its output and returns its status.
 host() {
-    _host_seq=$((_host_seq + 1))
-    id=$(basename "$WORK")-$_host_seq
+    id=$(basename "$WORK")-$(cat /proc/sys/kernel/random/uuid)   # unique, in subshells too
     ctl=$SHARE/out/ctl
     echo "$*" > "$ctl/$id.tmp" && mv "$ctl/$id.tmp" "$ctl/$id.req"
     for _ in $(seq 1500); do

@@ -1,17 +1,19 @@
-//! `lograid attach` / `lograid detach`: an NBD export as a kernel block
-//! device on hosts without the nbd driver (nbdfuse + a direct-I/O loop
-//! device, see `lograid_nbd::attach`).
+//! `lograid attach` / `lograid detach`: a volume as a kernel block device. Three ways:
+//! an NBD export on hosts without the nbd driver (nbdfuse + a direct-I/O loop device, see
+//! `lograid_nbd::attach`), a `serve --fuse` file (a loop device), both Linux only
+//! (`crate::os::attach_supported`); and a volume's file from `serve --nfs` (`nfs.rs`: on
+//! macOS a disk image, /dev/diskN; on Linux a loop device).
 //!
-//! Owns: the command-line form of attach, detach and listing (Linux only:
-//! `crate::os::attach_supported`). Must never:
-//! detach a device it has no record of (the record lives in the state
-//! directory).
+//! Owns: the command-line form of attach, detach and listing. Must never: detach a device it
+//! has no record of (the records live in the state directory).
+
+mod nfs;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::{Path, PathBuf};
 
-pub const DEFAULT_STATE_DIR: &str = "/run/lograid";
+pub const DEFAULT_STATE_DIR: &str = crate::os::RUN_DIR;
 
 #[derive(Args)]
 pub struct AttachArgs {
@@ -19,19 +21,32 @@ pub struct AttachArgs {
     #[arg(
         long,
         default_value = "nbd://127.0.0.1:10809",
-        conflicts_with = "socket"
+        conflicts_with_all = ["socket", "nfs"]
     )]
     pub server: String,
     /// Connect to a `lograid serve --socket PATH` Unix socket instead.
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
-    /// Export (volume) name; default: the server's default export (its first volume).
+    /// Export (volume) name; default: the server's default export (its first volume), or
+    /// with --nfs the only volume served.
     #[arg(long, value_name = "NAME")]
     pub export: Option<String>,
     /// Attach a volume's file from `lograid serve --fuse DIR` (DIR/VOLUME) instead of an NBD
     /// export: only a loop device, no NBD client in between.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["socket", "export"])]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["socket", "export", "nfs"])]
     pub file: Option<PathBuf>,
+    /// Attach a volume's file from `lograid serve --nfs ADDR:PORT` (or PORT on 127.0.0.1):
+    /// the export is mounted under the state directory and the file attached as a disk
+    /// (macOS: /dev/diskN through hdiutil; Linux: /dev/loopN with direct I/O).
+    #[arg(long, value_name = "ADDR:PORT", conflicts_with = "socket")]
+    pub nfs: Option<String>,
+    /// With --nfs on macOS: mount the filesystems found on the disk (an APFS volume made on it
+    /// before); by default none is mounted (a fresh volume has none to mount).
+    #[arg(long, requires = "nfs")]
+    pub mount: bool,
+    /// With --nfs: more NFS mount options, appended to lograid's (e.g. rsize=65536).
+    #[arg(long, value_name = "OPTIONS", requires = "nfs")]
+    pub nfs_options: Option<String>,
     /// Where attachments are recorded (and nbdfuse is mounted).
     #[arg(long, value_name = "DIR", default_value = DEFAULT_STATE_DIR)]
     pub state_dir: PathBuf,
@@ -42,7 +57,7 @@ pub struct AttachArgs {
 
 #[derive(Args)]
 pub struct DetachArgs {
-    /// The loop device to detach (as printed by `lograid attach`).
+    /// The device to detach (as printed by `lograid attach`).
     #[arg(required_unless_present = "all", conflicts_with = "all")]
     pub device: Option<PathBuf>,
     /// Detach every device recorded in the state directory.
@@ -54,7 +69,6 @@ pub struct DetachArgs {
 }
 
 pub fn run_attach(a: AttachArgs) -> Result<()> {
-    crate::os::attach_supported()?;
     if a.list {
         return print_attachments(&a.state_dir);
     }
@@ -63,6 +77,10 @@ pub fn run_attach(a: AttachArgs) -> Result<()> {
     } else {
         format!(" --state-dir {}", a.state_dir.display())
     };
+    if let Some(addr) = &a.nfs {
+        return attach_nfs(&a, addr, &detach_hint);
+    }
+    crate::os::attach_supported()?;
     if let Some(file) = &a.file {
         let attached = lograid_nbd::attach_file(file, &a.state_dir)
             .with_context(|| format!("attaching {}", file.display()))?;
@@ -98,10 +116,50 @@ pub fn run_attach(a: AttachArgs) -> Result<()> {
     Ok(())
 }
 
+/// `attach --nfs ADDR`: the volume's file from the NFS export as a disk.
+fn attach_nfs(a: &AttachArgs, addr: &str, detach_hint: &str) -> Result<()> {
+    let server = super::serve::parse_nfs_addr(addr)?;
+    let record = nfs::attach(&nfs::NfsAttach {
+        server,
+        volume: a.export.as_deref(),
+        state_dir: &a.state_dir,
+        mount_volumes: a.mount,
+        mount_options: a.nfs_options.as_deref(),
+    })
+    .with_context(|| format!("attaching a volume of the NFS server at {server}"))?;
+    let device = record.device.display();
+    eprintln!(
+        "lograid: attached {} as {device} (NFS mount {}); detach with `lograid detach {device}{detach_hint}`",
+        record.uri(),
+        record.mount_dir.display()
+    );
+    if !a.mount {
+        eprintln!(
+            "lograid: new volume? {}",
+            crate::os::format_hint(&record.device)
+        );
+    }
+    println!("{device}");
+    Ok(())
+}
+
 /// `attach --list`: the attachments recorded in `state_dir`, one a line.
 fn print_attachments(state_dir: &Path) -> Result<()> {
-    let records = lograid_nbd::list_attachments(state_dir)?;
-    if records.is_empty() {
+    let from_nfs = nfs::list(state_dir)?;
+    for r in &from_nfs {
+        println!(
+            "{}\t{}\t(NFS mount {})",
+            r.device.display(),
+            r.uri(),
+            r.mount_dir.display()
+        );
+    }
+    let records = if crate::os::attach_supported().is_ok() {
+        lograid_nbd::list_attachments(state_dir)?
+    } else {
+        Vec::new()
+    };
+    if records.is_empty() && from_nfs.is_empty() {
         eprintln!(
             "lograid: no attachments recorded in {}",
             state_dir.display()
@@ -175,30 +233,52 @@ fn detach_one(state_dir: &Path, device: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Detaches `device`: an NFS attachment if one is recorded, else (Linux) an NBD or FUSE
+/// file one.
+fn detach_any(state_dir: &Path, device: &Path) -> Result<()> {
+    if nfs::detach(state_dir, device)? {
+        return Ok(());
+    }
+    if crate::os::attach_supported().is_err() {
+        bail!(
+            "no attachment of {} is recorded in {}",
+            device.display(),
+            state_dir.display()
+        );
+    }
+    detach_one(state_dir, device)
+}
+
 pub fn run_detach(a: DetachArgs) -> Result<()> {
-    crate::os::attach_supported()?;
     if a.all {
-        let records = lograid_nbd::list_attachments(&a.state_dir)?;
+        let mut devices: Vec<PathBuf> = nfs::list(&a.state_dir)?
+            .into_iter()
+            .map(|r| r.device)
+            .collect();
+        if crate::os::attach_supported().is_ok() {
+            devices.extend(
+                lograid_nbd::list_attachments(&a.state_dir)?
+                    .into_iter()
+                    .map(|r| r.loop_device),
+            );
+        }
         let mut failed = 0;
-        for r in &records {
-            match detach_one(&a.state_dir, &r.loop_device) {
-                Ok(()) => eprintln!("lograid: detached {}", r.loop_device.display()),
+        for device in &devices {
+            match detach_any(&a.state_dir, device) {
+                Ok(()) => eprintln!("lograid: detached {}", device.display()),
                 Err(e) => {
                     failed += 1;
-                    eprintln!(
-                        "lograid: error: detaching {}: {e:#}",
-                        r.loop_device.display()
-                    );
+                    eprintln!("lograid: error: detaching {}: {e:#}", device.display());
                 }
             }
         }
         if failed > 0 {
             bail!(
                 "{failed} of {} devices could not be detached",
-                records.len()
+                devices.len()
             );
         }
-        if records.is_empty() {
+        if devices.is_empty() {
             eprintln!(
                 "lograid: nothing attached (state directory {})",
                 a.state_dir.display()
@@ -206,8 +286,10 @@ pub fn run_detach(a: DetachArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let device = a.device.expect("clap requires a device without --all");
-    detach_one(&a.state_dir, &device).with_context(|| format!("detaching {}", device.display()))?;
+    let Some(device) = a.device else {
+        bail!("name the device to detach, or --all");
+    };
+    detach_any(&a.state_dir, &device).with_context(|| format!("detaching {}", device.display()))?;
     eprintln!("lograid: detached {}", device.display());
     Ok(())
 }

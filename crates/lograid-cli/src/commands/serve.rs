@@ -11,7 +11,10 @@
 
 mod nfs;
 mod notify;
+mod scan;
 mod ublk;
+
+pub use nfs::parse_addr as parse_nfs_addr;
 
 use super::open_pool_with;
 use crate::export::VolumeExport;
@@ -112,14 +115,21 @@ pub struct ServeArgs {
     /// are not taken back: their I/O fails and a filesystem on them must be mounted again.
     #[arg(long, requires = "ublk")]
     pub ublk_write_cache: bool,
+    /// With --nfs: at stop, go on serving the NFS clients still connected (a disk image being
+    /// detached, its mount unmounted) for up to SECONDS before closing their connections.
+    #[arg(long, value_name = "SECONDS", requires = "nfs", default_value_t = 0)]
+    pub nfs_drain: u64,
     /// Serve metrics in the Prometheus text format at http://ADDR:PORT/metrics (off by
     /// default; e.g. 127.0.0.1:9450). docs/OPERATIONS.md, "Metrics", lists them.
     #[arg(long, value_name = "ADDR:PORT")]
     pub metrics: Option<String>,
+    #[command(flatten)]
+    pub scan: scan::ScanArgs,
     /// The drives (files, block devices, or a directory of *.img files). None: ./lograid-data,
     /// created on first run as three sparse 4 GiB files with parity 1 and one volume "vol0".
     /// Drives that are missing or not members of the pool are set aside (with a log line);
-    /// the pool is served degraded while its parity covers the members they leave out.
+    /// the pool is served degraded while its parity covers the members they leave out. With
+    /// --pool: the candidates to find the pool's drives among.
     pub drives: Vec<PathBuf>,
 }
 
@@ -336,10 +346,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         reshape_share: a.rebuild_share,
         ..Default::default()
     };
-    let pool = if a.drives.is_empty() {
+    let pool = if a.drives.is_empty() && a.scan.pool.is_none() {
         open_or_create_default(a.read_only, options, !a.no_degraded)?
     } else {
-        open_pool_with(&a.drives, a.read_only, options, !a.no_degraded).map_err(readable)?
+        let drives = scan::drives_to_open(&a.scan, &a.drives, !a.no_degraded)?;
+        open_pool_with(&drives, a.read_only, options, !a.no_degraded).map_err(readable)?
     };
     // `lograid status` on these drives reads what this publishes.
     let jobs = std::sync::Arc::new(crate::live::Jobs::default());
@@ -459,7 +470,7 @@ fn serve_pool(
         }
     };
     let handle = server.shutdown_handle();
-    let nfs = match nfs_listener.map(|l| nfs::start(l, pool, &exports, a.read_only, &a.allow)) {
+    let nfs = match nfs_listener.map(|l| nfs::start(l, pool, &exports, a)) {
         Some(Err(e)) => {
             unmount(fuse);
             return Err(e);

@@ -1,11 +1,13 @@
 //! Linux's side of the command's system-specific parts (see `mod.rs`).
 
+use super::linux_tools as tools;
 use anyhow::{bail, Context, Result};
 use lograid_nbd::Export;
 use std::io;
+use std::net::SocketAddr;
 use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::SocketAddr;
-use std::path::Path;
+use std::os::unix::net::SocketAddr as UnixSocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// The volumes as files in a FUSE mount (`serve --fuse`).
@@ -42,9 +44,49 @@ pub fn unmount_files(mount: FilesMount) {
     }
 }
 
-/// `attach` and `detach` work here (loop devices, nbdfuse, FUSE).
+/// `attach` and `detach` of NBD exports and FUSE files work here (loop devices, nbdfuse, FUSE).
 pub fn attach_supported() -> Result<()> {
     Ok(())
+}
+
+/// Where `lograid serve` publishes its status and `attach` keeps its records.
+pub const RUN_DIR: &str = "/run/lograid";
+
+/// Mounts the NFS export of `lograid serve --nfs` at `server` on `dir` (the kernel NFS client).
+pub fn mount_nfs(server: SocketAddr, dir: &Path, extra: Option<&str>) -> Result<()> {
+    tools::mount_nfs(server, dir, extra).run().map(drop)
+}
+
+pub fn unmount(dir: &Path) -> Result<()> {
+    tools::umount(dir).run().map(drop)
+}
+
+/// A loop device with direct I/O on `file` (`mount_volumes` means nothing here: the loop
+/// device's filesystems are the user's to mount).
+pub fn attach_image(file: &Path, _mount_volumes: bool) -> Result<PathBuf> {
+    tools::attached_loop(&tools::losetup_attach(file).run()?)
+}
+
+/// The file behind loop device `device`, or None if it has none (or is not a loop device).
+pub fn image_backing(device: &Path) -> Result<Option<PathBuf>> {
+    Ok(tools::losetup_backing(device)
+        .run()
+        .ok()
+        .map(|out| out.trim().to_string())
+        .filter(|file| !file.is_empty())
+        .map(PathBuf::from))
+}
+
+pub fn detach_image(device: &Path) -> Result<()> {
+    tools::losetup_detach(device).run().map(drop)
+}
+
+/// What to do with a newly attached device.
+pub fn format_hint(device: &Path) -> String {
+    format!(
+        "make a filesystem on it, e.g. `mkfs.ext4 {}`",
+        device.display()
+    )
 }
 
 /// Whether something is mounted on `dir` (a FUSE mount that outlived nbdfuse, for `detach`).
@@ -53,8 +95,8 @@ pub fn is_fuse_mount_point(dir: &Path) -> bool {
 }
 
 /// The abstract Unix socket `name` (without the leading `@`).
-pub fn abstract_socket(name: &[u8]) -> io::Result<SocketAddr> {
-    SocketAddr::from_abstract_name(name)
+pub fn abstract_socket(name: &[u8]) -> io::Result<UnixSocketAddr> {
+    UnixSocketAddr::from_abstract_name(name)
 }
 
 /// Keeps this process (the calling thread, and every thread started after) on CPUs 0..n.
@@ -80,6 +122,41 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use std::os::unix::net::UnixDatagram;
+
+    /// The loop-device half of attaching a volume's file from an NFS mount, on a local file
+    /// (this kernel has no NFS client): attached with direct I/O, its file found behind it,
+    /// detached. Needs root and loop devices.
+    #[test]
+    fn a_file_becomes_a_loop_device_that_names_it_and_is_detached() {
+        // SAFETY: geteuid has no failure mode.
+        if unsafe { libc::geteuid() } != 0 || !Path::new("/dev/loop-control").exists() {
+            eprintln!("SKIPPED: needs root and loop devices");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("vol0");
+        std::fs::File::create(&file)
+            .unwrap()
+            .set_len(8 << 20)
+            .unwrap();
+        let device = attach_image(&file, false).unwrap();
+        let backing = image_backing(&device);
+        let size = std::fs::read_to_string(format!(
+            "/sys/block/{}/size",
+            device.file_name().unwrap().to_string_lossy()
+        ));
+        let direct = std::fs::read_to_string(format!(
+            "/sys/block/{}/loop/dio",
+            device.file_name().unwrap().to_string_lossy()
+        ));
+        detach_image(&device).unwrap();
+        assert_eq!(backing.unwrap(), Some(file.clone()));
+        assert_eq!(size.unwrap().trim(), ((8 << 20) / 512).to_string());
+        assert_eq!(direct.unwrap().trim(), "1", "direct I/O");
+        // Detached: no file behind it any more (or another one, taken meanwhile).
+        assert_ne!(image_backing(&device).unwrap(), Some(file));
+        assert!(format_hint(&device).contains(&device.display().to_string()));
+    }
 
     #[test]
     fn an_abstract_socket_takes_datagrams_by_its_name() {

@@ -820,3 +820,50 @@ pub fn sha256_hex(data: &[u8]) -> String {
 pub fn elapsed_note(name: &str, started: Instant) {
     eprintln!("{name}: {:.1} s", started.elapsed().as_secs_f64());
 }
+
+// ---------------------------------------------------------------------------------------------
+// A small NFS client (tests/nfs/nfs_probe.c, on libnfs's RPC layer)
+
+/// Compiles the C client once per test process.
+pub fn probe_binary() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            assert!(need_tools(&["cc", "nfs-ls", "nfs-cat"]));
+            assert!(
+                Path::new("/usr/include/nfsc/libnfs-raw.h").exists(),
+                "libnfs-dev is missing (scripts/test-all.sh installs it)"
+            );
+            let dir = tempfile::Builder::new()
+                .prefix("nfs-probe-")
+                .tempdir()
+                .unwrap()
+                .keep();
+            let out = dir.join("nfs_probe");
+            let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nfs/nfs_probe.c");
+            run(Command::new("cc")
+                .args(["-O2", "-Wall", "-o"])
+                .arg(&out)
+                .arg(&source)
+                .arg("-lnfs"));
+            out
+        })
+        .clone()
+}
+
+/// Runs the probe's steps against the NFS server on `port`; its output lines.
+pub fn probe(port: u16, steps: &[&str]) -> Vec<String> {
+    let out = stdout_of(
+        Command::new(probe_binary())
+            .args(["127.0.0.1", &port.to_string()])
+            .args(steps),
+    );
+    out.lines().map(str::to_string).collect()
+}
+
+/// The value of `key=` in a probe line.
+pub fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split(' ')
+        .find_map(|part| part.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+}

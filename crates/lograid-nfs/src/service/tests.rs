@@ -312,6 +312,38 @@ fn strangers_get_errors_not_answers() {
 }
 
 #[test]
+fn calls_are_counted_by_procedure_whatever_their_outcome() {
+    let service = fuzz_service();
+    let count = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+    let root = mount_root(&service);
+    let vol0 = lookup(&service, &root, "vol0").unwrap();
+    write(&service, &vol0, 0, &[1; 4096], UNSTABLE).unwrap();
+    write(&service, &vol0, 4096, &[2; 100], FILE_SYNC).unwrap();
+    commit(&service, &vol0).unwrap();
+    // A refused WRITE and one whose arguments do not parse count as WRITEs too.
+    let ro = lookup(&service, &root, "ro").unwrap();
+    assert!(write(&service, &ro, 0, &[1; 512], FILE_SYNC).is_err());
+    nfs(&service, PROC_WRITE, &root[..10]);
+    service.handle_record(&call_record(1, 100_227, 3, 0, &[]));
+    service.handle_record(&call_record(1, PROGRAM, 2, 0, &[]));
+    nfs(&service, 22, &[]);
+    let c = &service.counters;
+    let names = crate::nfs3::PROCEDURE_NAMES;
+    let by_name = |name: &str| count(&c.nfs_calls[names.iter().position(|n| *n == name).unwrap()]);
+    assert_eq!(by_name("write"), 4);
+    assert_eq!(by_name("commit"), 1);
+    assert_eq!(by_name("lookup"), 2);
+    assert_eq!(by_name("read"), 0);
+    assert_eq!(count(&c.mount_calls[1]), 1, "MNT");
+    assert_eq!(mount::PROCEDURE_NAMES[1], "mnt");
+    assert_eq!(count(&c.unserved_calls), 3);
+    assert_eq!(count(&c.writes), 2, "writes done");
+    assert_eq!(count(&c.written_bytes), 4196);
+    let total: u64 = c.nfs_calls.iter().chain(&c.mount_calls).map(count).sum();
+    assert_eq!(total + count(&c.unserved_calls), count(&c.calls));
+}
+
+#[test]
 fn readdir_lists_every_volume_within_the_count() {
     let service = fuzz_service();
     let root = mount_root(&service);

@@ -333,6 +333,14 @@ pub fn is_mounted(path: &Path) -> bool {
     })
 }
 
+/// Whether something is mounted on `dir`, named exactly as the mount table
+/// names its mount point (an absolute path with no symbolic links). The
+/// table is read without asking any mounted filesystem anything, so a mount
+/// whose server does not answer is seen without waiting for it.
+pub fn is_mount_point(dir: &Path) -> io::Result<bool> {
+    Ok(os::mounts()?.iter().any(|mount| mount.target == dir))
+}
+
 /// Whether device name `candidate` is disk `disk` or one of its partitions:
 /// BSD slices `disk2s1` (and nested, `disk3s1s1`); Linux partitions `sda1`,
 /// and `nvme0n1p1` or `loop0p1` where the disk's name ends in a digit.
@@ -353,6 +361,29 @@ fn names_disk_or_partition(disk: &str, candidate: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mount_table_names_mount_points_and_not_other_directories() {
+        assert!(is_mount_point(Path::new("/")).unwrap());
+        assert!(is_mount_point(Path::new("/proc")).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        let spaced = dir.path().join("a dir");
+        std::fs::create_dir(&spaced).unwrap();
+        assert!(!is_mount_point(&spaced).unwrap());
+        // Where this process may mount (root): a mount point whose name has a space.
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "lograid-test"])
+            .arg(&spaced)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if mounted {
+            let seen = is_mount_point(&spaced).unwrap();
+            let unmounted = std::process::Command::new("umount").arg(&spaced).status();
+            assert!(seen);
+            assert!(unmounted.unwrap().success());
+        }
+    }
 
     #[test]
     fn a_disk_size_is_its_blocks_times_a_block_of_512_bytes_to_4_kib() {

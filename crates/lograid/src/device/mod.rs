@@ -27,7 +27,7 @@ mod write_cache;
 
 pub use aligned::AlignedBuf;
 pub use file::{
-    is_gone_error, is_mounted, probe_signature, signature_in, FileMember, OpenMode,
+    is_gone_error, is_mount_point, is_mounted, probe_signature, signature_in, FileMember, OpenMode,
     LOGRAID_SIGNATURE,
 };
 pub use record::{IoLog, Record, RecordingMember};

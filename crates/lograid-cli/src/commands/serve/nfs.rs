@@ -3,7 +3,8 @@
 //! Owns: parsing and binding the NFS address (before the pool is opened, so a bad one fails
 //! first; a bare port means loopback; a warning for anything beyond it), the NFS server's
 //! thread and runtime, its files (the same exports as NBD serves, with the engine's volume
-//! ids for stable handles), and how to connect. Must never: stop before the calls it has in
+//! ids for stable handles), showing its counters in the metrics while it runs, and how to
+//! connect. Must never: stop before the calls it has in
 //! flight are answered and the volumes flushed, or outlive the pool.
 
 use anyhow::{Context, Result};
@@ -52,14 +53,15 @@ pub struct Running {
     pub addr: SocketAddr,
 }
 
-/// Serves `exports` (the volumes of `pool`, as NBD serves them) as files on `listener`.
+/// Serves `exports` (the volumes of `pool`, as NBD serves them) as files on `listener`, as
+/// `args` say (read-only, allowed clients, drain at stop).
 pub fn start(
     listener: std::net::TcpListener,
     pool: &Pool,
     exports: &[Arc<dyn Export>],
-    read_only: bool,
-    allow: &[IpAddr],
+    args: &super::ServeArgs,
 ) -> Result<Running> {
+    let (read_only, allow) = (args.read_only, &args.allow);
     let ids: Vec<(String, u32)> = pool
         .volumes()
         .iter()
@@ -89,12 +91,14 @@ pub fn start(
         allow_list: (!allow.is_empty()).then(|| allow.to_vec()),
         read_only,
         shutdown_grace: Duration::from_secs(30),
+        drain: Duration::from_secs(args.nfs_drain),
         ..NfsConfig::default()
     };
     let server = NfsServer::new(listener, config, namespace).context("starting the NFS server")?;
     let addr = server.local_addr();
     let handle = server.shutdown_handle();
     let stats = server.stats_handle();
+    crate::metrics::serve_nfs_stats(Some(stats.clone()));
     let thread = std::thread::Builder::new()
         .name("lograid-nfs".into())
         .spawn(move || server.serve())
@@ -123,6 +127,7 @@ impl Running {
             None => Ok(()),
         };
         let s = self.stats.snapshot();
+        crate::metrics::serve_nfs_stats(None);
         tracing::info!(
             connections = s.connections_accepted,
             refused = s.connections_refused,
@@ -144,6 +149,7 @@ impl Drop for Running {
         if let Some(thread) = self.thread.take() {
             self.handle.shutdown();
             let _ = thread.join();
+            crate::metrics::serve_nfs_stats(None);
         }
     }
 }

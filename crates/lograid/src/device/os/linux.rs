@@ -1,8 +1,10 @@
 //! Linux's side of the member calls (see `mod.rs` for the table).
 
 use super::{Access, DiskGeometry, Kind, Mount};
+use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -104,13 +106,18 @@ pub(crate) fn discard_disk(file: &File, offset: u64, len: u64) -> io::Result<()>
 }
 
 /// Every mount of this process's mount namespace (/proc/self/mountinfo:
-/// field 3 is the source's device number, the field after " - " and the
-/// filesystem type is the source).
+/// field 3 is the source's device number, field 5 the mount point, the
+/// field after " - " and the filesystem type is the source).
 pub(crate) fn mounts() -> io::Result<Vec<Mount>> {
     let table = std::fs::read_to_string("/proc/self/mountinfo")?;
     Ok(table
         .lines()
         .map(|line| {
+            let target = line
+                .split_whitespace()
+                .nth(4)
+                .map(|field| PathBuf::from(OsString::from_vec(unescape_octal(field))))
+                .unwrap_or_default();
             let device = line
                 .split_whitespace()
                 .nth(2)
@@ -122,11 +129,54 @@ pub(crate) fn mounts() -> io::Result<Vec<Mount>> {
                 .and_then(|(_, tail)| tail.split_whitespace().nth(1))
                 .map(PathBuf::from)
                 .unwrap_or_default();
-            Mount { device, source }
+            Mount {
+                device,
+                source,
+                target,
+            }
         })
         .collect())
 }
 
+/// A mountinfo field with its octal escapes (`\040` for a space, `\011`,
+/// `\012`, `\134`) turned back into bytes.
+fn unescape_octal(field: &str) -> Vec<u8> {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let code = bytes.get(i + 1..i + 4).and_then(|digits| {
+            let text = std::str::from_utf8(digits).ok()?;
+            u8::from_str_radix(text, 8).ok()
+        });
+        match code {
+            Some(byte) if bytes[i] == b'\\' => {
+                out.push(byte);
+                i += 4;
+            }
+            _ => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
 fn off_t(n: u64) -> io::Result<libc::off_t> {
     libc::off_t::try_from(n).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes_become_the_bytes_they_stand_for() {
+        assert_eq!(unescape_octal(r"/mnt/a\040b"), b"/mnt/a b");
+        assert_eq!(unescape_octal(r"/x\011\012\134y"), b"/x\t\n\\y");
+        // Not an escape: kept as it is.
+        assert_eq!(unescape_octal(r"/a\9b\04"), br"/a\9b\04");
+        assert_eq!(unescape_octal("/plain"), b"/plain");
+    }
 }

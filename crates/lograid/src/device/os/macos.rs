@@ -193,8 +193,9 @@ pub(crate) fn discard_disk(file: &File, offset: u64, len: u64) -> io::Result<()>
     Ok(())
 }
 
-/// Every mounted filesystem (getfsstat), with the device number of its
-/// source when that is a block device.
+/// Every mounted filesystem (getfsstat, without asking any filesystem for
+/// fresh numbers), with the device number of its source when that is a
+/// block device.
 pub(crate) fn mounts() -> io::Result<Vec<Mount>> {
     // SAFETY: a null buffer asks for the number of mounts only.
     let count = unsafe { libc::getfsstat(std::ptr::null_mut(), 0, libc::MNT_NOWAIT) };
@@ -211,20 +212,28 @@ pub(crate) fn mounts() -> io::Result<Vec<Mount>> {
     Ok(table
         .iter()
         .map(|fs| {
-            let name: Vec<u8> = fs
-                .f_mntfromname
-                .iter()
-                .map(|&c| c as u8)
-                .take_while(|&b| b != 0)
-                .collect();
-            let source = PathBuf::from(OsString::from_vec(name));
+            let source = c_path(&fs.f_mntfromname);
             let device = std::fs::metadata(&source)
                 .ok()
                 .filter(|m| m.file_type().is_block_device())
                 .map(|m| m.rdev());
-            Mount { device, source }
+            Mount {
+                device,
+                source,
+                target: c_path(&fs.f_mntonname),
+            }
         })
         .collect())
+}
+
+/// A NUL-terminated path in a fixed-size field.
+fn c_path(field: &[libc::c_char]) -> PathBuf {
+    let name: Vec<u8> = field
+        .iter()
+        .map(|&c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    PathBuf::from(OsString::from_vec(name))
 }
 
 fn failed(call: &str) -> io::Error {

@@ -69,10 +69,12 @@ pub(crate) struct DiskGeometry {
     pub block_count: u64,
 }
 
-/// A mounted filesystem's source: its device number when the source is a
-/// device node, and the source as the mount table names it.
+/// A mounted filesystem: its source's device number when the source is a
+/// device node, the source as the mount table names it, and where it is
+/// mounted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Mount {
     pub device: Option<u64>,
     pub source: PathBuf,
+    pub target: PathBuf,
 }
