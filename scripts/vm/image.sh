@@ -3,6 +3,8 @@
 # Debian bookworm (minbase) with the bookworm-backports kernel (6.12: ublk_drv, nbd, md, the
 # NFS client and 9p are modules there) and the tools the in-guest tests use. The image is
 # rebuilt only when this file changes (its hash names the cache entry); older entries are removed.
+# One build at a time (a lock in the cache); an entry is built aside and renamed into place
+# complete, so a half-built or interrupted image is never used.
 #
 #   scripts/vm/image.sh [base|peers]   prints the cache entry's directory (root.img, vmlinuz, initrd.img)
 #
@@ -27,18 +29,29 @@ if [ -f "$entry/done" ]; then echo "$entry"; exit 0; fi
 
 log() { echo "vm image: $*" >&2; }
 export DEBIAN_FRONTEND=noninteractive LC_ALL=C
+mkdir -p "$cache"
+exec 9> "$cache/.lock"
+flock 9
+if [ -f "$entry/done" ]; then echo "$entry"; exit 0; fi   # built while we waited
 command -v debootstrap >/dev/null || {
     apt-get update -qq >&2
     apt-get install -y -qq --no-install-recommends debootstrap >/dev/null
 }
-mkdir -p "$cache"
+# Under the lock nothing else builds: a build.* left here was interrupted (--one-file-system:
+# never into a /dev or /sys still bound inside it).
+find "$cache" -mindepth 1 -maxdepth 1 -name "build.*" -exec rm -rf --one-file-system {} + 2>/dev/null || true
 find "$cache" -mindepth 1 -maxdepth 1 -name "$variant-*" -not -name "$key" -exec rm -rf {} +
-rm -rf "$entry"; mkdir -p "$entry"
+rm -rf "$entry"
 work=$(mktemp -d "$cache/build.XXXXXX")
 root=$work/rootfs
+built=$work/entry
+mkdir -p "$built"
 cleanup() {
-    for d in dev/pts dev sys proc; do mountpoint -q "$root/$d" 2>/dev/null && umount "$root/$d"; done
-    rm -rf "$work"
+    set +e
+    for d in dev/pts dev sys proc; do
+        mountpoint -q "$root/$d" 2>/dev/null && { umount "$root/$d" || umount -l "$root/$d"; }
+    done
+    rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
 
@@ -77,11 +90,12 @@ echo "/dev/vda / ext4 rw 0 1" > "$root/etc/fstab"
 echo lograid-vm > "$root/etc/hostname"
 kv=$(ls "$root"/boot/vmlinuz-* | sed 's|.*/vmlinuz-||' | sort -V | tail -1)
 case $kv in 6.1[0-9]*|6.[2-9][0-9]*) ;; *) log "expected the 6.12 backports kernel, got $kv"; exit 1 ;; esac
-cp "$root/boot/vmlinuz-$kv" "$entry/vmlinuz"
-cp "$root/boot/initrd.img-$kv" "$entry/initrd.img"
+cp "$root/boot/vmlinuz-$kv" "$built/vmlinuz"
+cp "$root/boot/initrd.img-$kv" "$built/initrd.img"
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-mkfs.ext4 -q -F -L lograid-vm -d "$root" "$entry/root.img" 3G
-echo "$kv" > "$entry/kernel"
-touch "$entry/done"
+mkfs.ext4 -q -F -L lograid-vm -d "$root" "$built/root.img" 3G
+echo "$kv" > "$built/kernel"
+touch "$built/done"
+mv "$built" "$entry"
 log "built in $(( $(date +%s) - t0 )) s: kernel $kv, $entry"
 echo "$entry"

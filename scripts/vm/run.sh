@@ -50,8 +50,15 @@ run=$(mktemp -d /var/tmp/lograid-vm.XXXXXX)
 share=$run/share host=$run/host
 mkdir -p "$share/bin" "$share/tests" "$share/out/ctl" "$host"
 qemu_pid=
+# Every step runs whatever failed before it (no errexit here: a server that already died must
+# not skip the rest). $qemu_pid is `timeout`, which passes SIGTERM on to qemu; qemu's own pid
+# (from -pidfile) is killed too, since a SIGKILLed `timeout` would leave qemu running.
 cleanup() {
-    [ -n "$qemu_pid" ] && kill -9 "$qemu_pid" 2>/dev/null
+    set +e
+    if [ -n "$qemu_pid" ]; then
+        kill -TERM "$qemu_pid" 2>/dev/null
+        [ -s "$run/qemu.pid" ] && kill -9 "$(cat "$run/qemu.pid")" 2>/dev/null
+    fi
     for p in "$host"/*.pid; do [ -f "$p" ] && kill -9 "$(cat "$p")" 2>/dev/null; done
     wait 2>/dev/null
     if [ $keep = 1 ]; then echo "vm: kept $run"; else rm -rf "$run"; fi
@@ -82,7 +89,8 @@ cd "$host"   # where host requests run
 #   lograid ARGS...       run the binary on the host, in the host work directory
 #   serve NAME PORT ARGS  start `lograid serve ARGS` there and wait until PORT accepts
 #   kill NAME             SIGKILL that server (a power cut for its clients)
-#   stop NAME             SIGTERM it and wait; the status is the server's
+#   stop NAME             SIGTERM it and wait (2 minutes at most, then SIGKILL and status
+#                         124); the status is the server's
 serve_on_host() {
     local name=$1 port=$2; shift 2
     RUST_LOG=info "$bin" serve "$@" >> "$host/$name.log" 2>&1 &
@@ -94,11 +102,22 @@ serve_on_host() {
     done
     echo "server $name not accepting on $port"; return 1
 }
+# running PID: the process exists and has not exited (a child that exited stays a zombie
+# until it is waited for, and `kill -0` still finds it).
+running() { [ -e "/proc/$1" ] && ! grep -qE '^[0-9]+ \(.*\) Z ' "/proc/$1/stat" 2>/dev/null; }
 end_server() {
-    local pid; pid=$(cat "$host/$1.pid")
+    local pid; pid=$(cat "$host/$1.pid") || return 1
     kill "$2" "$pid" || return 1
     rm -f "$host/$1.pid"
-    wait "$pid"
+    # Bounded: a server that hangs on SIGTERM fails its test instead of hanging this loop
+    # (which the qemu timeout cannot end).
+    for _ in $(seq 600); do
+        running "$pid" || { wait "$pid"; return; }
+        sleep 0.2
+    done
+    echo "server $1 (pid $pid) still running 120 s after $2: killed"
+    kill -9 "$pid"; wait "$pid"
+    return 124
 }
 host_request() {
     local cmd rc=0
@@ -126,6 +145,7 @@ timeout "${LOGRAID_VM_TIMEOUT:-1800}" qemu-system-x86_64 -accel tcg,thread=multi
     "${disk_args[@]}" \
     -netdev user,id=n0 -device virtio-net-pci,netdev=n0 \
     -virtfs "local,path=$share,mount_tag=share,security_model=none,id=s0" \
+    -pidfile "$run/qemu.pid" \
     < /dev/null > "$run/console.log" 2>&1 &
 qemu_pid=$!
 while kill -0 "$qemu_pid" 2>/dev/null; do
@@ -135,17 +155,24 @@ done
 wait "$qemu_pid" || echo "vm: qemu exited with status $? (timeout: ${LOGRAID_VM_TIMEOUT:-1800} s)"
 qemu_pid=
 
+# A test passes only with status 0, at least one `RESULT ok` line and no `RESULT FAIL` line: a
+# script that exits 0 after a failure, or that checked nothing, does not pass.
 failed=0
 for t in "${tests[@]}"; do
     log=$share/out/$t.log
     rc=$(cat "$share/out/$t.rc" 2>/dev/null || echo "none")
-    [ -f "$log" ] && grep -E '^RESULT' "$log" | sed "s/^/vm: $t: /"
+    oks=0 fails=0
+    if [ -f "$log" ]; then
+        grep -E '^RESULT' "$log" | sed "s/^/vm: $t: /" || true
+        oks=$(grep -c '^RESULT ok' "$log" || true)
+        fails=$(grep -c '^RESULT FAIL' "$log" || true)
+    fi
     secs=$(cat "$share/out/$t.seconds" 2>/dev/null || echo "?")
-    if [ "$rc" = 0 ]; then
-        echo "vm: PASS $t ($secs s in the guest)"
+    if [ "$rc" = 0 ] && [ "$oks" -gt 0 ] && [ "$fails" = 0 ]; then
+        echo "vm: PASS $t ($oks checks, $secs s in the guest)"
     else
         failed=1
-        echo "vm: FAIL $t (status $rc, $secs s); its log:"
+        echo "vm: FAIL $t (status $rc, $oks ok and $fails FAIL results, $secs s); its log:"
         sed 's/^/    /' "$log" 2>/dev/null || echo "    (no log)"
         for s in "$host"/*.log; do [ -f "$s" ] && { echo "  host server log $(basename "$s"):"; tail -30 "$s" | sed 's/^/    /'; }; done
     fi

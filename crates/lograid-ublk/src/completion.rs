@@ -158,8 +158,11 @@ fn commit_loop(shared: &Shared, export: &dyn Export) {
             }
             pending.held.drain(..).collect()
         };
-        // Every write in `batch` returned before this flush began, so it covers them all.
-        let flushed = export.flush();
+        // Every write in `batch` returned before this flush began, so it covers them all. A
+        // panic in it fails the batch instead of ending this thread, which would leave every
+        // held tag (and the device's stop) waiting for ever.
+        let flushed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| export.flush()))
+            .unwrap_or_else(|_| Err(std::io::Error::other("the flush panicked")));
         if let Err(e) = &flushed {
             tracing::warn!(
                 export = export.name(),
@@ -197,5 +200,81 @@ mod tests {
         assert!(export.flush_count() >= 1);
         assert_eq!(export.unflushed_writes(), 0);
         assert!(completions.take().is_empty());
+    }
+
+    /// Panics in its first flush, then flushes `inner`.
+    struct PanicsOnce {
+        inner: MemExport,
+        panicked: std::sync::atomic::AtomicBool,
+    }
+
+    impl Export for PanicsOnce {
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+        fn size_bytes(&self) -> u64 {
+            self.inner.size_bytes()
+        }
+        fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            self.inner.read(offset, buf)
+        }
+        fn write(&self, offset: u64, data: &[u8], fua: bool) -> std::io::Result<()> {
+            self.inner.write(offset, data, fua)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            if !self
+                .panicked
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                panic!("flush");
+            }
+            self.inner.flush()
+        }
+        fn trim(&self, offset: u64, length: u64, fua: bool) -> std::io::Result<()> {
+            self.inner.trim(offset, length, fua)
+        }
+        fn write_zeroes(
+            &self,
+            offset: u64,
+            length: u64,
+            no_hole: bool,
+            fua: bool,
+        ) -> std::io::Result<()> {
+            self.inner.write_zeroes(offset, length, no_hole, fua)
+        }
+        fn block_status(
+            &self,
+            offset: u64,
+            length: u64,
+        ) -> std::io::Result<Vec<(u64, lograid_nbd::export::Allocation)>> {
+            self.inner.block_status(offset, length)
+        }
+    }
+
+    #[test]
+    fn a_panicking_flush_fails_its_batch_and_the_next_batch_is_served() {
+        let export = Arc::new(PanicsOnce {
+            inner: MemExport::new("vol", 1 << 20),
+            panicked: false.into(),
+        });
+        let completions = Arc::new(Completions::new().unwrap());
+        let commit = GroupCommit::start(export.clone(), "vol".into()).unwrap();
+        commit.hold(completions.clone(), 1, 4096);
+        let failed = wait_for_one(&completions);
+        assert_eq!(failed, (1, -libc::EIO));
+        commit.hold(completions.clone(), 2, 4096);
+        commit.stop();
+        assert_eq!(completions.take(), vec![(2, 4096)]);
+        assert_eq!(export.inner.flush_count(), 1);
+    }
+
+    fn wait_for_one(completions: &Completions) -> (u16, i32) {
+        for _ in 0..500 {
+            if let Some(done) = completions.take().pop() {
+                return done;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("no completion within 5 s");
     }
 }

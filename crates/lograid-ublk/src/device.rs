@@ -1,6 +1,6 @@
 //! One device's life: made new (add, parameters, queues, start) or recovered from a server that
 //! died (start recovery, queues, end recovery), served, and stopped (the block device's page
-//! cache written back, stop, queues ended, the export flushed, delete).
+//! cache written back if it still serves, stop, queues ended, the export flushed, delete).
 //!
 //! Owns: the order of those steps and undoing a half-made device. Must never: leave a device
 //! it made behind after a failed start, or delete a device before its queues answered every
@@ -262,7 +262,18 @@ impl Device {
     /// deleted. A mounted filesystem loses its device: warned about, not refused.
     pub fn stop(mut self, control: &mut Control) -> Result<(), UblkError> {
         let dev_id = self.dev_id;
-        write_back_page_cache(dev_id);
+        // Only a live device answers: one the driver has quiesced (a queue thread of ours
+        // ended, or a recovery did not finish) holds its I/O until a server recovers it, so
+        // writing its cache back would wait for ever. STOP fails what it holds instead.
+        match control.info(dev_id) {
+            Ok(Some(info)) if info.state == uapi::S_DEV_LIVE => write_back_page_cache(dev_id),
+            Ok(Some(info)) if info.state == uapi::S_DEV_QUIESCED => tracing::warn!(
+                dev_id,
+                "/dev/ublkb{dev_id} is not serving (the driver holds its I/O): its page cache and a \
+                 filesystem on it are not written back, and what it holds fails"
+            ),
+            _ => {}
+        }
         let stopped = control.stop(dev_id);
         if stopped.is_ok() {
             for thread in self.queues.drain(..) {

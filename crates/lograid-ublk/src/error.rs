@@ -35,6 +35,18 @@ pub enum UblkError {
         volume: String,
         pid: i32,
     },
+    /// Our own device is still live long after its server was last seen here.
+    #[error(
+        "/dev/ublkb{dev_id} for volume '{volume}' is still live {waited_secs} s after its server (pid {pid}) \
+         was last seen here; it may be served from another PID namespace or container: stop that server first \
+         (a live device is never taken over)"
+    )]
+    StillLive {
+        dev_id: u32,
+        volume: String,
+        pid: i32,
+        waited_secs: u64,
+    },
     /// The volume does not fit a block device.
     #[error("volume '{volume}' of {size_bytes} bytes cannot be a block device: {reason}")]
     VolumeUnfit {

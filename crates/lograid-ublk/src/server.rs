@@ -193,7 +193,9 @@ impl UblkServer {
     }
 
     /// The device a previous server left for the volume with `mark`, once the driver is done
-    /// with that server (quiesced or stopped); an error if a live process still serves it.
+    /// with that server (quiesced or stopped); an error if it is still live: served by a
+    /// process alive here, or still live after [`DEAD_SERVER_WAIT`] though its process is not
+    /// seen (a server in another PID namespace, say). A live device is never taken over.
     fn left_by_dead_server(
         &mut self,
         mark: u64,
@@ -205,22 +207,49 @@ impl UblkServer {
                 .into_iter()
                 .find(|info| info.ublksrv_flags == mark);
             let Some(info) = found else { return Ok(None) };
-            if info.state != uapi::S_DEV_LIVE {
-                return Ok(Some(info));
+            let alive = discovery::process_alive(info.ublksrv_pid);
+            match judge_left(&info, alive, Instant::now() >= deadline) {
+                Left::Take => return Ok(Some(info)),
+                Left::Wait => std::thread::sleep(Duration::from_millis(100)),
+                Left::ServedElsewhere => {
+                    return Err(UblkError::ServedElsewhere {
+                        dev_id: info.dev_id,
+                        volume: volume.to_string(),
+                        pid: info.ublksrv_pid,
+                    })
+                }
+                Left::StillLive => {
+                    return Err(UblkError::StillLive {
+                        dev_id: info.dev_id,
+                        volume: volume.to_string(),
+                        pid: info.ublksrv_pid,
+                        waited_secs: DEAD_SERVER_WAIT.as_secs(),
+                    })
+                }
             }
-            if discovery::process_alive(info.ublksrv_pid) {
-                return Err(UblkError::ServedElsewhere {
-                    dev_id: info.dev_id,
-                    volume: volume.to_string(),
-                    pid: info.ublksrv_pid,
-                });
-            }
-            if Instant::now() >= deadline {
-                // Still LIVE with its server gone: treat as stopped (it will be deleted).
-                return Ok(Some(info));
-            }
-            std::thread::sleep(Duration::from_millis(100));
         }
+    }
+}
+
+/// What to do with a device marked as the volume's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Left {
+    /// Its server is gone and the driver is done with it: recover or replace it.
+    Take,
+    /// Live, its server not seen: the driver may not have caught up with its death yet.
+    Wait,
+    /// Live, served by a process alive here.
+    ServedElsewhere,
+    /// Live long after its server was last seen: someone we cannot see serves it.
+    StillLive,
+}
+
+fn judge_left(info: &DevInfo, server_alive: bool, waited_enough: bool) -> Left {
+    match (info.state == uapi::S_DEV_LIVE, server_alive, waited_enough) {
+        (false, _, _) => Left::Take,
+        (true, true, _) => Left::ServedElsewhere,
+        (true, false, false) => Left::Wait,
+        (true, false, true) => Left::StillLive,
     }
 }
 
@@ -264,4 +293,27 @@ fn check_features(control: &mut Control, cache: CacheMode) -> Result<(), UblkErr
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_live_device_is_never_taken() {
+        let info = |state| DevInfo {
+            state,
+            ublksrv_pid: 4242,
+            ..DevInfo::default()
+        };
+        let live = info(uapi::S_DEV_LIVE);
+        assert_eq!(judge_left(&live, true, false), Left::ServedElsewhere);
+        assert_eq!(judge_left(&live, true, true), Left::ServedElsewhere);
+        assert_eq!(judge_left(&live, false, false), Left::Wait);
+        // Its server is not seen (another PID namespace?): still not ours to delete.
+        assert_eq!(judge_left(&live, false, true), Left::StillLive);
+        for state in [uapi::S_DEV_DEAD, uapi::S_DEV_QUIESCED, uapi::S_DEV_FAIL_IO] {
+            assert_eq!(judge_left(&info(state), false, false), Left::Take);
+        }
+    }
 }

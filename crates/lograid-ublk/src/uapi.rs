@@ -223,11 +223,23 @@ pub fn command_name(cmd_op: u32) -> &'static str {
     }
 }
 
-/// The bytes of a `#[repr(C)]` value, for a command's inline data.
-pub fn bytes_of<T: Copy, const N: usize>(value: &T) -> [u8; N] {
+/// A command's inline structure: `#[repr(C)]`, integers only, and no padding, so each of its
+/// bytes is initialised.
+///
+/// # Safety
+/// Only for structs whose fields fill every byte (no padding), checked by the layout tests.
+pub(crate) unsafe trait Inline: Copy {}
+// SAFETY: 4 + 2 + 2 + 8 + 8 + 2 + 2 + 4 = 32 bytes of fields in 32 (layout test).
+unsafe impl Inline for CtrlCmd {}
+// SAFETY: 2 + 2 + 4 + 8 = 16 bytes of fields in 16 (layout test).
+unsafe impl Inline for IoCmd {}
+
+/// The bytes of a command's inline structure.
+pub(crate) fn bytes_of<T: Inline, const N: usize>(value: &T) -> [u8; N] {
     assert_eq!(std::mem::size_of::<T>(), N, "command layout");
     let mut out = [0u8; N];
-    // SAFETY: `T` is a plain `#[repr(C)]` struct of integers of exactly `N` bytes (asserted).
+    // SAFETY: `T` is `Inline` (every one of its `N` bytes, asserted, is an initialised field),
+    // and `out` is `N` bytes that do not overlap it.
     unsafe { std::ptr::copy_nonoverlapping((value as *const T).cast::<u8>(), out.as_mut_ptr(), N) };
     out
 }

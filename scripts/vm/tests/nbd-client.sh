@@ -59,12 +59,12 @@ check "write before the kill" write_file c 8
 (for i in $(seq 40); do dd if=/dev/urandom of=/mnt/fs/load$i bs=1M count=1 conv=fsync status=none || break; done) &
 writer=$!
 sleep 3
-host kill nbd && ok "server SIGKILLed under a connected client, during fsync'd writes"
+host kill nbd && ok "server SIGKILLed under a connected client, during fsync'd writes" || fail "SIGKILL the server"
 wait $writer
 umount /mnt/fs
 nbd-client -d /dev/nbd0 > /dev/null 2>&1
 sleep 1
-host $SERVE && ok "server started again"
+host $SERVE && ok "server started again" || fail "start the server again"
 check "connect again" connect
 check "mount (the journal replays)" mount /dev/nbd0 /mnt/fs
 check "files fsync'd before the kill intact" files_intact a b c d

@@ -16,25 +16,25 @@ size=$(stat -c %s /mnt/nfs/vol0)
 dev=$(losetup --find --show --direct-io=on /mnt/nfs/vol0) && ok "loop device $dev" || fail "losetup"
 check "mkfs.ext4" mkfs.ext4 -q -F "$dev"
 check "mount ext4" mount "$dev" /mnt/fs
-dd if=/dev/urandom of=/mnt/fs/a bs=1M count=24 conv=fsync status=none
+check "write a (24 MiB, fsync)" dd if=/dev/urandom of=/mnt/fs/a bs=1M count=24 conv=fsync status=none
 A=$(md5 /mnt/fs/a)
 dd if=/dev/urandom of=$WORK/src bs=1M count=48 status=none
 S=$(md5 $WORK/src)
 (cp $WORK/src /mnt/fs/c && sync) &
 copy=$!
 sleep 2
-host kill nfs && ok "server SIGKILLed during the copy"
+host kill nfs && ok "server SIGKILLed during the copy" || fail "SIGKILL the server"
 sleep 2
-host $SERVE && ok "server started again on port $P"
+host $SERVE && ok "server started again on port $P" || fail "start the server again"
 wait $copy && ok "the copy across the restart finished" || fail "the copy across the restart"
-dd if=/dev/urandom of=/mnt/fs/b bs=1M count=8 conv=fsync status=none
+check "write b (8 MiB, fsync)" dd if=/dev/urandom of=/mnt/fs/b bs=1M count=8 conv=fsync status=none
 B=$(md5 /mnt/fs/b)
 # The studies' many 14 MB files (as a photo library's), through the same path.
 head -c 14M /dev/urandom > $WORK/photo
 P14=$(md5 $WORK/photo)
 mkdir -p /mnt/fs/photos
 for i in $(seq 12); do cp $WORK/photo /mnt/fs/photos/$i.jpg; done
-sync && ok "12 files of 14 MB written and synced"
+sync && ok "12 files of 14 MB written and synced" || fail "sync the 14 MB files"
 check "umount ext4" umount /mnt/fs
 check "fsck.ext4 clean" fsck.ext4 -f -n "$dev"
 drop_caches

@@ -146,7 +146,8 @@ for round in 1 2 3; do
         kill -0 $w0 2>/dev/null || kill -0 $w1 2>/dev/null || break
         sleep 0.2
     done
-    kill -KILL $SERVER && ok "server SIGKILLed during fsync'd writes to both filesystems (round $round)"
+    kill -KILL $SERVER && ok "server SIGKILLed during fsync'd writes to both filesystems (round $round)" \
+        || fail "SIGKILL the server (round $round): it was not running"
     wait $SERVER 2>/dev/null
     sleep 1
     [ -b $OLD0 ] && ok "$OLD0 stays while no server runs" || fail "$OLD0 vanished"
@@ -177,7 +178,7 @@ check "write before the kill (xfs)" write_file $M1 c-u1 4
 writer $M0 w0- 40 > $WORK/writer0.log 2>&1 & w0=$!
 writer $M1 w1- 40 > $WORK/writer1.log 2>&1 & w1=$!
 for _ in $(seq 600); do [ -f $WORK/w0-2.md5 ] && [ -f $WORK/w1-2.md5 ] && break; sleep 0.2; done
-kill -KILL $SERVER && ok "write-cache server SIGKILLed during fsync'd writes"
+kill -KILL $SERVER && ok "write-cache server SIGKILLed during fsync'd writes" || fail "SIGKILL the write-cache server: it was not running"
 wait $SERVER 2>/dev/null
 wait $w0 && fail "the ext4 writer saw no error" || ok "the ext4 writer fails (the device is gone)"
 wait $w1 && fail "the xfs writer saw no error" || ok "the xfs writer fails (the device is gone)"
