@@ -22,9 +22,9 @@ S=$(md5 $WORK/src)
 (cp $WORK/src /mnt/fs/c && sync) &
 copy=$!
 sleep 2
-host kill anfs && ok "server SIGKILLed during a copy"
+host kill anfs && ok "server SIGKILLed during a copy" || fail "SIGKILL the server"
 sleep 1
-host $SERVE && ok "server started again"
+host $SERVE && ok "server started again" || fail "start the server again"
 wait $copy && ok "the copy across the restart finished" || fail "the copy across the restart"
 $LOGRAID attach --nfs $HOST:$P --export vol0 --state-dir $ST > /dev/null 2>&1 && fail "a second attach" || ok "a second attach of vol0 refused"
 check "umount ext4" umount /mnt/fs
