@@ -93,7 +93,7 @@ case $kv in 6.1[0-9]*|6.[2-9][0-9]*) ;; *) log "expected the 6.12 backports kern
 cp "$root/boot/vmlinuz-$kv" "$built/vmlinuz"
 cp "$root/boot/initrd.img-$kv" "$built/initrd.img"
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-mkfs.ext4 -q -F -L lograid-vm -d "$root" "$built/root.img" 3G
+mkfs.ext4 -q -F -L lograid-vm -d "$root" "$built/root.img" 3G >&2   # stdout is the answer
 echo "$kv" > "$built/kernel"
 touch "$built/done"
 mv "$built" "$entry"

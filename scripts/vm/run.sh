@@ -45,6 +45,7 @@ command -v qemu-system-x86_64 >/dev/null || {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null
 }
 img=$("$here/image.sh" "$variant")
+[ -f "$img/done" ] || { echo "vm: image.sh did not name a built image (got: $img)" >&2; exit 1; }
 
 run=$(mktemp -d /var/tmp/lograid-vm.XXXXXX)
 share=$run/share host=$run/host
