@@ -37,6 +37,7 @@
 //! ```
 
 pub mod attach;
+mod buffers;
 mod connection;
 mod dispatch;
 pub mod export;

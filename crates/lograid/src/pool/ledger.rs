@@ -334,8 +334,11 @@ impl Ledger {
         AlignedBuf::zeroed(len)
     }
 
-    pub fn recycle(&mut self, buf: AlignedBuf) {
-        if self.spare_buffers.len() < 16 {
+    /// Keeps a written row's buffer for a later row, unless `keep_rows` spare buffers or
+    /// `keep_bytes` spare bytes are kept already (then it is freed).
+    pub fn recycle(&mut self, buf: AlignedBuf, keep_rows: usize, keep_bytes: usize) {
+        let spare_bytes: usize = self.spare_buffers.iter().map(|b| b.len()).sum();
+        if self.spare_buffers.len() < keep_rows && spare_bytes + buf.len() <= keep_bytes {
             self.spare_buffers.push(buf);
         }
     }

@@ -38,9 +38,16 @@ impl Engine {
             if let Err(e) = self.write_row(&row) {
                 first_error.get_or_insert(e);
             }
-            // The buffer serves the next row unless a reader still holds it.
+            // The buffer serves the next row unless a reader still holds it. Half the
+            // in-flight limits are kept: a burst of sealed rows (one 32 MiB write seals 32 rows
+            // of 1 MiB) then takes buffers kept from the last burst instead of allocating (a
+            // fresh allocation this large is mapped and faulted in page by page).
             if let Ok(row) = Arc::try_unwrap(row) {
-                self.ledger.lock().recycle(row.buf);
+                self.ledger.lock().recycle(
+                    row.buf,
+                    self.options.max_inflight_rows / 2,
+                    self.options.max_inflight_bytes / 2,
+                );
             }
         }
         first_error.map_or(Ok(()), Err)

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The NBD server's resident memory under client load: for each load, a fresh `lograid serve`
+# on one pool (3 sparse 4 GiB file members, P=1, one 7 GiB volume), fio's nbd engine for
+# SECONDS, then the server's peak (VmHWM) and current (VmRSS) resident memory, its CPU seconds
+# per GB moved and the rate. Several binaries alternate load by load (old and new builds side
+# by side). As root or not; needs fio with its nbd engine (Debian: fio, libnbd0).
+#
+#   bench/nbd_memory.sh [--seconds S] [--dir DIR] NAME=BINARY [NAME=BINARY ...]
+#
+# Prints one tab-separated line per load and binary: name, load, MB/s, CPU s/GB, VmHWM MiB,
+# VmRSS MiB. The members are deleted at the end.
+set -euo pipefail
+seconds=12
+dir=
+while [ $# -gt 0 ]; do
+    case $1 in
+        --seconds) seconds=$2; shift 2 ;;
+        --dir) dir=$2; shift 2 ;;
+        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        *) break ;;
+    esac
+done
+[ $# -gt 0 ] || { echo "usage: $0 [--seconds S] [--dir DIR] NAME=BINARY ..." >&2; exit 2; }
+command -v fio >/dev/null || { echo "nbd_memory: fio is missing (apt-get install fio)" >&2; exit 1; }
+work=$(mktemp -d "${dir:-/var/tmp}/lograid-nbd-memory.XXXXXX")
+server=
+cleanup() {
+    [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+port=$((20000 + RANDOM % 20000))
+first=${1#*=}
+"$first" create --size 4G --volume vol0:7G "$work/m0" "$work/m1" "$work/m2" >/dev/null
+
+loads=(
+    "write 1M QD32|--rw=write --bs=1M --iodepth=32"
+    "write 32M QD8|--rw=write --bs=32M --iodepth=8"
+    "write 32M QD32|--rw=write --bs=32M --iodepth=32"
+    "randwrite 4K QD64 x2|--rw=randwrite --bs=4k --iodepth=64 --numjobs=2"
+    "randread 1M QD32|--rw=randread --bs=1M --iodepth=32"
+    "randrw 32M QD8 x2|--rw=randrw --bs=32M --iodepth=8 --numjobs=2"
+)
+printf 'binary\tload\tMB/s\tCPU s/GB\tVmHWM MiB\tVmRSS MiB\n'
+for load in "${loads[@]}"; do
+    name=${load%%|*}
+    args=${load#*|}
+    for pair in "$@"; do
+        label=${pair%%=*}
+        binary=${pair#*=}
+        "$binary" serve "$work/m0" "$work/m1" "$work/m2" --listen "127.0.0.1:$port" \
+            >"$work/serve.log" 2>&1 &
+        server=$!
+        for _ in $(seq 50); do
+            grep -q 'vol0' "$work/serve.log" 2>/dev/null && break
+            sleep 0.2
+        done
+        # shellcheck disable=SC2086
+        fio --name=load --ioengine=nbd --uri="nbd://127.0.0.1:$port/vol0" --size=6G \
+            --time_based --runtime="$seconds" --output-format=json --output="$work/fio.json" \
+            $args >/dev/null 2>"$work/fio.err" || { cat "$work/fio.err" >&2; exit 1; }
+        read -r ticks < <(awk '{print $14 + $15}' "/proc/$server/stat")
+        hwm=$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$server/status")
+        rss=$(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/$server/status")
+        kill "$server"
+        wait "$server" 2>/dev/null || true
+        server=
+        python3 - "$work/fio.json" "$ticks" "$(getconf CLK_TCK)" "$seconds" <<'EOF' | {
+import json, sys
+jobs = json.load(open(sys.argv[1]))["jobs"]
+moved = sum(j["write"]["io_bytes"] + j["read"]["io_bytes"] for j in jobs)
+cpu = int(sys.argv[2]) / int(sys.argv[3])
+print("%d\t%.2f" % (moved / int(sys.argv[4]) / 1e6, cpu / (moved / 1e9)))
+EOF
+            read -r rate cpu
+            printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$name" "$rate" "$cpu" "$hwm" "$rss"
+        }
+    done
+done
