@@ -346,6 +346,7 @@ async fn transmission<R, W>(
     let writer = BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
     let (reply_tx, reply_rx) = mpsc::unbounded_channel::<Outgoing>();
     let (abort_tx, abort_rx) = watch::channel(false);
+    let buffers = Arc::new(PayloadBuffers::new(kept_payload_bytes(&shared.limits)));
     let writer_task = tokio::spawn(write_replies(
         writer,
         reply_rx,
@@ -353,6 +354,7 @@ async fn transmission<R, W>(
         shared.limits.reply_write_timeout,
         shared.counters.clone(),
         peer.clone(),
+        buffers.clone(),
     ));
 
     let options = ReplyOptions {
@@ -363,7 +365,16 @@ async fn transmission<R, W>(
         // docs/RELIABILITY.md.
         sparse_reads: shared.limits.sparse_reads && !tls,
     };
-    let end = read_requests(&mut reader, &reply_tx, abort_rx, &session, &shared, options).await;
+    let end = read_requests(
+        &mut reader,
+        &reply_tx,
+        abort_rx,
+        &session,
+        &shared,
+        options,
+        buffers,
+    )
+    .await;
     drop(reply_tx);
     match &end {
         ReaderEnd::Clean(reason) => tracing::info!(%peer, reason, "client disconnected"),
@@ -397,6 +408,7 @@ async fn read_requests<R>(
     session: &Session,
     shared: &Arc<Shared>,
     options: ReplyOptions,
+    buffers: Arc<PayloadBuffers>,
 ) -> ReaderEnd
 where
     R: AsyncRead + Unpin + Send + 'static,
@@ -414,7 +426,7 @@ where
         options,
         slots: Arc::new(Semaphore::new(limits.max_in_flight)),
         conn_bytes: Arc::new(Semaphore::new(limits.max_in_flight_bytes as usize)),
-        buffers: Arc::new(PayloadBuffers::new(kept_payload_bytes(limits))),
+        buffers,
     };
     loop {
         if let Err(end) = requests.serve_next().await {
@@ -453,7 +465,7 @@ struct RequestReader<'a, R> {
     slots: Arc<Semaphore>,
     /// Buffer bytes in flight on this connection.
     conn_bytes: Arc<Semaphore>,
-    /// WRITE payload buffers, reused.
+    /// WRITE payload and READ reply buffers, reused (the reply writer gives them back).
     buffers: Arc<PayloadBuffers>,
 }
 
@@ -649,7 +661,15 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
         let options = self.options;
         let buffers = self.buffers.clone();
         tokio::task::spawn_blocking(move || {
-            let reply = execute(export.as_ref(), &locks, cookie, command, &payload, options);
+            let reply = execute(
+                export.as_ref(),
+                &locks,
+                cookie,
+                command,
+                &payload,
+                options,
+                &buffers,
+            );
             buffers.give_back(payload);
             if reply_is_error(&reply) {
                 error_counter.request_errors.fetch_add(1, Ordering::Relaxed);
@@ -662,7 +682,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
     }
 }
 
-/// Idle payload buffers a connection keeps for reuse: half its in-flight budget (32 MiB by
+/// Idle request buffers a connection keeps for reuse: half its in-flight budget (32 MiB by
 /// default), so a connection's payload memory stays within 1.5 x that budget.
 fn kept_payload_bytes(limits: &ConnectionLimits) -> usize {
     limits.max_in_flight_bytes as usize / 2
@@ -729,6 +749,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     write_timeout: Duration,
     counters: Arc<Counters>,
     peer: String,
+    buffers: Arc<PayloadBuffers>,
 ) -> bool {
     let fail = |what: &str, abort: &watch::Sender<bool>| {
         tracing::info!(%peer, what, "reply writer stopped");
@@ -746,7 +767,9 @@ async fn write_replies<W: AsyncWrite + Unpin>(
                     return fail("client stopped reading replies", &abort);
                 }
             }
-            drop(reply);
+            // A READ reply's buffer serves a later request (the writer has copied it).
+            let Outgoing { bytes, _in_flight } = reply;
+            buffers.give_back(bytes);
             next = replies.try_recv().ok();
         }
         match timeout(write_timeout, writer.flush()).await {

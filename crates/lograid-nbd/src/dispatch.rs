@@ -8,6 +8,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use crate::buffers::PayloadBuffers;
 use crate::export::{nbd_error_from_io, Allocation, Export};
 use crate::proto::*;
 use crate::sectors::{self, SectorLocks};
@@ -65,11 +66,12 @@ pub(crate) fn execute(
     command: Command,
     payload: &[u8],
     options: ReplyOptions,
+    buffers: &PayloadBuffers,
 ) -> Vec<u8> {
     let code = command_code(command);
     let started = std::time::Instant::now();
     let reply = match catch_unwind(AssertUnwindSafe(|| {
-        execute_inner(export, locks, cookie, command, payload, options)
+        execute_inner(export, locks, cookie, command, payload, options, buffers)
     })) {
         Ok(reply) => reply,
         Err(_) => {
@@ -116,6 +118,7 @@ fn execute_inner(
     command: Command,
     payload: &[u8],
     options: ReplyOptions,
+    buffers: &PayloadBuffers,
 ) -> Vec<u8> {
     let code = command_code(command);
     let simple = |result: std::io::Result<()>, allow_enotsup: bool| match result {
@@ -128,7 +131,7 @@ fn execute_inner(
     };
     match command {
         Command::Read { offset, length, df } => {
-            read_reply(export, cookie, offset, length, df, options)
+            read_reply(export, cookie, offset, length, df, options, buffers)
         }
         Command::Write { offset, fua, .. } => {
             if payload.is_empty() {
@@ -275,6 +278,7 @@ fn read_reply(
     length: u32,
     df: bool,
     options: ReplyOptions,
+    buffers: &PayloadBuffers,
 ) -> Vec<u8> {
     let read_error = |error: std::io::Error| {
         tracing::debug!(export = export.name(), offset, length, %error, "read failed");
@@ -287,7 +291,8 @@ fn read_reply(
         )
     };
     if !options.structured_replies {
-        return simple_read_reply(export, cookie, offset, length).unwrap_or_else(read_error);
+        return simple_read_reply(export, cookie, offset, length, buffers)
+            .unwrap_or_else(read_error);
     }
     if length == 0 {
         let mut out = Vec::with_capacity(STRUCTURED_REPLY_HEADER_LEN);
@@ -309,7 +314,7 @@ fn read_reply(
             hole: false,
         }]
     };
-    read_chunks(export, cookie, &pieces).unwrap_or_else(read_error)
+    read_chunks(export, cookie, &pieces, buffers).unwrap_or_else(read_error)
 }
 
 /// A simple reply header followed by the `length` bytes at `offset`.
@@ -318,9 +323,11 @@ fn simple_read_reply(
     cookie: u64,
     offset: u64,
     length: u32,
+    buffers: &PayloadBuffers,
 ) -> std::io::Result<Vec<u8>> {
     let len = length as usize;
-    let mut out = vec![0u8; SIMPLE_REPLY_HEADER_LEN + len];
+    let mut out = buffers.take(SIMPLE_REPLY_HEADER_LEN + len);
+    out.resize(SIMPLE_REPLY_HEADER_LEN + len, 0);
     if len > 0 {
         sectors::read(export, offset, &mut out[SIMPLE_REPLY_HEADER_LEN..])?;
     }
@@ -332,7 +339,12 @@ fn simple_read_reply(
 
 /// One structured reply chunk per piece (a hole chunk, or a data chunk with the bytes read),
 /// the last one flagged done.
-fn read_chunks(export: &dyn Export, cookie: u64, pieces: &[ReadPiece]) -> std::io::Result<Vec<u8>> {
+fn read_chunks(
+    export: &dyn Export,
+    cookie: u64,
+    pieces: &[ReadPiece],
+    buffers: &PayloadBuffers,
+) -> std::io::Result<Vec<u8>> {
     let total: usize = pieces
         .iter()
         .map(|piece| {
@@ -344,7 +356,7 @@ fn read_chunks(export: &dyn Export, cookie: u64, pieces: &[ReadPiece]) -> std::i
                 }
         })
         .sum();
-    let mut out = Vec::with_capacity(total);
+    let mut out = buffers.take(total);
     let last = pieces.len().saturating_sub(1);
     for (index, piece) in pieces.iter().enumerate() {
         let flags = if index == last {

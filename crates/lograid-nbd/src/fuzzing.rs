@@ -310,6 +310,7 @@ fn transmit(data: &mut &[u8], session: &Session, options: ReplyOptions, reach: &
                         command,
                         &payload,
                         options,
+                        &crate::buffers::PayloadBuffers::new(0),
                     );
                     assert!(
                         reply.len() >= SIMPLE_REPLY_HEADER_LEN,
