@@ -36,6 +36,7 @@ mkdir -p $MNT
 log() { echo "wear: $(date -u +%H:%M:%S) $*"; }
 
 # ---- the disks' counters --------------------------------------------------------------------
+# Byte counts leave awk through "%.0f": the guest's mawk prints "%d" as at most 2^31 - 1.
 
 # snap FILE: "disk sectors_written sectors_read sectors_discarded" for every counted disk.
 snap() {
@@ -44,7 +45,7 @@ snap() {
         awk -v n="$n" '{print n, $7, $3, $14}' /sys/block/$n/stat
     done > "$1"
 }
-written_sectors() { for d in $COUNTED; do awk '{print $7}' /sys/block/${d#/dev/}/stat; done | awk '{s += $1} END {print s}'; }
+written_sectors() { for d in $COUNTED; do awk '{print $7}' /sys/block/${d#/dev/}/stat; done | awk '{s += $1} END {printf "%.0f\n", s}'; }
 
 # quiesce: waits until the counted disks take no write for WEAR_QUIET seconds (at most
 # WEAR_QUIET_MAX); prints the seconds waited.
@@ -85,10 +86,10 @@ random_writes() {
 # appends the phase's JSON line (EXTRA: more "key": value pairs, or empty).
 record() {
     local per_disk totals
-    per_disk=$(paste -d' ' "$6" "$7" | awk '{printf "%s\"%s\": {\"written\": %d, \"read\": %d, \"discarded\": %d}", \
+    per_disk=$(paste -d' ' "$6" "$7" | awk '{printf "%s\"%s\": {\"written\": %.0f, \"read\": %.0f, \"discarded\": %.0f}", \
         (NR > 1 ? ", " : ""), $1, ($6 - $2) * 512, ($7 - $3) * 512, ($8 - $4) * 512}')
     totals=$(paste -d' ' "$6" "$7" | awk '{w += $6 - $2; r += $7 - $3; d += $8 - $4} \
-        END {printf "\"member_bytes\": %d, \"member_read_bytes\": %d, \"member_discard_bytes\": %d", w * 512, r * 512, d * 512}')
+        END {printf "\"member_bytes\": %.0f, \"member_read_bytes\": %.0f, \"member_discard_bytes\": %.0f", w * 512, r * 512, d * 512}')
     line="{\"stack\": \"$WEAR_STACK\", \"variant\": \"$VARIANT\", \"workload\": \"$1\", \"fill\": $2, \
 \"volume_bytes\": $3, \"used_bytes\": $4, \"user_bytes\": $5, $totals, \"disks\": {$per_disk}, \
 \"guest_seconds\": $8, \"quiet_wait_seconds\": $9, \"setup\": \"$SETUP\"${10:+, ${10}}}"
@@ -99,8 +100,8 @@ record() {
 # measure_random FILL: fills VOLUME_BYTES x FILL of $TARGET, then the random phase; records it.
 measure_random() {
     local fill_frac=$1 used amount tag t0 seconds q extra
-    used=$(awk -v v="$VOLUME_BYTES" -v f="$fill_frac" 'BEGIN {printf "%d", int(v * f / 1048576) * 1048576}')
-    amount=$(awk -v u="$used" -v k="$WEAR_RANDOM_FACTOR" 'BEGIN {printf "%d", int(u * k / 4096) * 4096}')
+    used=$(awk -v v="$VOLUME_BYTES" -v f="$fill_frac" 'BEGIN {printf "%.0f", int(v * f / 1048576) * 1048576}')
+    amount=$(awk -v u="$used" -v k="$WEAR_RANDOM_FACTOR" 'BEGIN {printf "%.0f", int(u * k / 4096) * 4096}')
     tag=$WEAR_STACK-$VARIANT-random-$fill_frac
     log "fill $TARGET to $used of $VOLUME_BYTES bytes"
     fill "$TARGET" "$used" "$tag" || { fail "$tag: fill"; return 1; }
@@ -190,7 +191,7 @@ zfs-raidz*)
         ref=$(zfs get -Hp -o value refreservation tank/vol)
         vs=$(zfs get -Hp -o value volsize tank/vol)
         zfs destroy tank/vol
-        size=$(awk -v a="$avail" -v r="$ref" -v v="$vs" 'BEGIN {printf "%d", int((a + r) * 0.95 * v / r / 1048576) * 1048576}')
+        size=$(awk -v a="$avail" -v r="$ref" -v v="$vs" 'BEGIN {printf "%.0f", int((a + r) * 0.95 * v / r / 1048576) * 1048576}')
         zfs create -V "$size" $b tank/vol || return 1
         udevadm settle --timeout=60
         for _ in $(seq 50); do [ -e /dev/zvol/tank/vol ] && break; sleep 0.2; done
