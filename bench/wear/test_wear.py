@@ -29,7 +29,8 @@ def phase(stack, variant, workload, fill, user, member, read=0, **extra):
 def sample():
     u = 100 * MiB
     return [
-        phase("zfs-raidz1", "zvol-default", "random-4k", 0.5, u, 9 * u, txgs=10),
+        phase("zfs-raidz1", "zvol-default", "random-4k", 0.5, u, 9 * u, txgs=10, pool_capacity_before=40,
+              pool_capacity_after=41, pool_fragmentation_after=12, available_before=300 * MiB),
         phase("zfs-raidz1", "zvol-4k", "random-4k", 0.5, u, 4 * u),
         phase("zfs-raidz1", "dataset", "many-files", 0, u, int(1.3 * u)),
         phase("md-raid5", "block", "random-4k", 0.5, u, 2 * u, read=2 * u),
@@ -88,7 +89,8 @@ class ReportTest(unittest.TestCase):
         md = wr.markdown(res, {"date": "d", "members": 6, "disk_size": "512M", "problems": ["p1"]})
         self.assertIn("| OpenZFS raidz1, zvol, default volblocksize | **9.00** | - | - |", md)
         self.assertIn("| lograid P=1 | **1.25** | **2.50** | **1.30** |", md)
-        self.assertIn("10 txgs", md)
+        self.assertIn("10 txgs, 10 MiB user data per txg; pool 40% → 41% allocated, fragmentation 12%; "
+                      "300 MiB available to the zvol at the start", md)
         self.assertIn("cleaner relocated", md)
         self.assertIn("## Problems", md)
         self.assertIn("| OpenZFS raidz1 | 11.5 | 9.00 | 4.00 |", md)
@@ -114,7 +116,8 @@ class OptionsTest(unittest.TestCase):
         a = wear.parse_args([])
         self.assertEqual(a.stack_list, wear.ALL_STACKS)
         self.assertEqual(a.fill_list, [0.5, 0.75])
-        for bad in (["--stacks", "zfs-raidz9"], ["--fills", "1.5"], ["--members", "3", "--stacks", "lograid-p3"]):
+        for bad in (["--stacks", "zfs-raidz9"], ["--fills", "1.5"], ["--members", "3", "--stacks", "lograid-p3"],
+                    ["--zvol-fraction", "0"]):
             with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
                 wear.parse_args(bad)
 

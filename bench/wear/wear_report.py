@@ -211,6 +211,10 @@ def detail_table(results):
             if rec.get("txgs") is not None:
                 per = rec["user_bytes"] / rec["txgs"] if rec["txgs"] else None
                 notes.append("%d txgs%s" % (rec["txgs"], ", %s user data per txg" % human(per) if per else ""))
+            if rec.get("pool_capacity_before") is not None:
+                notes.append("pool %d%% → %d%% allocated, fragmentation %d%%; %s available to the %s at the start" % (
+                    rec["pool_capacity_before"], rec["pool_capacity_after"], rec.get("pool_fragmentation_after", 0),
+                    human(rec.get("available_before", 0)), "dataset" if rec["variant"] == "dataset" else "zvol"))
             if rec.get("engine_relocated_bytes") is not None:
                 notes.append("cleaner relocated %s" % human(rec["engine_relocated_bytes"]))
                 if rec.get("engine_member_bytes"):

@@ -61,6 +61,10 @@ def parse_args(argv=None):
                    help="the same cap for random writes into a file in a ZFS dataset, measured at the first "
                         "fill only (default 120; 0 skips them)")
     p.add_argument("--files", type=int, default=24, help="many-files: 14 MiB files (default 24; 0 skips)")
+    p.add_argument("--zfs-txg-timeout", type=int, default=0,
+                   help="zfs_txg_timeout in the guest, s (default 0: ZFS's own, 5)")
+    p.add_argument("--zvol-fraction", type=float, default=0.95,
+                   help="a zvol's size as a fraction of the largest the pool can reserve (default 0.95)")
     p.add_argument("--quiet", type=int, default=8, help="seconds without disk writes that end a phase (default 8)")
     p.add_argument("--quiet-max", type=int, default=180, help="longest wait for that quiet (default 180)")
     p.add_argument("--test-timeout", type=int, default=3600, help="guest timeout per stack, s (default 3600)")
@@ -78,6 +82,8 @@ def parse_args(argv=None):
         p.error("--fills: numbers between 0 and 1")
     if not a.fill_list or not all(0 < f < 1 for f in a.fill_list):
         p.error("--fills: numbers between 0 and 1")
+    if not 0 < a.zvol_fraction <= 1:
+        p.error("--zvol-fraction: a number above 0, at most 1")
     if a.members < 4 and any(s.endswith(("raidz3", "p3")) for s in a.stack_list):
         p.error("raidz3 and lograid P=3 need at least 4 members")
     return a
@@ -95,6 +101,8 @@ def test_script(stack, a):
               "WEAR_RANDOM_MAX_SECONDS=%d" % a.random_max_seconds,
               "WEAR_FILE_RANDOM_MAX_SECONDS=%d" % a.file_random_max_seconds,
               "WEAR_FILES=%d" % a.files,
+              "WEAR_ZFS_TXG_TIMEOUT=%d" % a.zfs_txg_timeout,
+              "WEAR_ZVOL_FRACTION=%g" % a.zvol_fraction,
               "WEAR_QUIET=%d" % a.quiet,
               "WEAR_QUIET_MAX=%d" % a.quiet_max]
     return "\n".join(header) + "\n" + body
@@ -188,7 +196,7 @@ def run(a):
         "members": a.members, "disk_size": a.disk_size, "memory_mib": a.memory,
         "fills": a.fill_list, "random_factor": a.random_factor, "random_max_seconds": a.random_max_seconds,
         "file_random_max_seconds": a.file_random_max_seconds,
-        "files": a.files, "quiet": a.quiet, "quiet_max": a.quiet_max, "stacks": a.stack_list,
+        "files": a.files, "zfs_txg_timeout": a.zfs_txg_timeout, "zvol_fraction": a.zvol_fraction, "quiet": a.quiet, "quiet_max": a.quiet_max, "stacks": a.stack_list,
         "guest_kernel": guest_kernel, "duration_seconds": round(duration), "duration": fmt_duration(duration),
         "problems": problems,
     }

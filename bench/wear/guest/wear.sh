@@ -13,6 +13,8 @@
 #   WEAR_FILE_RANDOM_MAX_SECONDS   the same cap for random writes into a file in a ZFS dataset
 #                   (128 KiB records), measured at the first fill only (0: skip)
 #   WEAR_FILES      many-files: how many 14 MiB files (0: skip the workload)
+#   WEAR_ZFS_TXG_TIMEOUT   zfs_txg_timeout, seconds (0: ZFS's default, 5)
+#   WEAR_ZVOL_FRACTION     a zvol's size as a fraction of the largest the pool can reserve
 #   WEAR_QUIET, WEAR_QUIET_MAX   a phase ends when the counted disks took no write for
 #                   WEAR_QUIET seconds (waited for at most WEAR_QUIET_MAX)
 #
@@ -179,32 +181,45 @@ zfs-raidz*)
         if [ "$1" = fs ]; then
             zfs create tank/files || return 1
             VOLUME_BYTES=$(zfs get -Hp -o value available tank)
-            SETUP="zpool create -o ashift=12 tank $LAYOUT (6 whole disks); zfs create tank/files (recordsize $(zfs get -H -o value recordsize tank/files), compression $(zfs get -H -o value compression tank/files))"
+            SETUP="zpool create -o ashift=12 tank $LAYOUT ($WEAR_MEMBERS whole disks; $TXG_NOTE); zfs create tank/files (recordsize $(zfs get -H -o value recordsize tank/files), compression $(zfs get -H -o value compression tank/files))"
             return 0
         fi
         local b= size avail ref vs
         [ "$VARIANT" = zvol-4k ] && b="-b 4K"
-        # The largest zvol the pool can reserve: ZFS sizes a zvol's refreservation for its
-        # volblocksize on this raidz layout (padding included), so scale a small one up.
+        # WEAR_ZVOL_FRACTION of the largest zvol the pool can reserve: ZFS sizes a zvol's
+        # refreservation for its volblocksize on this raidz layout (padding included), so
+        # scale a small one up.
         zfs create -V 64M $b tank/vol || return 1
         avail=$(zfs get -Hp -o value available tank)
         ref=$(zfs get -Hp -o value refreservation tank/vol)
         vs=$(zfs get -Hp -o value volsize tank/vol)
         zfs destroy tank/vol
-        size=$(awk -v a="$avail" -v r="$ref" -v v="$vs" 'BEGIN {printf "%.0f", int((a + r) * 0.95 * v / r / 1048576) * 1048576}')
+        size=$(awk -v a="$avail" -v r="$ref" -v v="$vs" -v f="$WEAR_ZVOL_FRACTION" \
+            'BEGIN {printf "%.0f", int((a + r) * f * v / r / 1048576) * 1048576}')
         zfs create -V "$size" $b tank/vol || return 1
         udevadm settle --timeout=60
         for _ in $(seq 50); do [ -e /dev/zvol/tank/vol ] && break; sleep 0.2; done
         TARGET=$(readlink -f /dev/zvol/tank/vol)
         VOLUME_BYTES=$size
-        SETUP="zpool create -o ashift=12 tank $LAYOUT (6 whole disks); zfs create -V $size${b:+ $b} tank/vol (volblocksize $(zfs get -Hp -o value volblocksize tank/vol), compression $(zfs get -H -o value compression tank/vol), refreservation $(zfs get -Hp -o value refreservation tank/vol))"
+        SETUP="zpool create -o ashift=12 tank $LAYOUT ($WEAR_MEMBERS whole disks; $TXG_NOTE); zfs create -V $size${b:+ $b} tank/vol (volblocksize $(zfs get -Hp -o value volblocksize tank/vol), compression $(zfs get -H -o value compression tank/vol), refreservation $(zfs get -Hp -o value refreservation tank/vol))"
     }
     stack_down() { zpool destroy tank; }
     stack_sync() { sync; zpool sync tank; }
     txg() { tail -n 1 /proc/spl/kstat/zfs/tank/txgs | awk '{print $1}'; }
-    stack_probe_before() { TXG0=$(txg); }
-    stack_probe_after() { echo "\"txgs\": $(( $(txg) - TXG0 ))"; }
+    # Transaction groups in the phase, the pool's fill and fragmentation (percent), and the
+    # space ZFS counts as available to the written dataset when the phase starts.
+    stack_probe_before() {
+        TXG0=$(txg)
+        CAP0=$(zpool list -Hp -o capacity tank)
+        DS=tank/vol; [ "$VARIANT" = dataset ] && DS=tank/files
+        AVAIL0=$(zfs get -Hp -o value available $DS)
+    }
+    stack_probe_after() {
+        echo "\"txgs\": $(( $(txg) - TXG0 )), \"pool_capacity_before\": $CAP0, \"pool_capacity_after\": $(zpool list -Hp -o capacity tank), \"pool_fragmentation_after\": $(zpool list -Hp -o fragmentation tank | tr -d '%-' | sed 's/^$/0/'), \"available_before\": $AVAIL0"
+    }
     modprobe zfs || { fail "modprobe zfs"; finish; }
+    [ "$WEAR_ZFS_TXG_TIMEOUT" -gt 0 ] && echo "$WEAR_ZFS_TXG_TIMEOUT" > /sys/module/zfs/parameters/zfs_txg_timeout
+    TXG_NOTE="zfs_txg_timeout $(cat /sys/module/zfs/parameters/zfs_txg_timeout) s"
     wipe   # before udevd looks at the disks (it would assemble an md array it finds on them)
     trap 'udevadm control --exit 2>/dev/null' EXIT
     start_udevd || { fail "udevd (zpool needs it for whole disks)"; finish; }
