@@ -215,6 +215,8 @@ def detail_table(results):
                 notes.append("pool %d%% → %d%% allocated, fragmentation %d%%; %s available to the %s at the start" % (
                     rec["pool_capacity_before"], rec["pool_capacity_after"], rec.get("pool_fragmentation_after", 0),
                     human(rec.get("available_before", 0)), "dataset" if rec["variant"] == "dataset" else "zvol"))
+            if rec.get("dmu_tx_quota") is not None:
+                notes.append("%d transactions waited for a txg for want of space (dmu_tx_quota)" % rec["dmu_tx_quota"])
             if rec.get("engine_relocated_bytes") is not None:
                 notes.append("cleaner relocated %s" % human(rec["engine_relocated_bytes"]))
                 if rec.get("engine_member_bytes"):

@@ -208,14 +208,18 @@ zfs-raidz*)
     txg() { tail -n 1 /proc/spl/kstat/zfs/tank/txgs | awk '{print $1}'; }
     # Transaction groups in the phase, the pool's fill and fragmentation (percent), and the
     # space ZFS counts as available to the written dataset when the phase starts.
+    # dmu_tx counters: dmu_tx_quota counts transactions sent back to wait for the next txg
+    # because the space they might need (a worst-case estimate) is more than is available.
+    dmu_tx() { awk -v k="$1" '$1 == k {v = $3} END {printf "%.0f\n", v}' /proc/spl/kstat/zfs/dmu_tx 2>/dev/null || echo 0; }
     stack_probe_before() {
+        QUOTA0=$(dmu_tx dmu_tx_quota); THROTTLE0=$(dmu_tx dmu_tx_dirty_throttle)
         TXG0=$(txg)
         CAP0=$(zpool list -Hp -o capacity tank)
         DS=tank/vol; [ "$VARIANT" = dataset ] && DS=tank/files
         AVAIL0=$(zfs get -Hp -o value available $DS)
     }
     stack_probe_after() {
-        echo "\"txgs\": $(( $(txg) - TXG0 )), \"pool_capacity_before\": $CAP0, \"pool_capacity_after\": $(zpool list -Hp -o capacity tank), \"pool_fragmentation_after\": $(zpool list -Hp -o fragmentation tank | tr -d '%-' | sed 's/^$/0/'), \"available_before\": $AVAIL0"
+        echo "\"txgs\": $(( $(txg) - TXG0 )), \"pool_capacity_before\": $CAP0, \"pool_capacity_after\": $(zpool list -Hp -o capacity tank), \"pool_fragmentation_after\": $(zpool list -Hp -o fragmentation tank | tr -d '%-' | sed 's/^$/0/'), \"available_before\": $AVAIL0, \"dmu_tx_quota\": $(( $(dmu_tx dmu_tx_quota) - QUOTA0 )), \"dmu_tx_dirty_throttle\": $(( $(dmu_tx dmu_tx_dirty_throttle) - THROTTLE0 ))"
     }
     modprobe zfs || { fail "modprobe zfs"; finish; }
     [ "$WEAR_ZFS_TXG_TIMEOUT" -gt 0 ] && echo "$WEAR_ZFS_TXG_TIMEOUT" > /sys/module/zfs/parameters/zfs_txg_timeout
