@@ -183,7 +183,7 @@ def run(a):
         if os.path.exists(console):
             with open(console, errors="replace") as f:
                 m = re.search(r"vm guest: kernel (\S+)", f.read())
-                guest_kernel = m.group(1) if m else guest_kernel
+                guest_kernel = m.group(1).rstrip(",;.") if m else guest_kernel
         shutil.rmtree(kept)   # the guest's disks (up to members+1 x disk size) and the share
     else:
         problems.append("no kept guest folder to collect results from")
