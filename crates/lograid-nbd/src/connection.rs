@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, B
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::timeout;
 
-use crate::buffers::PayloadBuffers;
+use crate::buffers::{KeptBudget, PayloadBuffers};
 use crate::dispatch::{error_reply, execute, ReplyOptions};
 use crate::negotiate::{ExportRegistry, Negotiation, NegotiationPolicy, Session, Step};
 use crate::proto::*;
@@ -67,6 +67,8 @@ pub(crate) struct Shared {
     pub counters: Arc<Counters>,
     /// Bytes of request and reply buffers across all connections.
     pub global_bytes: Arc<Semaphore>,
+    /// Idle request buffers kept across all connections.
+    pub kept_buffers: Arc<KeptBudget>,
     pub shutdown: watch::Receiver<bool>,
     /// Present when the policy offers or requires TLS.
     pub tls: Option<TlsSettings>,
@@ -346,7 +348,10 @@ async fn transmission<R, W>(
     let writer = BufWriter::with_capacity(WRITE_BUFFER_BYTES, writer);
     let (reply_tx, reply_rx) = mpsc::unbounded_channel::<Outgoing>();
     let (abort_tx, abort_rx) = watch::channel(false);
-    let buffers = Arc::new(PayloadBuffers::new(kept_payload_bytes(&shared.limits)));
+    let buffers = Arc::new(PayloadBuffers::new(
+        kept_payload_bytes(&shared.limits),
+        shared.kept_buffers.clone(),
+    ));
     let writer_task = tokio::spawn(write_replies(
         writer,
         reply_rx,
@@ -683,7 +688,10 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
 }
 
 /// Idle request buffers a connection keeps for reuse: half its in-flight budget (32 MiB by
-/// default), so a connection's payload memory stays within 1.5 x that budget.
+/// default; the server's `KeptBudget` caps them over all connections). A buffer in flight is
+/// its request's size class, up to twice the bytes the budget reserved for it, so a
+/// connection's request buffers stay within 2.5 x that budget (1.5 x for power-of-two
+/// request sizes).
 fn kept_payload_bytes(limits: &ConnectionLimits) -> usize {
     limits.max_in_flight_bytes as usize / 2
 }

@@ -6,6 +6,7 @@
 //! headers and data, the negotiation state machine, request validation, and reply building
 //! against a stub export) the way a connection would. Must never do I/O.
 
+use crate::buffers::{KeptBudget, PayloadBuffers};
 use std::io;
 use std::sync::Arc;
 
@@ -278,6 +279,9 @@ fn haggle(data: &mut &[u8], negotiation: &mut Negotiation) -> Option<Session> {
 /// Requests from `data` (without their magic) until it ends or one does not parse: each is
 /// validated, and executed against the stub export unless longer than [`MAX_EXECUTED_LEN`].
 fn transmit(data: &mut &[u8], session: &Session, options: ReplyOptions, reach: &mut FuzzReach) {
+    // Replies go back to one pool for the whole input, as on a connection, so reused buffers
+    // are fuzzed too.
+    let buffers = PayloadBuffers::new(1 << 20, KeptBudget::new(1 << 20));
     while let Some(raw) = take(data, REQUEST_HEADER_LEN - 4) {
         let mut bytes = [0u8; REQUEST_HEADER_LEN];
         bytes[0..4].copy_from_slice(&NBD_REQUEST_MAGIC.to_be_bytes());
@@ -310,12 +314,13 @@ fn transmit(data: &mut &[u8], session: &Session, options: ReplyOptions, reach: &
                         command,
                         &payload,
                         options,
-                        &crate::buffers::PayloadBuffers::new(0),
+                        &buffers,
                     );
                     assert!(
                         reply.len() >= SIMPLE_REPLY_HEADER_LEN,
                         "reply shorter than a header"
                     );
+                    buffers.give_back(reply);
                 }
             }
             Err(rejection) => {

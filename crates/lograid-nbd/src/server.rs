@@ -352,6 +352,11 @@ impl Server {
                     .unwrap_or(usize::MAX)
                     .min(Semaphore::MAX_PERMITS),
             )),
+            // Idle buffers kept for reuse: a quarter of the in-flight budget over all
+            // connections (256 MiB by default), whatever their number.
+            kept_buffers: crate::buffers::KeptBudget::new(
+                usize::try_from(config.max_total_in_flight_bytes / 4).unwrap_or(usize::MAX),
+            ),
             shutdown: shutdown_tx.subscribe(),
             tls: config.tls.clone(),
         });

@@ -335,8 +335,11 @@ impl Ledger {
     }
 
     /// Keeps a written row's buffer for a later row, unless `keep_rows` spare buffers or
-    /// `keep_bytes` spare bytes are kept already (then it is freed).
+    /// `keep_bytes` spare bytes are kept already (then it is freed). Spares of another length
+    /// (rows from before the row width changed) are freed first: only an exact length is
+    /// ever reused.
     pub fn recycle(&mut self, buf: AlignedBuf, keep_rows: usize, keep_bytes: usize) {
+        self.spare_buffers.retain(|b| b.len() == buf.len());
         let spare_bytes: usize = self.spare_buffers.iter().map(|b| b.len()).sum();
         if self.spare_buffers.len() < keep_rows && spare_bytes + buf.len() <= keep_bytes {
             self.spare_buffers.push(buf);
