@@ -170,6 +170,26 @@ mkfs_ext4_mount() {
     mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$1" && mount "$1" $MNT
 }
 
+# md, btrfs and lograid: the random phase at every fill (as variant $1), then many-files (as
+# variant $2), each on a fresh stack. (ZFS has its own: zvols of two block sizes, a dataset.)
+random_then_files() {
+    VARIANT=$1
+    for f in $WEAR_FILLS; do
+        wipe
+        stack_up block || { fail "$WEAR_STACK $VARIANT: create"; stack_down 2> /dev/null; continue; }
+        log "setup: $SETUP"
+        measure_random "$f"
+        stack_down
+    done
+    [ "$WEAR_FILES" -gt 0 ] || return 0
+    VARIANT=$2
+    wipe
+    stack_up fs || { fail "$WEAR_STACK $VARIANT: create"; stack_down 2> /dev/null; return; }
+    log "setup: $SETUP"
+    measure_files $MNT/many
+    stack_down
+}
+
 case $WEAR_STACK in
 zfs-raidz*)
     LAYOUT=${WEAR_STACK#zfs-}
@@ -278,22 +298,7 @@ md-raid*)
     stack_down() { mountpoint -q $MNT && umount $MNT; mdadm --stop /dev/md0 > /dev/null; }
     export MDADM_NO_UDEV=1   # udevd does not run: mdadm makes /dev/md0 itself
     modprobe raid456 || { fail "modprobe raid456"; finish; }
-    run_all() {
-        VARIANT=block
-        for f in $WEAR_FILLS; do
-            wipe; stack_up block || { fail "$WEAR_STACK: create"; continue; }
-            log "setup: $SETUP"
-            measure_random "$f"
-            stack_down
-        done
-        if [ "$WEAR_FILES" -gt 0 ]; then
-            VARIANT=ext4
-            wipe; stack_up fs || { fail "$WEAR_STACK ext4: create"; return; }
-            log "setup: $SETUP"
-            measure_files $MNT/many
-            stack_down
-        fi
-    }
+    run_all() { random_then_files block ext4; }
     ;;
 btrfs-raid*)
     DPROFILE=${WEAR_STACK#btrfs-}
@@ -309,22 +314,7 @@ btrfs-raid*)
     }
     stack_down() { umount $MNT; }
     stack_sync() { sync; btrfs filesystem sync $MNT; }
-    run_all() {
-        VARIANT=file
-        for f in $WEAR_FILLS; do
-            wipe; stack_up block || { fail "$WEAR_STACK: create"; continue; }
-            log "setup: $SETUP"
-            measure_random "$f"
-            stack_down
-        done
-        if [ "$WEAR_FILES" -gt 0 ]; then
-            VARIANT=fs
-            wipe; stack_up fs || { fail "$WEAR_STACK fs: create"; return; }
-            log "setup: $SETUP"
-            measure_files $MNT/many
-            stack_down
-        fi
-    }
+    run_all() { random_then_files file fs; }
     ;;
 lograid-p*)
     PARITY=${WEAR_STACK#lograid-p}
@@ -370,22 +360,7 @@ lograid-p*)
         sleep 1.5
         echo "\"engine_relocated_bytes\": $(( $(status_number relocated_bytes) - REL0 )), \"engine_member_bytes\": $(( $(status_number member_bytes_written) - ENG0 ))"
     }
-    run_all() {
-        VARIANT=nbd
-        for f in $WEAR_FILLS; do
-            wipe; stack_up block || { fail "$WEAR_STACK: create"; stack_down; continue; }
-            log "setup: $SETUP"
-            measure_random "$f"
-            stack_down
-        done
-        if [ "$WEAR_FILES" -gt 0 ]; then
-            VARIANT=ext4
-            wipe; stack_up fs || { fail "$WEAR_STACK ext4: create"; stack_down; return; }
-            log "setup: $SETUP"
-            measure_files $MNT/many
-            stack_down
-        fi
-    }
+    run_all() { random_then_files nbd ext4; }
     ;;
 *) fail "unknown stack $WEAR_STACK"; finish ;;
 esac
