@@ -39,3 +39,17 @@ host() {
 md5() { md5sum "$1" | cut -d' ' -f1; }
 # drop_caches: the next reads come from the device, not the page cache.
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+
+# Copies file $1 to $2 (then syncs) in the background while the host's server $3 is SIGKILLed
+# and started again with host request $4...; each step is a RESULT line.
+copy_across_kill() {
+    local src=$1 dst=$2 server=$3 copy
+    shift 3
+    (cp "$src" "$dst" && sync) &
+    copy=$!
+    sleep 2
+    host kill "$server" && ok "server SIGKILLed during a copy" || fail "SIGKILL the server"
+    sleep 2
+    host "$@" && ok "server started again" || fail "start the server again"
+    wait $copy && ok "the copy across the restart finished" || fail "the copy across the restart"
+}

@@ -19,13 +19,7 @@ check "mkfs.ext4" mkfs.ext4 -q -F "$dev"
 check "mount ext4" mount "$dev" /mnt/fs
 dd if=/dev/urandom of=$WORK/src bs=1M count=32 status=none
 S=$(md5 $WORK/src)
-(cp $WORK/src /mnt/fs/c && sync) &
-copy=$!
-sleep 2
-host kill anfs && ok "server SIGKILLed during a copy" || fail "SIGKILL the server"
-sleep 1
-host $SERVE && ok "server started again" || fail "start the server again"
-wait $copy && ok "the copy across the restart finished" || fail "the copy across the restart"
+copy_across_kill $WORK/src /mnt/fs/c anfs $SERVE
 $LOGRAID attach --nfs $HOST:$P --export vol0 --state-dir $ST > /dev/null 2>&1 && fail "a second attach" || ok "a second attach of vol0 refused"
 check "umount ext4" umount /mnt/fs
 check "detach" $LOGRAID detach "$dev" --state-dir $ST

@@ -20,13 +20,7 @@ check "write a (24 MiB, fsync)" dd if=/dev/urandom of=/mnt/fs/a bs=1M count=24 c
 A=$(md5 /mnt/fs/a)
 dd if=/dev/urandom of=$WORK/src bs=1M count=48 status=none
 S=$(md5 $WORK/src)
-(cp $WORK/src /mnt/fs/c && sync) &
-copy=$!
-sleep 2
-host kill nfs && ok "server SIGKILLed during the copy" || fail "SIGKILL the server"
-sleep 2
-host $SERVE && ok "server started again on port $P" || fail "start the server again"
-wait $copy && ok "the copy across the restart finished" || fail "the copy across the restart"
+copy_across_kill $WORK/src /mnt/fs/c nfs $SERVE
 check "write b (8 MiB, fsync)" dd if=/dev/urandom of=/mnt/fs/b bs=1M count=8 conv=fsync status=none
 B=$(md5 /mnt/fs/b)
 # The studies' many 14 MB files (as a photo library's), through the same path.
