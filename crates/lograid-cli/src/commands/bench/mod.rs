@@ -60,15 +60,24 @@ pub struct BenchArgs {
     /// Steady state: fills of the pool's usable capacity to overwrite at.
     #[arg(long, default_value = "0.5,0.75,0.9")]
     pub fills: String,
-    /// Steady state: overwrite patterns (uniform; skewed = 90% of writes on 10% of blocks).
+    /// Steady state: overwrite patterns: uniform; skewed (90% of writes on 10% of blocks);
+    /// zipf:THETA; moving:SECONDS or moving:Nx (skewed's hot tenth moves every SECONDS, or every
+    /// N x the volume's size written); seqmix[:RUN] (half random 4K, half sequential RUN-sized
+    /// writes, 256K by default); trace:PATH (the writes of an MSR Cambridge CSV trace, looped);
+    /// sync:N (random 4K writes on an empty volume, each writer flushing every N writes).
     #[arg(long, default_value = "uniform,skewed")]
     pub patterns: String,
     /// Steady state: cleaner policies to compare (cost-benefit, greedy).
     #[arg(long, default_value = "cost-benefit,greedy")]
     pub policies: String,
-    /// Steady state: seconds of random overwrite per fill and pattern.
-    #[arg(long, default_value_t = 120.0)]
-    pub steady_seconds: f64,
+    /// Steady state: stop a run that has not settled after this many seconds of overwrite (its
+    /// report says converged: false).
+    #[arg(long, default_value_t = 600.0, alias = "steady-seconds")]
+    pub steady_max_seconds: f64,
+    /// Steady state: a window is this share of the volume's size written; a run is steady once
+    /// three successive windows after one whole overwrite have WA within 5%.
+    #[arg(long, default_value_t = 0.25)]
+    pub steady_window: f64,
     /// Steady state: folder for one JSON report per policy.
     #[arg(long)]
     pub steady_out: Option<PathBuf>,
@@ -378,6 +387,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
     {
         bail!("--workloads: unknown workload '{w}' (seq, rand, sync, recovery, steady, rebuild)");
     }
+    let steady = match a.workloads.split(',').any(|w| w.trim() == "steady") {
+        true => Some(steady::Options::from_args(&a)?),
+        false => None,
+    };
     if let Some(n) = a.cpus {
         crate::os::run_on_first_cpus(n).with_context(|| format!("--cpus {n}"))?;
     }
@@ -408,8 +421,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         if ["seq", "rand", "sync", "recovery"].iter().any(|w| wants(w)) {
             run_in(&a, &dir)?;
         }
-        if wants("steady") {
-            steady::run(&a, &dir)?;
+        if let Some(steady) = &steady {
+            steady::run(&a, &dir, steady)?;
         }
         if wants("rebuild") {
             let report = rebuild::run(&a, &dir)?;
