@@ -23,12 +23,23 @@ pub struct Plan {
     /// on (one overwrite of the volume's written size).
     pub warmup_bytes: u64,
     pub max_seconds: f64,
-    /// Stop once this many bytes are written (the empty baseline).
+    /// Stop once this many bytes are written (the empty baseline, sync:N).
     pub byte_limit: Option<u64>,
     /// None: no convergence check (run to a limit).
     pub rule: Option<Rule>,
     /// Print a line per window on stderr.
     pub verbose: bool,
+}
+
+/// Why a load stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stop {
+    Steady,
+    TimeLimit,
+    ByteLimit,
+    /// A writer failed (the run returns its error).
+    Failed,
 }
 
 /// What the writers share with the sampler.
@@ -90,6 +101,7 @@ fn cleaner_split(_status: &PoolStatus) -> (Option<u64>, Option<u64>) {
 /// A finished load: its windows (the last, partial one dropped) and its
 /// totals.
 pub struct Outcome {
+    pub stopped_by: Stop,
     pub windows: Vec<Window>,
     /// Index of the first window that counts towards steady state.
     pub first_eligible: usize,
@@ -132,17 +144,17 @@ pub fn run(
     let mut windows: Vec<Window> = Vec::new();
     let mut first_eligible: Option<usize> = None;
     let rule = plan.rule;
-    loop {
+    let stopped_by = loop {
         std::thread::sleep(Duration::from_millis(20));
         if progress.stop.load(Ordering::Relaxed) {
-            break; // a writer failed
+            break Stop::Failed;
         }
         let issued = progress.bytes.load(Ordering::Relaxed);
         if plan.byte_limit.is_some_and(|l| issued >= l) {
-            break;
+            break Stop::ByteLimit;
         }
         if progress.start.elapsed().as_secs_f64() >= plan.max_seconds {
-            break;
+            break Stop::TimeLimit;
         }
         if issued - prev.issued < plan.window_bytes {
             continue;
@@ -161,10 +173,10 @@ pub fn run(
         if let (Some(rule), Some(first)) = (rule, first_eligible) {
             let was: Vec<f64> = windows.iter().map(|w| w.wa).collect();
             if rule.steady(&was, first).is_some() {
-                break;
+                break Stop::Steady;
             }
         }
-    }
+    };
     progress.stop.store(true, Ordering::Relaxed);
     let mut latencies: Vec<Histogram> = Vec::new();
     let mut failure = None;
@@ -191,6 +203,7 @@ pub fn run(
         w.p999_us = h.percentile_us(0.999);
     }
     Ok(Outcome {
+        stopped_by,
         first_eligible: first_eligible.unwrap_or(windows.len()),
         windows,
         seconds: progress.start.elapsed().as_secs_f64(),

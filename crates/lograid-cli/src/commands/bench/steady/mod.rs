@@ -21,6 +21,7 @@ mod zipf;
 use super::{chrono_like_now, filled, machine, BenchArgs, BenchPool};
 use anyhow::{anyhow, bail, Context, Result};
 use converge::RULE;
+use load::Stop;
 use lograid::{CleanerPolicy, PoolOptions};
 use pattern::{Generator, Pattern};
 use report::{Latency, Setup, SteadyReport, SteadyRun};
@@ -28,8 +29,10 @@ use std::path::Path;
 use std::sync::Arc;
 use trace::Trace;
 
-/// Windows of sync:N (an empty volume, nothing to overwrite first) are this
-/// many bytes of writes, or the window share of the volume if smaller.
+/// sync:N writes into an empty volume and should measure flushes, not the
+/// cleaner: its windows are a 64th of the usable capacity, at most this
+/// many bytes, and it stops after an eighth of the capacity written (with
+/// a WA up to 6 the log does not wrap).
 const SYNC_WINDOW_BYTES: u64 = 256 << 20;
 
 /// The empty baseline writes a quarter of the usable capacity (the log does
@@ -196,8 +199,12 @@ fn summary(run: &SteadyRun, empty: &Latency, max_seconds: f64) {
     let f = |v: Option<f64>, d: usize| v.map_or("-".into(), |v| format!("{v:.d$}"));
     let pct = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.0}%", v * 100.0));
     if !run.converged {
+        let limit = match run.stopped_by {
+            Stop::ByteLimit => "an eighth of the capacity written, the limit of sync:N".to_string(),
+            _ => format!("{max_seconds} s (--steady-max-seconds)"),
+        };
         eprintln!(
-            "  not converged: no {} successive windows within {:.0}% after one overwrite in {max_seconds} s (--steady-max-seconds); the figures below are the last {} windows",
+            "  not converged: no {} successive windows within {:.0}% (after one overwrite) in {limit}; the figures below are the last {} windows",
             RULE.windows,
             RULE.tolerance * 100.0,
             run.steady_windows.len()
@@ -281,10 +288,18 @@ fn steady_run(
         bp.pool.checkpoint()?;
         map_seq = Some(bp.pool.status().map_bytes_per_stored_block);
     }
-    let share = ((volume_bytes as f64 * a.steady_window) as u64).max(4096);
-    let (window_bytes, warmup_bytes) = match fill {
-        Some(_) => (share, volume_bytes),
-        None => (share.min(SYNC_WINDOW_BYTES), 0),
+    let usable = bp.pool.status().usable_bytes;
+    let (window_bytes, warmup_bytes, byte_limit) = match fill {
+        Some(_) => (
+            ((volume_bytes as f64 * a.steady_window) as u64).max(4096),
+            volume_bytes,
+            None,
+        ),
+        None => (
+            (usable / 64).clamp(4096, SYNC_WINDOW_BYTES),
+            0,
+            Some(usable / 8),
+        ),
     };
     let st0 = bp.pool.status();
     let generator = Arc::new(Generator::new(pattern, volume_bytes, trace));
@@ -292,7 +307,7 @@ fn steady_run(
         window_bytes,
         warmup_bytes,
         max_seconds: a.steady_max_seconds,
-        byte_limit: None,
+        byte_limit,
         rule: Some(RULE),
         verbose: true,
     };
@@ -318,6 +333,7 @@ fn steady_run(
         window_bytes,
         warmup_bytes,
         converged: false,
+        stopped_by: outcome.stopped_by,
         steady_windows: Vec::new(),
         wa_steady: None,
         iops_steady: None,

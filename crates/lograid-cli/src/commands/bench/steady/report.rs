@@ -4,7 +4,7 @@
 
 use super::converge::Rule;
 use super::latency::Histogram;
-use super::load::Outcome;
+use super::load::{Outcome, Stop};
 use lograid::CleanerPolicy;
 use serde::Serialize;
 
@@ -92,8 +92,11 @@ pub struct SteadyRun {
     pub volume_bytes: u64,
     pub window_bytes: u64,
     pub warmup_bytes: u64,
-    /// Steady state reached before the time limit.
+    /// Steady state reached before a limit.
     pub converged: bool,
+    /// What ended the run: steady, time_limit (--steady-max-seconds) or
+    /// byte_limit (sync:N: an eighth of the capacity written).
+    pub stopped_by: Stop,
     /// The windows the steady figures are the mean of: the converged ones,
     /// else the last three.
     pub steady_windows: Vec<usize>,
@@ -173,9 +176,10 @@ pub fn steady_figures(run: &mut SteadyRun, outcome: &mut Outcome, rule: Rule) {
 /// How windows are cut and when a run is steady.
 #[derive(Serialize)]
 pub struct Setup {
-    /// A window is this share of the volume's size written (sync:N: of
-    /// `sync_window_bytes` at most).
+    /// A window is this share of the volume's size written.
     pub window_fraction: f64,
+    /// sync:N: windows of a 64th of the capacity, at most this many
+    /// bytes; the run stops after an eighth of the capacity written.
     pub sync_window_bytes: u64,
     pub windows_needed: usize,
     pub tolerance: f64,
@@ -244,6 +248,7 @@ mod tests {
             window_bytes: 100,
             warmup_bytes: 400,
             converged: false,
+            stopped_by: Stop::TimeLimit,
             steady_windows: Vec::new(),
             wa_steady: None,
             iops_steady: None,
@@ -285,6 +290,7 @@ mod tests {
             })
             .collect();
         Outcome {
+            stopped_by: Stop::Steady,
             first_eligible: was.iter().position(|w| w.1).unwrap_or(was.len()),
             windows,
             seconds: 9.0,
