@@ -1,8 +1,10 @@
 //! The cleaner: picks a sealed segment with little live data, moves its live
 //! blocks to the cleaner's own log head (so relocated, colder data stays
-//! apart from fresh writes), and frees the segment once the move is durable.
-//! A background thread keeps a reserve of free segments ahead of writers;
-//! writers that find no free segment clean in the foreground.
+//! apart from fresh writes, with the user blocks expected to live long:
+//! `lifetime`), and frees the segment once the move is durable. A
+//! background thread keeps a reserve of free segments ahead of writers;
+//! writers that find no free segment clean in the foreground, choosing
+//! victims by the same policy.
 
 use super::ledger::SealedRow;
 use super::log::AppendError;
@@ -13,6 +15,20 @@ use crate::layout::{Pba, RowGeom};
 
 /// A live block to relocate: volume, LBA, where it is, its CRC, its bytes.
 type LiveBlock<'a> = (u32, u64, Pba, u32, Cow<'a, [u8]>);
+
+/// A segment chosen to be emptied, and the rows emptying it gains.
+struct Victim {
+    segment: u32,
+    gain_rows: u64,
+}
+
+/// What emptying a segment moved: blocks, and of those, blocks the
+/// cleaner's head had written (data that had lived long already).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Moved {
+    pub blocks: u64,
+    pub again: u64,
+}
 use super::ledger::SegState;
 use super::stats::CleanerState;
 use super::{CleanerPolicy, Engine};
@@ -27,23 +43,40 @@ use std::sync::Arc;
 
 impl Engine {
     /// Cleans up to `want` segments by the pool's policy (`urgent`: for a
-    /// writer out of space, see `pick_victim`), then, if space is short
-    /// and an emptied segment waits for a checkpoint before it may be
-    /// reused, writes one. Returns how many segments were cleaned.
+    /// writer out of space, which counts what the cleaning cost), then, if
+    /// space is short and an emptied segment waits for a checkpoint before
+    /// it may be reused, writes one. Returns how many segments were cleaned.
     pub(crate) fn clean_segments(&self, want: usize, urgent: bool) -> Result<usize> {
+        self.clean_until(urgent, |cleaned, _| cleaned >= want)
+    }
+
+    /// Cleans for a writer out of room until the victims' gains (the rows
+    /// each frees less the rows its live blocks take at the cleaner's head)
+    /// add up to `segments` whole segments, or nothing more can be gained.
+    fn clean_for_room(&self, segments: usize) -> Result<usize> {
+        let rows = self.shape.geometry.segment_blocks / self.shape.geometry.chunk_blocks;
+        let want_rows = segments as u64 * u64::from(rows);
+        self.clean_until(true, |_, gained_rows| gained_rows >= want_rows)
+    }
+
+    /// Cleans victim after victim until `done(victims, rows gained)`; see
+    /// `clean_segments`.
+    fn clean_until(&self, urgent: bool, done: impl Fn(usize, u64) -> bool) -> Result<usize> {
         let _m = self.maintenance.lock();
-        let mut cleaned = 0;
-        while cleaned < want {
-            match self.clean_one(urgent) {
-                Ok(true) => {}
-                Ok(false) => break,
+        let (mut cleaned, mut gained) = (0, 0u64);
+        while !done(cleaned, gained) {
+            let Some(victim) = self.pick_victim() else {
+                break;
+            };
+            match self.relocate_segment(victim.segment) {
+                Ok(moved) => self.count_cleaned(moved, urgent),
                 // The cleaner's head found no free segment: segments
                 // emptied earlier may only wait for the checkpoint below.
                 Err(Error::NoSpace) => break,
                 Err(e) => return Err(e),
             }
             cleaned += 1;
-            self.stats.lock().segments_cleaned += 1;
+            gained += victim.gain_rows;
         }
         // Segments emptied since the last checkpoint are reusable only
         // after the next one; write it early only if space is short.
@@ -61,6 +94,16 @@ impl Engine {
         Ok(cleaned)
     }
 
+    /// Counts a segment emptied, with what it moved.
+    fn count_cleaned(&self, moved: Moved, urgent: bool) {
+        let mut stats = self.stats.lock();
+        stats.segments_cleaned += 1;
+        stats.relocated_again_blocks += moved.again;
+        if urgent {
+            stats.foreground_relocated_blocks += moved.blocks;
+        }
+    }
+
     /// Free segments below which cleaning starts in the background: the
     /// user floor plus a few segments to absorb bursts. Kept small on
     /// purpose: segments held free are space the data cannot use, and
@@ -73,18 +116,10 @@ impl Engine {
     }
 
     /// Called by a writer that found no free segment: flush (which releases
-    /// emptied segments) or clean in the foreground, greedily (see
-    /// `pick_victim`), or report the pool full.
+    /// emptied segments) or clean in the foreground, by the pool's policy
+    /// (see `pick_victim`), or report the pool full.
     pub(crate) fn make_space(&self) -> Result<()> {
-        // A user head with no next segment reserved (after recovery) needs
-        // two free segments above the floor to move, not one.
-        let shortfall = |ledger: &super::ledger::Ledger| {
-            let fresh =
-                ledger.heads[HeadId::User.index()].next_segment == super::ledger::NO_SEGMENT;
-            (self.shape.user_floor_segments(ledger) + 1 + usize::from(fresh))
-                .saturating_sub(ledger.free.len())
-        };
-        if shortfall(&self.ledger.lock()) == 0 {
+        if self.space_shortfall() == 0 {
             return Ok(());
         }
         let started = std::time::Instant::now();
@@ -93,13 +128,12 @@ impl Engine {
             // last checkpoint runs through them, for a checkpoint).
             self.flush_log()?;
             self.checkpoint_log_if_due()?;
-            if shortfall(&self.ledger.lock()) == 0 {
+            if self.space_shortfall() == 0 {
                 return Ok(());
             }
             self.stats.lock().cleaner_state = CleanerState::Urgent;
-            let want = shortfall(&self.ledger.lock()) + 2;
-            let cleaned = self.clean_segments(want, true)?;
-            if shortfall(&self.ledger.lock()) == 0 {
+            let cleaned = self.clean_for_room(self.space_shortfall() + 2)?;
+            if self.space_shortfall() == 0 {
                 return Ok(());
             }
             if cleaned == 0 {
@@ -116,15 +150,31 @@ impl Engine {
         result
     }
 
-    /// Picks the sealed segment to empty next, by the pool's policy; full
-    /// segments are never picked (cleaning them gains nothing). When
-    /// `urgent` (a writer is out of space), greedily: the emptiest segment
-    /// gives the most room for the least work, as in F2FS's foreground
-    /// cleaning. (Cost-benefit here, even limited to segments at most 80%
-    /// live, can spin in a nearly full pool: each pass gains less room than
-    /// the checkpoint that releases it takes.)
-    fn pick_victim(&self, urgent: bool) -> Option<u32> {
+    /// Free segments a writer lacks: a head that takes user data (the
+    /// user's, and the cleaner's for long-lived blocks: `lifetime`) moves
+    /// on with one free segment above the user floor, two if it has no
+    /// next segment reserved (after recovery).
+    fn space_shortfall(&self) -> usize {
         let ledger = self.ledger.lock();
+        let fresh = [HeadId::User, HeadId::Cleaner]
+            .iter()
+            .any(|h| ledger.heads[h.index()].next_segment == super::ledger::NO_SEGMENT);
+        (self.shape.user_floor_segments(&ledger) + 1 + usize::from(fresh))
+            .saturating_sub(ledger.free.len())
+    }
+
+    /// Picks the sealed segment to empty next, and what emptying it gains;
+    /// full segments are never picked (cleaning them gains nothing).
+    /// Greedy: the emptiest. Cost-benefit: the best (free space × age) /
+    /// live blocks among the segments that gain at least half what the
+    /// emptiest would, so that cold segments are emptied while fuller than
+    /// hot ones (which are left to empty further) and yet every pass makes
+    /// progress: in a nearly full pool, where every segment gains little,
+    /// the pick stays close to greedy. (Unbounded cost-benefit there spins:
+    /// each pass gains less room than the checkpoint that releases it
+    /// takes.) Writers out of room and the background pick alike.
+    fn pick_victim(&self) -> Option<Victim> {
+        let mut ledger = self.ledger.lock();
         let now = ledger.next_seq;
         // What a segment written now holds (in a degraded pool new rows
         // are narrower: moving a full segment of wide rows would take more
@@ -152,54 +202,54 @@ impl Engine {
         } else {
             1
         };
-        let gains = |live: u64| row_slots > 0 && live.div_ceil(row_slots) + min_gain <= rows;
+        let gain_rows = |live: u64| rows.saturating_sub(live.div_ceil(row_slots.max(1)));
         // Sealed segments with something to gain: (index, live, capacity).
-        let candidates = ledger
+        let candidates: Vec<(u32, u64, u64, u64)> = ledger
             .segments
             .iter()
             .enumerate()
             .filter(|(_, s)| s.state == SegState::Sealed)
             .map(|(i, s)| {
                 let capacity = self.shape.segment_capacity(s.members_mask, s.parity);
-                (i as u32, s, capacity)
+                (i as u32, s.live_blocks as u64, capacity, s.sealed_seq)
             })
-            .filter(|(_, s, capacity)| {
-                let live = s.live_blocks as u64;
-                live < *capacity && gains(live)
-            });
-        if urgent || self.options.cleaner_policy == CleanerPolicy::Greedy {
-            return candidates
-                .min_by_key(|(_, s, _)| s.live_blocks)
-                .map(|(i, ..)| i);
-        }
-        candidates
-            .map(|(i, s, capacity)| {
-                let live = s.live_blocks as f64;
-                let age = now.saturating_sub(s.sealed_seq) as f64 + 1.0;
-                (i, (capacity as f64 - live) * age / (live + 1.0))
+            .filter(|&(_, live, capacity, _)| {
+                live < capacity && row_slots > 0 && gain_rows(live) >= min_gain
             })
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(i, _)| i)
-    }
-
-    /// Moves one victim's live blocks; false if there was nothing to clean.
-    fn clean_one(&self, urgent: bool) -> Result<bool> {
-        let Some(victim) = self.pick_victim(urgent) else {
-            return Ok(false);
+            .collect();
+        let (emptiest, _, _, _) = *candidates.iter().min_by_key(|c| c.1)?;
+        let victim = if self.options.cleaner_policy == CleanerPolicy::Greedy {
+            emptiest
+        } else {
+            let best_gain = candidates.iter().map(|c| gain_rows(c.1)).max().unwrap_or(0);
+            candidates
+                .iter()
+                .filter(|c| 2 * gain_rows(c.1) >= best_gain)
+                .map(|&(i, live, capacity, sealed)| {
+                    let age = now.saturating_sub(sealed) as f64 + 1.0;
+                    (i, (capacity - live) as f64 * age / (live as f64 + 1.0))
+                })
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .map_or(emptiest, |(i, _)| i)
         };
-        self.relocate_segment(victim)?;
-        Ok(true)
+        let live = ledger.segments[victim as usize].live_blocks as u64;
+        ledger.note_victim(victim);
+        Some(Victim {
+            segment: victim,
+            gain_rows: gain_rows(live),
+        })
     }
 
     /// Moves every live block of sealed segment `victim` to the cleaner's
     /// head (new rows over the current members) and flushes; the segment is
     /// then empty and becomes free after the next checkpoint. Returns the
     /// blocks moved. The caller holds `maintenance`.
-    pub(crate) fn relocate_segment(&self, victim: u32) -> Result<u64> {
-        let (rows, live_before, sealed_before) = {
+    pub(crate) fn relocate_segment(&self, victim: u32) -> Result<Moved> {
+        let (rows, live_before, sealed_before, cold) = {
             let ledger = self.ledger.lock();
             let seg = &ledger.segments[victim as usize];
-            (seg.rows.clone(), seg.live_blocks, seg.sealed_seq)
+            let cold = seg.written_by == HeadId::Cleaner;
+            (seg.rows.clone(), seg.live_blocks, seg.sealed_seq, cold)
         };
         // Rows sealed here are written by a second thread, so that reading
         // the next row overlaps writing the last (a few rows in flight).
@@ -241,7 +291,10 @@ impl Engine {
         }
         self.flush_log()?;
         self.debug_check("cleaning");
-        Ok(moved)
+        Ok(Moved {
+            blocks: moved,
+            again: if cold { moved } else { 0 },
+        })
     }
 
     /// Appends the live blocks of `rows` to the cleaner's head; sealed rows

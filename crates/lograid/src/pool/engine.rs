@@ -278,6 +278,8 @@ impl Engine {
             spare_buffers: Vec::new(),
             checkpoint_wanted: false,
             overlays: super::overlay_table::OverlayTable::new(options.max_overlays),
+            lifetime_threshold: None,
+            long_lived_appends: 0,
         };
         for (s, seg) in ledger.segments.iter_mut().enumerate() {
             seg.members_mask = shape.geometry.segment_members(s as u32, active_mask);

@@ -46,6 +46,15 @@ pub struct Segment {
     pub sealed_seq: u64,
     /// Rows in offset order (this incarnation of the segment).
     pub rows: Vec<RowGeom>,
+    /// The head that wrote this incarnation (in memory only: a segment
+    /// recovered sealed counts as the user head's).
+    pub written_by: HeadId,
+    /// When its blocks were written by users, on average, on the clock of
+    /// `Ledger::user_appends` (a relocated block keeps its source
+    /// segment's); in memory only (`lifetime`).
+    pub birth: u64,
+    /// Blocks counted into `birth`.
+    pub births: u32,
 }
 
 impl Segment {
@@ -58,6 +67,9 @@ impl Segment {
             fill_blocks: 0,
             sealed_seq: 0,
             rows: Vec::new(),
+            written_by: HeadId::User,
+            birth: 0,
+            births: 0,
         }
     }
     pub fn row_at(&self, offset: u32) -> Option<&RowGeom> {
@@ -258,6 +270,12 @@ pub struct Ledger {
     pub checkpoint_wanted: bool,
     /// Sub-block writes not yet merged into their blocks.
     pub overlays: super::overlay_table::OverlayTable,
+    /// How long user blocks live before the cleaner finds them, on the
+    /// clock of `user_appends` (`lifetime`); None until it first cleans.
+    pub lifetime_threshold: Option<u64>,
+    /// User blocks written to the cleaner's head as long-lived since the
+    /// pool opened.
+    pub long_lived_appends: u64,
 }
 
 impl Ledger {

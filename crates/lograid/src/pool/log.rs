@@ -62,6 +62,8 @@ impl Ledger {
         seg.parity = shape.segment_parity(seg.members_mask);
         seg.rows.clear();
         seg.fill_blocks = 0;
+        seg.written_by = head;
+        (seg.birth, seg.births) = (0, 0);
         // A new incarnation: nothing written before is read in it.
         for stale in &shape.stale {
             stale.clear(s);
@@ -320,12 +322,21 @@ impl Ledger {
                 return Ok(None);
             }
         }
-        let row = self.open_row_mut(head, RowKind::Data, shape)?;
+        // User data keeps the floor left for the cleaner in whichever head
+        // it goes to (`lifetime`).
+        let floor = (entry.kind == EntryKind::Data).then(|| shape.user_floor_segments(self));
+        let birth = self.birth_of(entry.kind, entry.source, shape);
+        let row = self.open_row_mut_above(head, RowKind::Data, shape, floor)?;
         let slot = row.slots();
         row.slot_bytes_mut(slot).copy_from_slice(block);
         row.slot_entry.push(row.entries.len() as u32);
         row.entries.push(entry);
         let full = row.is_full();
+        let segment = row.segment;
+        self.note_birth(segment, birth);
+        if entry.kind == EntryKind::Data && head == HeadId::Cleaner {
+            self.long_lived_appends += 1;
+        }
         let old = self
             .volumes
             .get_mut(&entry.volume)

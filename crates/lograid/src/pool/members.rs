@@ -250,7 +250,7 @@ impl Engine {
         };
         let started = Instant::now();
         self.reshape.lock().started.get_or_insert(started);
-        let moved = self.relocate_segment(victim as u32)?;
+        let moved = self.relocate_segment(victim as u32)?.blocks;
         let left = self.ledger.lock().segments[victim].live_blocks;
         if left > 0 {
             // Blocks beyond what parity can rebuild stay where they are

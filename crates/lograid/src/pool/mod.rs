@@ -15,6 +15,7 @@
 //! - `ledger`: `Ledger`, all mutable bookkeeping behind one mutex
 //!   (segments, heads, volume maps, rows in flight, read-only reason).
 //! - `log`: the log heads: opening, appending to and sealing rows.
+//! - `lifetime`: which head a user block goes to (hot and cold data apart).
 //! - `space`: capacity, the cleaner's floors, stall detection.
 //! - `row_writer`: a bounded queue of sealed rows and the thread that
 //!   hands them to a callback (`rows` makes it write them).
@@ -85,6 +86,7 @@ mod durability;
 mod engine;
 mod faults;
 mod ledger;
+mod lifetime;
 mod log;
 mod members;
 mod open;

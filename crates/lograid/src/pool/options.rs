@@ -43,7 +43,10 @@ pub enum CleanerPolicy {
     /// since it was sealed (after Rosenblum and Ousterhout's LFS; the
     /// (1-u)/u form did better than (1-u)/(1+u) in simulation). Cold
     /// segments are cleaned at a higher utilization than hot ones, which
-    /// are left to empty by themselves.
+    /// are left to empty by themselves. Only segments that gain at least
+    /// half what the emptiest would are considered, so that every pass
+    /// makes progress in a nearly full pool; writers out of room pick by
+    /// the same rule.
     #[default]
     CostBenefit,
 }

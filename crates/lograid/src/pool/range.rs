@@ -84,17 +84,25 @@ impl Engine {
                 return Ok(RecordStep::Done);
             };
             let count = (run.end - run.start) as u32;
+            // Blocks of the run in the cleaner head's open row: that row
+            // gets the lower sequence number (`lifetime`).
+            let mut rows = ledger.seal_heads_holding(id, run.start, run.end, &self.shape);
             match ledger.append_range_record(id, run.start, count, kind, relief, &self.shape) {
                 Ok(row) => {
                     // Blocks skipped before the run were unmapped.
                     ledger.overlays.remove_range(id, blocks.start, run.end);
-                    (row, run.end)
+                    rows.extend(row);
+                    (rows, run.end)
                 }
-                Err(AppendError::NeedSegment) => return Ok(RecordStep::NeedSegment),
+                Err(AppendError::NeedSegment) => {
+                    drop(ledger);
+                    self.write_rows(rows)?;
+                    return Ok(RecordStep::NeedSegment);
+                }
             }
         };
-        let (row, next) = sealed;
-        self.write_rows(row.into_iter().collect())?;
+        let (rows, next) = sealed;
+        self.write_rows(rows)?;
         Ok(RecordStep::Appended { next })
     }
 

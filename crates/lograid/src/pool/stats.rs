@@ -39,6 +39,11 @@ pub struct RuntimeStats {
     /// Writes that waited for the cleaner, and how long in total.
     pub write_stalls: u64,
     pub write_stall_ns: u64,
+    /// Blocks relocated by writers out of room (the rest: in the
+    /// background), and blocks relocated from segments the cleaner's head
+    /// had written (data that had lived long already).
+    pub foreground_relocated_blocks: u64,
+    pub relocated_again_blocks: u64,
     /// (seconds since open, user bytes, member bytes, relocated blocks),
     /// one per second at most, the last ~70 s.
     pub samples: std::collections::VecDeque<(f64, u64, u64, u64)>,

@@ -23,6 +23,19 @@ pub struct CleanerStatus {
     pub discarded_bytes: u64,
     pub write_stalls: u64,
     pub write_stall_seconds: f64,
+    /// Of the bytes relocated since the pool was opened: those writers out
+    /// of room moved (they waited for it; the rest moved in the
+    /// background), and those moved from segments the cleaner's own head
+    /// had written (cold data moved again: blocks relocated before, and
+    /// user writes judged long-lived).
+    #[serde(default)]
+    pub foreground_relocated_bytes: u64,
+    #[serde(default)]
+    pub relocated_again_bytes: u64,
+    /// User bytes written beside the relocated data since the pool was
+    /// opened, as likely to live long (their previous version had).
+    #[serde(default)]
+    pub long_lived_written_bytes: u64,
     /// Member bytes written / volume bytes written over the last minute
     /// (or since opening, if shorter); null while nothing was written.
     pub write_amplification_last_minute: Option<f64>,
@@ -274,9 +287,10 @@ fn cleaner_status(
     member_bytes: u64,
 ) -> CleanerStatus {
     let mut stats = engine.stats.lock();
-    let (user, relocated) = (
+    let (user, relocated, long_lived) = (
         ledger.counters.user_bytes_written,
         ledger.counters.relocated_blocks,
+        ledger.long_lived_appends,
     );
     stats.sample(user, member_bytes, relocated);
     let (t_now, ..) = *stats.samples.back().expect("just sampled");
@@ -291,6 +305,9 @@ fn cleaner_status(
         discarded_bytes: stats.discarded_bytes,
         write_stalls: stats.write_stalls,
         write_stall_seconds: stats.write_stall_ns as f64 / 1e9,
+        foreground_relocated_bytes: stats.foreground_relocated_blocks * BLOCK_BYTES,
+        relocated_again_bytes: stats.relocated_again_blocks * BLOCK_BYTES,
+        long_lived_written_bytes: long_lived * BLOCK_BYTES,
         write_amplification_last_minute: (user_delta > 0)
             .then(|| member_bytes.saturating_sub(member0) as f64 / user_delta as f64),
         window_seconds: t_now - t0,

@@ -1,5 +1,6 @@
-//! The write path for whole blocks: appended to the user log head under the
-//! ledger lock (the map points at the open row at once; reads see the write),
+//! The write path for whole blocks: appended to a log head under the ledger
+//! lock (the user head, or the cleaner's for blocks expected to live long:
+//! `lifetime`; the map points at the open row at once; reads see the write),
 //! sealed rows handed to the row writer, room made by the cleaner when the
 //! head needs a segment, and the space accounting that refuses a new block
 //! a full pool cannot hold. A conditional form replaces a block only if it
@@ -12,7 +13,7 @@ use super::overlay_table::Cond;
 use super::space::SpaceStalls;
 use super::Engine;
 use crate::error::{Error, Result};
-use crate::format::row::{Entry, EntryKind, HeadId};
+use crate::format::row::{Entry, EntryKind};
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
 use crate::map::Loc;
 
@@ -88,8 +89,9 @@ impl Engine {
                         count: 1,
                         source: 0,
                     };
+                    let head = ledger.head_for_user_block(id, b, &self.shape);
                     match ledger.append_block(
-                        HeadId::User,
+                        head,
                         entry,
                         &data[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE],
                         &self.shape,

@@ -1,0 +1,125 @@
+//! Separating data by expected lifetime: which log head a user block goes
+//! to, so that segments hold blocks that die together and the cleaner finds
+//! them nearly empty (skewed traffic then costs less than uniform).
+//!
+//! The rule infers a block's lifetime from its previous version, as SepBIT
+//! does for cloud block storage, without a timestamp per block: every
+//! segment keeps the mean time its blocks were written by users (`birth`,
+//! on the clock of `Ledger::user_appends`; a relocated block keeps its
+//! source segment's), and the pool keeps how old, on average, the segments
+//! the cleaner empties are (`lifetime_threshold`). A block whose previous
+//! version was younger than that when it was overwritten is likely to be
+//! overwritten soon again: it goes to the user head with the other short-
+//! lived data. One whose previous version lived longer goes to the
+//! cleaner's head, beside the relocated blocks, which have lived long too.
+//! New blocks go to the user head.
+//!
+//! Ordering: recovery applies rows in sequence order, and a row's number is
+//! given when it is sealed, so a block whose current version still sits in
+//! a head's open row is written to that same head (its rows are sealed in
+//! order); a trim over such a block first seals that head's row
+//! (`Ledger::seal_heads_holding`).
+//!
+//! Owns: the segments' birth estimates, the threshold and the choice of
+//! head. In memory only: after a restart the threshold starts anew at the
+//! first segment cleaned, and until then every write goes to the user head.
+
+use super::ledger::Ledger;
+use super::shape::Shape;
+use crate::format::row::{EntryKind, HeadId};
+use crate::layout::Pba;
+use crate::map::Loc;
+use std::sync::Arc;
+
+/// How many victims the threshold averages over, roughly (an exponential
+/// moving average with this weight; SepBIT averages the last 16).
+const THRESHOLD_VICTIMS: u64 = 16;
+
+impl Ledger {
+    /// The head a user write of block `lba` of `volume` goes to.
+    pub fn head_for_user_block(&self, volume: u32, lba: u64, shape: &Shape) -> HeadId {
+        let Some(vol) = self.volumes.get(&volume) else {
+            return HeadId::User;
+        };
+        match vol.map.get(lba).0 {
+            Loc::Open { head, .. } => head,
+            Loc::Disk(pba) => self.head_by_lifetime(pba, shape),
+            _ => HeadId::User,
+        }
+    }
+
+    /// User head if the version at `pba` dies younger than the segments the
+    /// cleaner empties live, else the cleaner's.
+    fn head_by_lifetime(&self, pba: Pba, shape: &Shape) -> HeadId {
+        let Some(threshold) = self.lifetime_threshold else {
+            return HeadId::User;
+        };
+        let Some((s, _)) = shape.geometry.segment_of(pba.block) else {
+            return HeadId::User;
+        };
+        let age = self
+            .user_appends
+            .saturating_sub(self.segments[s as usize].birth);
+        if age < threshold {
+            HeadId::User
+        } else {
+            HeadId::Cleaner
+        }
+    }
+
+    /// The birth to count for a block appended with `kind` (`source`: a
+    /// relocated block's old address, encoded).
+    pub fn birth_of(&self, kind: EntryKind, source: u64, shape: &Shape) -> u64 {
+        if kind != EntryKind::Relocated {
+            return self.user_appends;
+        }
+        shape
+            .geometry
+            .segment_of(Pba::decode(source).block)
+            .map_or(self.user_appends, |(s, _)| self.segments[s as usize].birth)
+    }
+
+    /// Counts a block born at `birth` into segment `s`'s mean.
+    pub fn note_birth(&mut self, s: u32, birth: u64) {
+        let seg = &mut self.segments[s as usize];
+        let n = u64::from(seg.births) + 1;
+        let mean = seg.birth as i128 + (birth as i128 - seg.birth as i128) / n as i128;
+        seg.birth = mean.max(0) as u64;
+        seg.births = seg.births.saturating_add(1);
+    }
+
+    /// The cleaner is about to empty segment `s`: its age moves the
+    /// threshold.
+    pub fn note_victim(&mut self, s: u32) {
+        let age = self
+            .user_appends
+            .saturating_sub(self.segments[s as usize].birth);
+        self.lifetime_threshold = Some(match self.lifetime_threshold {
+            None => age,
+            Some(t) => (t * (THRESHOLD_VICTIMS - 1) + age) / THRESHOLD_VICTIMS,
+        });
+    }
+
+    /// Seals the open row of every head other than the user's that holds
+    /// the current version of a block of `volume` in `lba..end`, so that a
+    /// record the user head appends over them is replayed after it.
+    pub fn seal_heads_holding(
+        &mut self,
+        volume: u32,
+        lba: u64,
+        end: u64,
+        shape: &Shape,
+    ) -> Vec<Arc<super::ledger::SealedRow>> {
+        let Some(row) = self.heads[HeadId::Cleaner.index()].open.as_ref() else {
+            return Vec::new();
+        };
+        let held = row
+            .entries
+            .iter()
+            .any(|e| e.kind.owns_slot() && e.volume == volume && (lba..end).contains(&e.lba));
+        if !held {
+            return Vec::new();
+        }
+        self.seal(HeadId::Cleaner, shape).into_iter().collect()
+    }
+}
