@@ -63,8 +63,9 @@ struct Snapshot {
     member: u64,
     member_flushes: u64,
     relocated: u64,
-    foreground: Option<u64>,
-    again: Option<u64>,
+    foreground: u64,
+    again: u64,
+    long_lived: u64,
     free_segments: usize,
     segments_cleaned: u64,
     write_stall_seconds: f64,
@@ -72,7 +73,6 @@ struct Snapshot {
 
 impl Snapshot {
     fn take(status: &PoolStatus, p: &Progress) -> Snapshot {
-        let (foreground, again) = cleaner_split(status);
         Snapshot {
             seconds: p.start.elapsed().as_secs_f64(),
             issued: p.bytes.load(Ordering::Relaxed),
@@ -82,20 +82,14 @@ impl Snapshot {
             member: status.member_bytes_written,
             member_flushes: status.members.iter().map(|m| m.counters.flushes).sum(),
             relocated: status.cleaner.relocated_bytes,
-            foreground,
-            again,
+            foreground: status.cleaner.foreground_relocated_bytes,
+            again: status.cleaner.relocated_again_bytes,
+            long_lived: status.cleaner.long_lived_written_bytes,
             free_segments: status.segments_free,
             segments_cleaned: status.cleaner.segments_cleaned,
             write_stall_seconds: status.cleaner.write_stall_seconds,
         }
     }
-}
-
-/// The cleaner's relocated bytes moved by writers out of room
-/// (foreground), and those whose source the cleaner had relocated before,
-/// where the engine reports them.
-fn cleaner_split(_status: &PoolStatus) -> (Option<u64>, Option<u64>) {
-    (None, None)
 }
 
 /// A finished load: its windows (the last, partial one dropped) and its
@@ -218,13 +212,9 @@ fn window(index: usize, a: &Snapshot, b: &Snapshot, eligible: bool) -> Window {
     let user = b.user.saturating_sub(a.user);
     let member = b.member.saturating_sub(a.member);
     let relocated = b.relocated.saturating_sub(a.relocated);
-    let delta = |x: Option<u64>, y: Option<u64>| Some(y?.saturating_sub(x?));
-    let share = |part: Option<u64>| {
-        part.filter(|_| relocated > 0)
-            .map(|p| p as f64 / relocated as f64)
-    };
-    let foreground = delta(a.foreground, b.foreground);
-    let again = delta(a.again, b.again);
+    let share = |part: u64| (relocated > 0).then(|| part as f64 / relocated as f64);
+    let foreground = b.foreground.saturating_sub(a.foreground);
+    let again = b.again.saturating_sub(a.again);
     let flushes = b.flushes - a.flushes;
     Window {
         index,
@@ -244,6 +234,7 @@ fn window(index: usize, a: &Snapshot, b: &Snapshot, eligible: bool) -> Window {
         relocated_again_bytes: again,
         foreground_share: share(foreground),
         relocated_again_share: share(again),
+        long_lived_written_bytes: b.long_lived.saturating_sub(a.long_lived),
         write_stall_seconds: (b.write_stall_seconds - a.write_stall_seconds).max(0.0),
         flushes_per_s: (flushes > 0).then(|| flushes as f64 / secs),
         member_flushes_per_flush: (flushes > 0)

@@ -38,13 +38,21 @@ pub struct Window {
     pub free_segments: usize,
     pub segments_cleaned: u64,
     pub relocated_bytes: u64,
-    /// Relocated by writers out of room (null where the engine does not say).
-    pub foreground_relocated_bytes: Option<u64>,
-    /// Relocated bytes whose source the cleaner had relocated before.
-    pub relocated_again_bytes: Option<u64>,
-    /// Those two over `relocated_bytes` (null with nothing relocated).
+    /// Relocated by writers out of room, who waited for it (the rest was
+    /// relocated in the background).
+    pub foreground_relocated_bytes: u64,
+    /// Relocated from segments the cleaner's own head had written: cold
+    /// data moved again (blocks relocated before, and user writes the
+    /// engine judged long-lived).
+    pub relocated_again_bytes: u64,
+    /// Those two over `relocated_bytes` (null with nothing relocated). The
+    /// engine counts them per segment cleaned and `relocated_bytes` per
+    /// block moved: a window shorter than a cleaning pass may show more
+    /// than 1.
     pub foreground_share: Option<f64>,
     pub relocated_again_share: Option<f64>,
+    /// User bytes written to the cleaner's head, judged long-lived.
+    pub long_lived_written_bytes: u64,
     pub write_stall_seconds: f64,
     /// Client flushes per second and member flushes per client flush (sync:N).
     pub flushes_per_s: Option<f64>,
@@ -152,11 +160,9 @@ pub fn steady_figures(run: &mut SteadyRun, outcome: &mut Outcome, rule: Rule) {
     run.mb_per_s_steady = Some(mean(&|w| w.mb_per_s));
     run.free_segments_steady = Some(mean(&|w| w.free_segments as f64));
     let relocated: u64 = steady.iter().map(|w| w.relocated_bytes).sum();
-    let share = |part: &dyn Fn(&Window) -> Option<u64>| {
-        let parts: Option<u64> = steady.iter().map(part).sum();
-        parts
-            .filter(|_| relocated > 0)
-            .map(|p| p as f64 / relocated as f64)
+    let share = |part: &dyn Fn(&Window) -> u64| {
+        let parts: u64 = steady.iter().map(part).sum();
+        (relocated > 0).then(|| parts as f64 / relocated as f64)
     };
     run.foreground_share = share(&|w| w.foreground_relocated_bytes);
     run.relocated_again_share = share(&|w| w.relocated_again_bytes);
@@ -225,10 +231,11 @@ mod tests {
             free_segments: 10,
             segments_cleaned: 1,
             relocated_bytes: 100,
-            foreground_relocated_bytes: Some(25),
-            relocated_again_bytes: None,
+            foreground_relocated_bytes: 25,
+            relocated_again_bytes: 0,
             foreground_share: Some(0.25),
-            relocated_again_share: None,
+            relocated_again_share: Some(0.0),
+            long_lived_written_bytes: 0,
             write_stall_seconds: 0.0,
             flushes_per_s: None,
             member_flushes_per_flush: None,
@@ -315,7 +322,7 @@ mod tests {
         assert!((run.wa_steady.unwrap() - 3.05).abs() < 1e-9);
         assert!((run.iops_steady.unwrap() - 4000.0).abs() < 1e-9);
         assert_eq!(run.foreground_share, Some(0.25));
-        assert_eq!(run.relocated_again_share, None);
+        assert_eq!(run.relocated_again_share, Some(0.0));
         // Latencies of windows 2..5 only: 300, 400 and 500 µs.
         assert!((run.p50_us / 400.0 - 1.0).abs() < 0.04, "{}", run.p50_us);
         assert!(o
