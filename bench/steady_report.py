@@ -203,9 +203,6 @@ def markdown(results):
                 num(r.get("wa"), 2), num(iops), mark, ratio(iops, e.get("iops")), lat(p999),
                 ratio(p999, e.get("p999_us"), 1), pct(r.get("foreground_share")),
                 pct(r.get("relocated_again_share")), note))
-    if dagger:
-        lines += ["", "† a time-based run without windows: WA (and IOPS, where the file has it) over "
-                  "its last third, else over the whole run."]
     if syncs:
         lines += ["", "Synchronous writers on an empty volume (sync:N: each of the queue depth's writers "
                   "flushes after every N random 4 KiB writes):", ""]
@@ -214,12 +211,17 @@ def markdown(results):
         lines.append("|---|---|--:|--:|---|--:|--:|--:|--:|--:|")
         for d, r in syncs:
             e = d.get("empty") or {}
-            wa, iops, p999, _ = steady(r)
+            wa, iops, p999, windowed = steady(r)
+            mark = "" if windowed else " †"
+            dagger = dagger or not windowed
             ub = r.get("user_bytes")
-            lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            lines.append("| %s | %s | %s | %s%s | %s | %s%s | %s | %s | %s | %s |" % (
                 d["stack"], r.get("pattern"), num(ub / 2**30 if ub is not None else None, 2),
-                num(wa, 2), converged(r), num(iops), ratio(iops, e.get("iops")),
+                num(wa, 2), mark, converged(r), num(iops), mark, ratio(iops, e.get("iops")),
                 num(r.get("flushes_per_s")), num(r.get("member_flushes_per_flush"), 2), lat(p999)))
+    if dagger:
+        lines += ["", "† a time-based run without windows: WA (and IOPS, where the file has it) over "
+                  "its last third, else over the whole run."]
     if notes:
         lines.append("")
         lines += ["[%d] %s" % (i + 1, n) for i, n in enumerate(notes)]
