@@ -160,6 +160,14 @@ class Traces(unittest.TestCase):
         self.assertEqual(n, 5)
 
 
+class SampleTrace(unittest.TestCase):
+    def test_the_committed_sample_is_what_its_script_writes(self):
+        sys.path.insert(0, os.path.join(HERE, "traces"))
+        import make_sample
+        with open(SAMPLE) as f:
+            self.assertEqual(f.read(), "\n".join(make_sample.lines()) + "\n")
+
+
 class Latency(unittest.TestCase):
     def test_one_job_uses_fios_percentiles_several_merge_bins(self):
         one = [{"write": {"clat_ns": {"percentile": {"50.000000": 1500, "99.000000": 9000,
