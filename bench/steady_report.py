@@ -141,6 +141,16 @@ def gib(b):
     return "-" if b is None else "%.2f GiB" % (b / 2**30)
 
 
+def longest(r):
+    """The longest write of the steady windows in ms, and in brackets the longest one
+    that ended after them where that was longer (lograid's runs only)."""
+    if r.get("max_us") is None:
+        return "-"
+    after = r.get("max_us_after_windows") or 0
+    text = num(r["max_us"] / 1000.0)
+    return text + (" (%s)" % num(after / 1000.0) if after > r["max_us"] else "")
+
+
 def pct(v):
     return "-" if v is None else "%.0f%%" % (v * 100)
 
@@ -174,12 +184,14 @@ def markdown(results):
     lines += ["", "Overwrites of one volume or file filled to the given fraction of the usable capacity. "
               "WA = bytes written to the members / bytes written by the workload; steady = the mean "
               "over the run's steady windows; x empty = ratio to the same stack's empty baseline; "
+              "longest = the longest write of the steady windows (in brackets: of the writes still in "
+              "flight when the run stopped, where longer); "
               "foreground = share of the relocated bytes moved by writers out of room (the rest in the "
               "background); again = share moved from segments the cleaner had written (cold data moved "
               "again); GiB written = by the workload during the overwrites:", ""]
     lines.append("| stack | fill | pattern | GiB written | WA steady | converged | WA whole run | "
-                 "IOPS steady | x empty | p99.9 µs | x empty | foreground | again | note |")
-    lines.append("|---|--:|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|---|")
+                 "IOPS steady | x empty | p99.9 µs | x empty | longest ms | foreground | again | note |")
+    lines.append("|---|--:|---|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|---|")
     notes, dagger = [], False
     syncs = []
     for d in results:
@@ -197,11 +209,11 @@ def markdown(results):
             mark = "" if windowed else " †"
             dagger = dagger or not windowed
             ub = r.get("user_bytes")
-            lines.append("| %s | %s | %s | %s | %s%s | %s | %s | %s%s | %s | %s | %s | %s | %s | %s |" % (
+            lines.append("| %s | %s | %s | %s | %s%s | %s | %s | %s%s | %s | %s | %s | %s | %s | %s | %s |" % (
                 d["stack"], r.get("fill"), r.get("pattern"),
                 num(ub / 2**30 if ub is not None else None, 2), num(wa, 2), mark, converged(r),
                 num(r.get("wa"), 2), num(iops), mark, ratio(iops, e.get("iops")), lat(p999),
-                ratio(p999, e.get("p999_us"), 1), pct(r.get("foreground_share")),
+                ratio(p999, e.get("p999_us"), 1), longest(r), pct(r.get("foreground_share")),
                 pct(r.get("relocated_again_share")), note))
     if syncs:
         lines += ["", "Synchronous writers on an empty volume (sync:N: each of the queue depth's writers "

@@ -48,7 +48,8 @@ def lograid_file():
              "warmup_bytes": 4 * GiB, "converged": True, "stopped_by": "steady",
              "steady_windows": [w["index"] for w in windows if w["steady"]],
              "wa_steady": 3.2533, "iops_steady": 40006.0, "mb_per_s_steady": 160.0,
-             "p50_us": 2.0, "p99_us": 300.0, "p999_us": 2500.0, "foreground_share": 0.5,
+             "p50_us": 2.0, "p99_us": 300.0, "p999_us": 2500.0, "max_us": 1.5e6,
+             "max_us_after_windows": 4e6, "foreground_share": 0.5,
              "relocated_again_share": 0.1, "free_segments_steady": 5.0, "seconds": 40.0,
              "user_bytes": 8 * GiB, "member_bytes": 22 * GiB, "wa": 2.75, "iops": 52000.0,
              "relocated_bytes": 5 * GiB, "segments_cleaned": 900, "write_stalls": 3,
@@ -112,15 +113,16 @@ class Report(unittest.TestCase):
         md = steady_report.markdown(self.results)
         r = self.row(md, "lograid-p1-greedy", "uniform")
         # stack, fill, pattern, GiB written, WA steady, converged, WA whole run, IOPS steady,
-        # x empty, p99.9, x empty, foreground, again
-        self.assertEqual(r[3:13], ["8.00", "3.25", "yes", "2.75", "40,006", "0.40", "2,500", "0.1",
-                                   "50%", "10%"])
+        # x empty, p99.9, x empty, longest (after the windows), foreground, again
+        self.assertEqual(r[3:14], ["8.00", "3.25", "yes", "2.75", "40,006", "0.40", "2,500", "0.1",
+                                   "1,500 (4,000)", "50%", "10%"])
         z = self.row(md, "lograid-p1-greedy", "zipf:0.99")
         self.assertEqual(z[4:6], ["2.80", "no (time limit)"])
-        self.assertEqual(z[11:13], ["-", "25%"])
+        self.assertEqual(z[12:14], ["-", "25%"])
         # The peer's time-based run: its last third, marked, and explained once.
         b = self.row(md, "btrfs-raid5", "uniform")
         self.assertEqual(b[4:8], ["22.70 †", "-", "6.50", "3,600 †"])
+        self.assertEqual(b[11], "-")
         self.assertIn("† a time-based run without windows", md)
         self.assertIn("to steady state: windows of 0.25 x the volume, 3 within 5%, at most 600 s", md)
         self.assertIn("| btrfs-raid5 | 2026-11-22 06:31 UTC | test | 3 x 4.00 GiB | 8.00 GiB | 120 s |", md)

@@ -87,6 +87,8 @@ fn every_pattern_runs_to_windows_with_sane_figures() {
             let wa = f(&w["wa"]);
             assert!((0.3..30.0).contains(&wa), "{name}: {w}");
             assert!(f(&w["iops"]) > 0.0 && f(&w["p999_us"]) > 0.0, "{name}: {w}");
+            // The longest write is at least the 99.9th percentile (less its bucket's width).
+            assert!(f(&w["max_us"]) >= f(&w["p999_us"]) * 0.96, "{name}: {w}");
             assert!(
                 f(&w["user_bytes"]) >= f(&r["window_bytes"]) * 0.9,
                 "{name}: {w}"

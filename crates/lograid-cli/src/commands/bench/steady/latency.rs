@@ -12,12 +12,14 @@ const BUCKETS: usize = (40 - SUB_BITS as usize + 1) * SUB;
 #[derive(Clone)]
 pub struct Histogram {
     counts: Vec<u32>,
+    max_ns: u64,
 }
 
 impl Default for Histogram {
     fn default() -> Self {
         Histogram {
             counts: vec![0; BUCKETS],
+            max_ns: 0,
         }
     }
 }
@@ -47,12 +49,19 @@ impl Histogram {
         let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         let c = &mut self.counts[bucket(ns)];
         *c = c.saturating_add(1);
+        self.max_ns = self.max_ns.max(ns);
     }
 
     pub fn add(&mut self, other: &Histogram) {
         for (a, b) in self.counts.iter_mut().zip(&other.counts) {
             *a = a.saturating_add(*b);
         }
+        self.max_ns = self.max_ns.max(other.max_ns);
+    }
+
+    /// The longest, exactly, in µs.
+    pub fn max_us(&self) -> f64 {
+        self.max_ns as f64 / 1000.0
     }
 
     pub fn count(&self) -> u64 {
@@ -100,6 +109,7 @@ mod tests {
         other.record(Duration::from_secs(3600));
         h.add(&other);
         assert_eq!(h.count(), 10_001);
+        assert_eq!(h.max_us(), 3600e6);
         assert!(h.percentile_us(1.0) > 1e9, "{}", h.percentile_us(1.0));
         assert_eq!(Histogram::default().percentile_us(0.5), 0.0);
         // Small values are exact.

@@ -195,6 +195,7 @@ pub fn run(
         w.p50_us = h.percentile_us(0.5);
         w.p99_us = h.percentile_us(0.99);
         w.p999_us = h.percentile_us(0.999);
+        w.max_us = h.max_us();
     }
     Ok(Outcome {
         stopped_by,
@@ -244,6 +245,7 @@ fn window(index: usize, a: &Snapshot, b: &Snapshot, eligible: bool) -> Window {
         p50_us: 0.0,
         p99_us: 0.0,
         p999_us: 0.0,
+        max_us: 0.0,
     }
 }
 
@@ -276,8 +278,9 @@ fn spawn_writers(
         .collect()
 }
 
-/// One writer: its latencies per window. With `flush_every` N, every N-th
-/// write's latency includes the flush after it.
+/// One writer: its latencies per window, each counted in the window where
+/// it ended. With `flush_every` N, every N-th write's latency includes the
+/// flush after it.
 fn write_until_stopped(
     v: &Volume,
     g: &Generator,

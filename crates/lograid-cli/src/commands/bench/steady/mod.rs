@@ -125,8 +125,12 @@ pub fn run(a: &BenchArgs, dir: &Path, o: &Options) -> Result<()> {
         eprintln!("[{done}/{total}] {stack}: empty volume, random 4K writes");
         let (empty, capacity) = empty_run(a, dir, &options)?;
         eprintln!(
-            "  empty: {:.0} IOPS, p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us",
-            empty.iops, empty.p50_us, empty.p99_us, empty.p999_us
+            "  empty: {:.0} IOPS, p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, longest {:.0} ms",
+            empty.iops,
+            empty.p50_us,
+            empty.p99_us,
+            empty.p999_us,
+            empty.max_us / 1000.0
         );
         let mut report = SteadyReport {
             stack: stack.clone(),
@@ -220,13 +224,15 @@ fn summary(run: &SteadyRun, empty: &Latency, max_seconds: f64) {
         })
         .unwrap_or_default();
     eprintln!(
-        "  steady (windows {:?}): WA {}, {} IOPS = {} x empty, p99.9 {:.0} us = {:.1} x empty, foreground {}, relocated again {}{flushes}; whole run {:.1} s, WA {:.2}, map {:.1} B/block",
+        "  steady (windows {:?}): WA {}, {} IOPS = {} x empty, p99.9 {:.0} us = {:.1} x empty, longest write {:.0} ms (after the windows {:.0} ms), foreground {}, relocated again {}{flushes}; whole run {:.1} s, WA {:.2}, map {:.1} B/block",
         run.steady_windows,
         f(run.wa_steady, 2),
         f(run.iops_steady, 0),
         f(run.iops_steady.map(|i| i / empty.iops.max(1.0)), 2),
         run.p999_us,
         run.p999_us / empty.p999_us.max(1.0),
+        run.max_us / 1000.0,
+        run.max_us_after_windows / 1000.0,
         pct(run.foreground_share),
         pct(run.relocated_again_share),
         run.seconds,
@@ -263,6 +269,7 @@ fn empty_run(a: &BenchArgs, dir: &Path, options: &PoolOptions) -> Result<(Latenc
             p50_us: lat.percentile_us(0.5),
             p99_us: lat.percentile_us(0.99),
             p999_us: lat.percentile_us(0.999),
+            max_us: lat.max_us(),
         },
         capacity,
     ))
@@ -341,6 +348,8 @@ fn steady_run(
         p50_us: 0.0,
         p99_us: 0.0,
         p999_us: 0.0,
+        max_us: 0.0,
+        max_us_after_windows: report::max_after_windows(&outcome),
         foreground_share: None,
         relocated_again_share: None,
         free_segments_steady: None,

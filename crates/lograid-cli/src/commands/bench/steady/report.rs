@@ -15,6 +15,7 @@ pub struct Latency {
     pub p50_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
+    pub max_us: f64,
 }
 
 /// One window: a fixed amount of user data written.
@@ -65,6 +66,8 @@ pub struct Window {
     pub p50_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
+    /// The longest write that ended in the window.
+    pub max_us: f64,
 }
 
 impl Window {
@@ -111,10 +114,15 @@ pub struct SteadyRun {
     pub wa_steady: Option<f64>,
     pub iops_steady: Option<f64>,
     pub mb_per_s_steady: Option<f64>,
-    /// Latency percentiles over the steady windows.
+    /// Latency percentiles and the longest write over the steady windows
+    /// (each write counted in the window where it ended).
     pub p50_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
+    pub max_us: f64,
+    /// The longest write that ended after the last window (in flight when
+    /// the run stopped, or in the dropped partial window).
+    pub max_us_after_windows: f64,
     /// Shares of the relocated bytes over the steady windows.
     pub foreground_share: Option<f64>,
     pub relocated_again_share: Option<f64>,
@@ -177,6 +185,17 @@ pub fn steady_figures(run: &mut SteadyRun, outcome: &mut Outcome, rule: Rule) {
     run.p50_us = lat.percentile_us(0.5);
     run.p99_us = lat.percentile_us(0.99);
     run.p999_us = lat.percentile_us(0.999);
+    run.max_us = lat.max_us();
+}
+
+/// The longest write that ended after the last whole window.
+pub fn max_after_windows(outcome: &Outcome) -> f64 {
+    outcome
+        .latencies
+        .iter()
+        .skip(outcome.windows.len())
+        .map(Histogram::max_us)
+        .fold(0.0, f64::max)
 }
 
 /// How windows are cut and when a run is steady.
@@ -244,6 +263,7 @@ mod tests {
             p50_us: 0.0,
             p99_us: 0.0,
             p999_us: 0.0,
+            max_us: 0.0,
         }
     }
 
@@ -263,6 +283,8 @@ mod tests {
             p50_us: 0.0,
             p99_us: 0.0,
             p999_us: 0.0,
+            max_us: 0.0,
+            max_us_after_windows: 0.0,
             foreground_share: None,
             relocated_again_share: None,
             free_segments_steady: None,
@@ -325,6 +347,9 @@ mod tests {
         assert_eq!(run.relocated_again_share, Some(0.0));
         // Latencies of windows 2..5 only: 300, 400 and 500 µs.
         assert!((run.p50_us / 400.0 - 1.0).abs() < 0.04, "{}", run.p50_us);
+        assert_eq!(run.max_us, 500.0);
+        // The writes that ended after window 4: 600 µs.
+        assert_eq!(max_after_windows(&o), 600.0);
         assert!(o
             .windows
             .iter()
