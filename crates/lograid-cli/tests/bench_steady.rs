@@ -58,6 +58,7 @@ fn every_pattern_runs_to_windows_with_sane_figures() {
     );
     let (err, report) = steady(dir.path(), &patterns, &["--steady-max-seconds", "60"]);
     assert_eq!(report["setup"]["windows_needed"], 3, "{report}");
+    assert_eq!(report["setup"]["warmup_overwrites"], 1.0, "{report}");
     assert!(f(&report["empty"]["iops"]) > 0.0, "{report}");
     let runs = report["runs"].as_array().unwrap();
     let names: Vec<&str> = runs
@@ -180,6 +181,7 @@ fn a_run_cut_short_by_the_time_limit_is_not_converged() {
     );
     let run = &report["runs"][0];
     assert_eq!(run["converged"], false, "{run}");
+    assert_eq!(run["warmup_bytes"], run["volume_bytes"], "{run}");
     assert_eq!(run["stopped_by"], "time_limit", "{run}");
     assert!(
         err.contains("not converged") && err.contains("--steady-max-seconds"),
@@ -230,11 +232,15 @@ fn bad_patterns_and_traces_are_refused_before_anything_runs() {
         // Refused before any member file was made.
         assert!(!dir.path().join("member0.img").exists());
     }
-    for (flag, value) in [("--steady-max-seconds", "0"), ("--steady-window", "1.5")] {
+    for (flag, value) in [
+        ("--steady-max-seconds", "0"),
+        ("--steady-window", "1.5"),
+        ("--steady-warmup", "-1"),
+    ] {
         let out = lograid()
             .args(["bench", "--workloads", "steady", "--dir"])
             .arg(dir.path())
-            .args([flag, value])
+            .arg(format!("{flag}={value}"))
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

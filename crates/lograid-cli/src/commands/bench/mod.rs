@@ -75,9 +75,13 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 600.0, alias = "steady-seconds")]
     pub steady_max_seconds: f64,
     /// Steady state: a window is this share of the volume's size written; a run is steady once
-    /// three successive windows after one whole overwrite have WA within 5%.
+    /// three successive windows after the warm-up have WA within 5%.
     #[arg(long, default_value_t = 0.25)]
     pub steady_window: f64,
+    /// Steady state: windows count only once this many times the volume's size has been
+    /// overwritten (skewed patterns leave their cold data untouched for many overwrites).
+    #[arg(long, default_value_t = 1.0)]
+    pub steady_warmup: f64,
     /// Steady state: folder for one JSON report per policy.
     #[arg(long)]
     pub steady_out: Option<PathBuf>,

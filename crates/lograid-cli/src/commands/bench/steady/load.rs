@@ -20,7 +20,7 @@ pub struct Plan {
     /// User bytes per window.
     pub window_bytes: u64,
     /// Windows count towards steady state only from this many user bytes
-    /// on (one overwrite of the volume's written size).
+    /// on (`--steady-warmup` overwrites of the volume, one by default).
     pub warmup_bytes: u64,
     pub max_seconds: f64,
     /// Stop once this many bytes are written (the empty baseline, sync:N).

@@ -3,7 +3,8 @@
 //! share of the usable capacity, then overwritten (`pattern.rs`) until the
 //! write amplification at the members settles: windows of a fixed amount of
 //! user data (a share of the volume's size), steady once three successive
-//! windows after one whole overwrite agree within 5% (`converge.rs`), or
+//! windows after a warm-up (one whole overwrite by default) agree within 5%
+//! (`converge.rs`), or
 //! stopped at `--steady-max-seconds`. Reports per window WA, IOPS, free
 //! segments and the cleaner's work, and the steady figures as the means of
 //! the converged windows (`report.rs`); `sync:N` runs once per policy on an
@@ -90,6 +91,9 @@ impl Options {
         if !(a.steady_window > 0.0 && a.steady_window <= 1.0) {
             bail!("--steady-window: must be a share of the volume's size above 0 and at most 1");
         }
+        if !(a.steady_warmup.is_finite() && a.steady_warmup >= 0.0) {
+            bail!("--steady-warmup: must be a number of volume overwrites, 0 or more");
+        }
         Ok(Options {
             fills,
             patterns,
@@ -147,7 +151,7 @@ pub fn run(a: &BenchArgs, dir: &Path, o: &Options) -> Result<()> {
                 sync_window_bytes: SYNC_WINDOW_BYTES,
                 windows_needed: RULE.windows,
                 tolerance: RULE.tolerance,
-                warmup: "one overwrite of the volume's size (none for sync:N)",
+                warmup_overwrites: a.steady_warmup,
                 max_seconds: a.steady_max_seconds,
                 block_size: 4096,
             },
@@ -208,7 +212,7 @@ fn summary(run: &SteadyRun, empty: &Latency, max_seconds: f64) {
             _ => format!("{max_seconds} s (--steady-max-seconds)"),
         };
         eprintln!(
-            "  not converged: no {} successive windows within {:.0}% (after one overwrite) in {limit}; the figures below are the last {} windows",
+            "  not converged: no {} successive windows within {:.0}% after the warm-up in {limit}; the figures below are the last {} windows",
             RULE.windows,
             RULE.tolerance * 100.0,
             run.steady_windows.len()
@@ -299,7 +303,7 @@ fn steady_run(
     let (window_bytes, warmup_bytes, byte_limit) = match fill {
         Some(_) => (
             ((volume_bytes as f64 * a.steady_window) as u64).max(4096),
-            volume_bytes,
+            (volume_bytes as f64 * a.steady_warmup) as u64,
             None,
         ),
         None => (

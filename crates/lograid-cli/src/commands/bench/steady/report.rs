@@ -58,7 +58,7 @@ pub struct Window {
     /// Client flushes per second and member flushes per client flush (sync:N).
     pub flushes_per_s: Option<f64>,
     pub member_flushes_per_flush: Option<f64>,
-    /// After the warm-up (one overwrite of the volume): counts towards
+    /// After the warm-up (`--steady-warmup` overwrites): counts towards
     /// steady state.
     pub eligible: bool,
     /// One of the windows the steady figures are taken from.
@@ -208,7 +208,8 @@ pub struct Setup {
     pub sync_window_bytes: u64,
     pub windows_needed: usize,
     pub tolerance: f64,
-    pub warmup: &'static str,
+    /// Volume overwrites before windows count (none for sync:N).
+    pub warmup_overwrites: f64,
     pub max_seconds: f64,
     pub block_size: u64,
 }
