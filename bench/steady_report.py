@@ -213,7 +213,7 @@ def markdown(results):
                 d["stack"], r.get("fill"), r.get("pattern"),
                 num(ub / 2**30 if ub is not None else None, 2), num(wa, 2), mark, converged(r),
                 num(r.get("wa"), 2), num(iops), mark, ratio(iops, e.get("iops")), lat(p999),
-                ratio(p999, e.get("p999_us"), 1), longest(r), pct(r.get("foreground_share")),
+                ratio(p999, e.get("p999_us")), longest(r), pct(r.get("foreground_share")),
                 pct(r.get("relocated_again_share")), note))
     if syncs:
         lines += ["", "Synchronous writers on an empty volume (sync:N: each of the queue depth's writers "

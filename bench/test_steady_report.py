@@ -114,7 +114,7 @@ class Report(unittest.TestCase):
         r = self.row(md, "lograid-p1-greedy", "uniform")
         # stack, fill, pattern, GiB written, WA steady, converged, WA whole run, IOPS steady,
         # x empty, p99.9, x empty, longest (after the windows), foreground, again
-        self.assertEqual(r[3:14], ["8.00", "3.25", "yes", "2.75", "40,006", "0.40", "2,500", "0.1",
+        self.assertEqual(r[3:14], ["8.00", "3.25", "yes", "2.75", "40,006", "0.40", "2,500", "0.10",
                                    "1,500 (4,000)", "50%", "10%"])
         z = self.row(md, "lograid-p1-greedy", "zipf:0.99")
         self.assertEqual(z[4:6], ["2.80", "no (time limit)"])
