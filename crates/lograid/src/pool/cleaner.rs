@@ -16,6 +16,14 @@ use crate::layout::{Pba, RowGeom};
 /// A live block to relocate: volume, LBA, where it is, its CRC, its bytes.
 type LiveBlock<'a> = (u32, u64, Pba, u32, Cow<'a, [u8]>);
 
+/// What a cleaning pass did: segments cleaned, and whether it stopped
+/// because it was done (rather than out of victims or of room to move
+/// them to).
+struct Cleaned {
+    cleaned: usize,
+    reached: bool,
+}
+
 /// A segment chosen to be emptied, and the rows emptying it gains.
 struct Victim {
     segment: u32,
@@ -47,32 +55,45 @@ impl Engine {
     /// space is short and an emptied segment waits for a checkpoint before
     /// it may be reused, writes one. Returns how many segments were cleaned.
     pub(crate) fn clean_segments(&self, want: usize, urgent: bool) -> Result<usize> {
-        self.clean_until(urgent, |cleaned, _| cleaned >= want)
+        Ok(self
+            .clean_until(urgent, |cleaned, _| cleaned >= want)?
+            .cleaned)
     }
 
     /// Cleans for a writer out of room until the victims' gains (the rows
     /// each frees less the rows its live blocks take at the cleaner's head)
     /// add up to `segments` whole segments, or nothing more can be gained.
-    fn clean_for_room(&self, segments: usize) -> Result<usize> {
+    /// Stops as soon as writers have room: writers queue here (one pass at
+    /// a time), and one that finds the room another made goes on at once
+    /// instead of cleaning a pass of its own (which kept writers waiting
+    /// for seconds behind each other's passes).
+    fn clean_for_room(&self, segments: usize) -> Result<Cleaned> {
         let rows = self.shape.geometry.segment_blocks / self.shape.geometry.chunk_blocks;
         let want_rows = segments as u64 * u64::from(rows);
-        self.clean_until(true, |_, gained_rows| gained_rows >= want_rows)
+        self.clean_until(true, |_, gained_rows| {
+            gained_rows >= want_rows || self.space_shortfall() == 0
+        })
     }
 
     /// Cleans victim after victim until `done(victims, rows gained)`; see
     /// `clean_segments`.
-    fn clean_until(&self, urgent: bool, done: impl Fn(usize, u64) -> bool) -> Result<usize> {
+    fn clean_until(&self, urgent: bool, done: impl Fn(usize, u64) -> bool) -> Result<Cleaned> {
         let _m = self.maintenance.lock();
         let (mut cleaned, mut gained) = (0, 0u64);
+        let mut reached = true;
         while !done(cleaned, gained) {
             let Some(victim) = self.pick_victim() else {
+                reached = false;
                 break;
             };
             match self.relocate_segment(victim.segment) {
                 Ok(moved) => self.count_cleaned(moved, urgent),
                 // The cleaner's head found no free segment: segments
                 // emptied earlier may only wait for the checkpoint below.
-                Err(Error::NoSpace) => break,
+                Err(Error::NoSpace) => {
+                    reached = false;
+                    break;
+                }
                 Err(e) => return Err(e),
             }
             cleaned += 1;
@@ -91,7 +112,7 @@ impl Engine {
         if short_and_waiting {
             self.checkpoint_log_locked()?;
         }
-        Ok(cleaned)
+        Ok(Cleaned { cleaned, reached })
     }
 
     /// Counts a segment emptied, with what it moved.
@@ -132,11 +153,14 @@ impl Engine {
                 return Ok(());
             }
             self.stats.lock().cleaner_state = CleanerState::Urgent;
-            let cleaned = self.clean_for_room(self.space_shortfall() + 2)?;
+            let pass = self.clean_for_room(self.space_shortfall() + 2)?;
             if self.space_shortfall() == 0 {
                 return Ok(());
             }
-            if cleaned == 0 {
+            // Nothing left to clean: full. (A pass that found room another
+            // writer made, taken again since, is not: the writer retries,
+            // within `SpaceStalls`.)
+            if pass.cleaned == 0 && !pass.reached {
                 return Err(Error::NoSpace);
             }
             Ok(())

@@ -1,6 +1,7 @@
 //! Making the log durable: a flush of the log seals the open rows, waits
 //! for every row sealed before it (whoever writes it), syncs every member
-//! (sharing member flushes with concurrent callers: `Device::sync`),
+//! (sharing member flushes with concurrent callers: `Device::sync`; and
+//! flushes that arrive while one runs share the next one: `FlushCombiner`),
 //! records any member fault in the superblocks (`record_faults`), and
 //! only then raises `flushed_seq` and frees the segments emptied before it
 //! began. Also the release of emptied segments after a checkpoint, and
@@ -14,6 +15,7 @@ use crate::device::{Device, IoJob};
 use crate::error::Result;
 use crate::format::BLOCK_BYTES;
 use crate::layout::{MemberIndex, SegmentIndex};
+use crate::sync::{Condvar, Mutex};
 use std::sync::Arc;
 
 impl Engine {
@@ -26,6 +28,32 @@ impl Engine {
     /// and callers that may write a due checkpoint then call
     /// `checkpoint_log_if_due`.
     pub(crate) fn flush_log(&self) -> Result<()> {
+        let mut state = self.flushes.state.lock();
+        let arrived = state.begun;
+        loop {
+            // A flush that began after this call sealed everything the log
+            // had taken before it, this call's blocks included.
+            if state.completed_ok > arrived {
+                return Ok(());
+            }
+            if !state.busy {
+                state.busy = true;
+                state.begun += 1;
+                let number = state.begun;
+                drop(state);
+                let running = RunningFlush {
+                    combiner: &self.flushes,
+                    number,
+                    ok: false,
+                };
+                return running.finish(self.flush_log_now());
+            }
+            self.flushes.done.wait(&mut state);
+        }
+    }
+
+    /// One flush of the log (see `flush_log`), run by one caller at a time.
+    fn flush_log_now(&self) -> Result<()> {
         let (sealed, target_seq, gen) = {
             let mut ledger = self.ledger.lock();
             ledger.flush_gen += 1;
@@ -204,5 +232,56 @@ impl Engine {
                 ),
             }
         }
+    }
+}
+
+/// Group commit of flushes: one flush of the log runs at a time; callers
+/// that arrive meanwhile wait for it to end, and then one of them runs the
+/// next, which seals and syncs what all of them wrote (one short row for
+/// many writers instead of one each: a short row pays a header block and
+/// its parity). A caller whose blocks a flush that began after it arrived
+/// made durable returns with that flush. No flush waits longer than for
+/// the one running when it arrived, plus its own.
+#[derive(Default)]
+pub(crate) struct FlushCombiner {
+    state: Mutex<FlushCombinerState>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct FlushCombinerState {
+    /// A flush of the log is running.
+    busy: bool,
+    /// Flushes begun so far (each one's number).
+    begun: u64,
+    /// The number of the last flush that succeeded.
+    completed_ok: u64,
+}
+
+/// The flush a caller runs; ends it (success or not, a panic included)
+/// and wakes the callers waiting for it.
+struct RunningFlush<'a> {
+    combiner: &'a FlushCombiner,
+    number: u64,
+    ok: bool,
+}
+
+impl RunningFlush<'_> {
+    fn finish(mut self, result: Result<()>) -> Result<()> {
+        self.ok = result.is_ok();
+        result
+    }
+}
+
+impl Drop for RunningFlush<'_> {
+    fn drop(&mut self) {
+        let mut state = self.combiner.state.lock();
+        state.busy = false;
+        if self.ok {
+            debug_assert!(state.completed_ok < self.number, "flushes end in order");
+            state.completed_ok = self.number;
+        }
+        drop(state);
+        self.combiner.done.notify_all();
     }
 }

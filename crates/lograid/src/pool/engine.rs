@@ -66,6 +66,8 @@ pub(crate) struct Engine {
     pub reshape_paused: AtomicBool,
     /// Writes the rows user writes seal, in the background.
     pub row_writer: row_writer::RowWriter,
+    /// Flushes of the log, one at a time, shared by those that wait.
+    pub flushes: super::durability::FlushCombiner,
 }
 
 pub(crate) fn now_unix() -> u64 {
@@ -311,6 +313,7 @@ impl Engine {
             reshape: Mutex::new(Default::default()),
             reshape_paused: AtomicBool::new(false),
             row_writer: super::row_writer::RowWriter::inline(),
+            flushes: Default::default(),
         }
     }
 }
