@@ -471,6 +471,27 @@ fn render_jobs(t: &mut Text, status: &PoolStatus, scrub: Option<&ScrubProgress>)
         p,
         c.write_stall_seconds,
     );
+    t.one(
+        "lograid_cleaner_foreground_relocated_bytes_total",
+        "counter",
+        "Bytes writers out of room relocated themselves (the rest of the cleaner's moves ran in the background), since the pool was opened.",
+        p,
+        c.foreground_relocated_bytes,
+    );
+    t.one(
+        "lograid_cleaner_relocated_again_bytes_total",
+        "counter",
+        "Bytes relocated from segments the cleaner's own head had written (cold data moved again), since the pool was opened.",
+        p,
+        c.relocated_again_bytes,
+    );
+    t.one(
+        "lograid_long_lived_written_bytes_total",
+        "counter",
+        "User bytes written beside the relocated data as likely to live long (their previous version had), since the pool was opened.",
+        p,
+        c.long_lived_written_bytes,
+    );
 
     let reshape = status.reshape.as_ref();
     t.family(

@@ -181,6 +181,12 @@ fn print_activity(st: &PoolStatus) {
         c.write_stall_seconds
     );
     println!(
+        "           since open: {} relocated by writers out of room, {} cold data moved again, {} written as long-lived",
+        human(c.foreground_relocated_bytes),
+        human(c.relocated_again_bytes),
+        human(c.long_lived_written_bytes)
+    );
+    println!(
         "map:       {} in memory, {:.1} bytes per stored block",
         human(st.map_memory_bytes),
         st.map_bytes_per_stored_block

@@ -16,12 +16,22 @@ use crate::layout::{Pba, RowGeom};
 /// A live block to relocate: volume, LBA, where it is, its CRC, its bytes.
 type LiveBlock<'a> = (u32, u64, Pba, u32, Cow<'a, [u8]>);
 
-/// What a cleaning pass did: segments cleaned, and whether it stopped
-/// because it was done (rather than out of victims or of room to move
-/// them to).
+/// What a cleaning pass did: segments cleaned, and why it stopped.
 struct Cleaned {
     cleaned: usize,
-    reached: bool,
+    stop: PassEnd,
+}
+
+/// Why a cleaning pass stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PassEnd {
+    /// It did what it was asked (or writers had room).
+    Done,
+    /// No segment gains anything by being emptied.
+    NoVictim,
+    /// The cleaner's head had no free segment to move blocks to (emptied
+    /// segments waiting for a checkpoint; the pass writes it).
+    NoRoom,
 }
 
 /// A segment chosen to be emptied, and the rows emptying it gains.
@@ -80,10 +90,10 @@ impl Engine {
     fn clean_until(&self, urgent: bool, done: impl Fn(usize, u64) -> bool) -> Result<Cleaned> {
         let _m = self.maintenance.lock();
         let (mut cleaned, mut gained) = (0, 0u64);
-        let mut reached = true;
+        let mut stop = PassEnd::Done;
         while !done(cleaned, gained) {
             let Some(victim) = self.pick_victim() else {
-                reached = false;
+                stop = PassEnd::NoVictim;
                 break;
             };
             match self.relocate_segment(victim.segment) {
@@ -91,7 +101,7 @@ impl Engine {
                 // The cleaner's head found no free segment: segments
                 // emptied earlier may only wait for the checkpoint below.
                 Err(Error::NoSpace) => {
-                    reached = false;
+                    stop = PassEnd::NoRoom;
                     break;
                 }
                 Err(e) => return Err(e),
@@ -112,7 +122,7 @@ impl Engine {
         if short_and_waiting {
             self.checkpoint_log_locked()?;
         }
-        Ok(Cleaned { cleaned, reached })
+        Ok(Cleaned { cleaned, stop })
     }
 
     /// Counts a segment emptied, with what it moved.
@@ -158,9 +168,11 @@ impl Engine {
                 return Ok(());
             }
             // Nothing left to clean: full. (A pass that found room another
-            // writer made, taken again since, is not: the writer retries,
-            // within `SpaceStalls`.)
-            if pass.cleaned == 0 && !pass.reached {
+            // writer made, taken again since, or whose moves waited for the
+            // checkpoint it then wrote, is not: the writer retries, within
+            // `SpaceStalls`.)
+            if pass.cleaned == 0 && pass.stop == PassEnd::NoVictim {
+                tracing::debug!("a writer found no free segment and nothing to clean");
                 return Err(Error::NoSpace);
             }
             Ok(())
