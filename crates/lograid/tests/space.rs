@@ -120,7 +120,20 @@ fn overwriting_a_volume_that_fits_never_runs_out() {
 /// the checkpoint the pass then wrote) used to get ENOSPC at once.
 #[test]
 fn a_moving_hot_set_never_runs_out() {
-    let pool = std::sync::Arc::new(SimPool::create(3, 1, 8 << 20, 0.75));
+    moving_hot_set(lograid::CleanerPolicy::CostBenefit);
+}
+
+#[test]
+fn a_moving_hot_set_never_runs_out_greedy() {
+    moving_hot_set(lograid::CleanerPolicy::Greedy);
+}
+
+fn moving_hot_set(policy: lograid::CleanerPolicy) {
+    let options = lograid::PoolOptions {
+        cleaner_policy: policy,
+        ..common::test_options()
+    };
+    let pool = std::sync::Arc::new(SimPool::create_with_options(3, 1, 8 << 20, 0.75, options));
     let blocks = pool.volume_size() / 4096;
     let block = vec![7u8; 4096];
     std::thread::scope(|scope| {

@@ -73,15 +73,16 @@ impl Engine {
     /// Cleans for a writer out of room until the victims' gains (the rows
     /// each frees less the rows its live blocks take at the cleaner's head)
     /// add up to `segments` whole segments, or nothing more can be gained.
-    /// Stops as soon as writers have room: writers queue here (one pass at
-    /// a time), and one that finds the room another made goes on at once
+    /// Stops as soon as writers have room, and a segment to spare: writers
+    /// queue here (one pass at a time), and one that finds the room
+    /// another made goes on at once
     /// instead of cleaning a pass of its own (which kept writers waiting
     /// for seconds behind each other's passes).
     fn clean_for_room(&self, segments: usize) -> Result<Cleaned> {
         let rows = self.shape.geometry.segment_blocks / self.shape.geometry.chunk_blocks;
         let want_rows = segments as u64 * u64::from(rows);
         self.clean_until(true, |_, gained_rows| {
-            gained_rows >= want_rows || self.space_shortfall() == 0
+            gained_rows >= want_rows || self.space_shortfall_with(1) == 0
         })
     }
 
@@ -191,11 +192,17 @@ impl Engine {
     /// on with one free segment above the user floor, two if it has no
     /// next segment reserved (after recovery).
     fn space_shortfall(&self) -> usize {
+        self.space_shortfall_with(0)
+    }
+
+    /// `space_shortfall` with `margin` more segments wanted (a pass that
+    /// stops at the bare minimum leaves the next writer short again).
+    fn space_shortfall_with(&self, margin: usize) -> usize {
         let ledger = self.ledger.lock();
         let fresh = [HeadId::User, HeadId::Cleaner]
             .iter()
             .any(|h| ledger.heads[h.index()].next_segment == super::ledger::NO_SEGMENT);
-        (self.shape.user_floor_segments(&ledger) + 1 + usize::from(fresh))
+        (self.shape.user_floor_segments(&ledger) + 1 + usize::from(fresh) + margin)
             .saturating_sub(ledger.free.len())
     }
 
@@ -239,6 +246,7 @@ impl Engine {
             1
         };
         let gain_rows = |live: u64| rows.saturating_sub(live.div_ceil(row_slots.max(1)));
+        let room = self.cleaner_room(&ledger, rows, row_slots, destination);
         // Sealed segments with something to gain: (index, live, capacity).
         let candidates: Vec<(u32, u64, u64, u64)> = ledger
             .segments
@@ -250,7 +258,7 @@ impl Engine {
                 (i as u32, s.live_blocks as u64, capacity, s.sealed_seq)
             })
             .filter(|&(_, live, capacity, _)| {
-                live < capacity && row_slots > 0 && gain_rows(live) >= min_gain
+                live < capacity && row_slots > 0 && gain_rows(live) >= min_gain && live <= room
             })
             .collect();
         let (emptiest, _, _, _) = *candidates.iter().min_by_key(|c| c.1)?;
@@ -274,6 +282,37 @@ impl Engine {
             segment: victim,
             gain_rows: gain_rows(live),
         })
+    }
+
+    /// The blocks the cleaner's head can take now without going below its
+    /// floor: what is left of its segment (less the row being filled,
+    /// which user writes may fill too) and a segment for each free one
+    /// above the floor (each lets the head move on once). A victim that
+    /// does not fit is not taken: half moved, it would use the cleaner's
+    /// reserve without freeing anything, and a few such moves left the
+    /// cleaner's head full at its floor with nothing it could move (writers
+    /// then got ENOSPC with a quarter of the pool free).
+    fn cleaner_room(
+        &self,
+        ledger: &super::ledger::Ledger,
+        rows: u64,
+        row_slots: u64,
+        destination: u64,
+    ) -> u64 {
+        let head = &ledger.heads[HeadId::Cleaner.index()];
+        let chunk = u64::from(self.shape.geometry.chunk_blocks);
+        let segment_blocks = u64::from(self.shape.geometry.segment_blocks);
+        let left_rows = if head.segment == super::ledger::NO_SEGMENT {
+            0
+        } else {
+            (segment_blocks.saturating_sub(u64::from(head.offset)) / chunk).saturating_sub(1)
+        };
+        let fresh = usize::from(head.next_segment == super::ledger::NO_SEGMENT);
+        let spare = ledger
+            .free
+            .len()
+            .saturating_sub(self.shape.cleaner_floor_segments(ledger) + fresh);
+        left_rows.min(rows) * row_slots + spare as u64 * destination
     }
 
     /// Moves every live block of sealed segment `victim` to the cleaner's

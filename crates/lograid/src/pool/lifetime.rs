@@ -57,9 +57,17 @@ impl Ledger {
         let Some((s, _)) = shape.geometry.segment_of(pba.block) else {
             return HeadId::User;
         };
-        let age = self
-            .user_appends
-            .saturating_sub(self.segments[s as usize].birth);
+        // Near the floor, the cleaner's head is left to the cleaner (user
+        // writes filling it would take the room its moves need).
+        if self.free.len() <= shape.user_floor_segments(self) + 1 {
+            return HeadId::User;
+        }
+        let seg = &self.segments[s as usize];
+        // Not dated (recovered after a restart): taken as short-lived.
+        if seg.births == 0 {
+            return HeadId::User;
+        }
+        let age = self.user_appends.saturating_sub(seg.birth);
         if age < threshold {
             HeadId::User
         } else {
@@ -89,20 +97,23 @@ impl Ledger {
     }
 
     /// The cleaner is about to empty segment `s`: its age moves the
-    /// threshold.
+    /// threshold (unless it is not dated: recovered after a restart).
     pub fn note_victim(&mut self, s: u32) {
-        let age = self
-            .user_appends
-            .saturating_sub(self.segments[s as usize].birth);
+        let seg = &self.segments[s as usize];
+        if seg.births == 0 {
+            return;
+        }
+        let age = self.user_appends.saturating_sub(seg.birth);
         self.lifetime_threshold = Some(match self.lifetime_threshold {
             None => age,
             Some(t) => (t * (THRESHOLD_VICTIMS - 1) + age) / THRESHOLD_VICTIMS,
         });
     }
 
-    /// Seals the open row of every head other than the user's that holds
-    /// the current version of a block of `volume` in `lba..end`, so that a
-    /// record the user head appends over them is replayed after it.
+    /// Seals the cleaner head's open row if it holds user data for a block
+    /// of `volume` in `lba..end`, so that a record the user head appends
+    /// over them is replayed after it. (Relocated entries need not: they
+    /// apply only if the map still points at their source.)
     pub fn seal_heads_holding(
         &mut self,
         volume: u32,
@@ -113,10 +124,9 @@ impl Ledger {
         let Some(row) = self.heads[HeadId::Cleaner.index()].open.as_ref() else {
             return Vec::new();
         };
-        let held = row
-            .entries
-            .iter()
-            .any(|e| e.kind.owns_slot() && e.volume == volume && (lba..end).contains(&e.lba));
+        let held = row.entries.iter().any(|e| {
+            e.kind == EntryKind::Data && e.volume == volume && (lba..end).contains(&e.lba)
+        });
         if !held {
             return Vec::new();
         }

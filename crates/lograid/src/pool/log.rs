@@ -347,7 +347,8 @@ impl Ledger {
         if !old.0.is_stored() {
             self.stored_blocks += 1;
         }
-        self.user_appends += u64::from(head == HeadId::User);
+        // Every user block moves the clock, in whichever head it went to.
+        self.user_appends += u64::from(entry.kind == EntryKind::Data);
         Ok(if full { self.seal(head, shape) } else { None })
     }
 
