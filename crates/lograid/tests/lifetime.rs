@@ -47,6 +47,20 @@ fn cold_block(p: &SimPool) -> u64 {
     p.volume().size_bytes() / BLOCK - 1
 }
 
+/// Overwrites block `b` (written long ago) with `tag`; checks it went to
+/// the cleaner's head.
+fn write_long_lived(p: &SimPool, b: u64, tag: u8) {
+    let before = long_lived_blocks(p);
+    p.volume()
+        .write(b * BLOCK, &pattern(tag, 1))
+        .expect("write");
+    assert_eq!(
+        long_lived_blocks(p),
+        before + 1,
+        "setup: block {b} went to the cleaner's head"
+    );
+}
+
 fn read_block(p: &SimPool, b: u64) -> Vec<u8> {
     let mut buf = vec![0u8; BLOCK as usize];
     p.volume().read(b * BLOCK, &mut buf).expect("read");
@@ -78,13 +92,7 @@ fn an_overwrite_of_long_lived_data_goes_beside_relocated_data() {
 fn a_trim_after_a_long_lived_overwrite_survives_a_power_cut() {
     let p = pool_with_hot_and_cold();
     let x = cold_block(&p);
-    let before = long_lived_blocks(&p);
-    p.volume().write(x * BLOCK, &pattern(90, 1)).expect("write");
-    assert_eq!(
-        long_lived_blocks(&p),
-        before + 1,
-        "setup: in the cleaner's head"
-    );
+    write_long_lived(&p, x, 90);
     // The trim goes to the user head; the block's data sits in the
     // cleaner head's open row.
     p.volume().trim(x * BLOCK, BLOCK).expect("trim");
@@ -105,13 +113,7 @@ fn a_trim_after_a_long_lived_overwrite_survives_a_power_cut() {
 fn a_second_overwrite_of_a_long_lived_block_survives_a_power_cut() {
     let p = pool_with_hot_and_cold();
     let x = cold_block(&p);
-    let before = long_lived_blocks(&p);
-    p.volume().write(x * BLOCK, &pattern(90, 1)).expect("write");
-    assert_eq!(
-        long_lived_blocks(&p),
-        before + 1,
-        "setup: in the cleaner's head"
-    );
+    write_long_lived(&p, x, 90);
     // Its current version is in the cleaner head's open row: the next
     // write follows it there, whatever its age says.
     p.volume()
