@@ -107,7 +107,7 @@ pub(crate) fn cleaner_loop(weak: Weak<Engine>, stop: Arc<Stop>) {
         let watermark = engine.clean_watermark();
         if free < watermark {
             set_state(&engine, CleanerState::Background);
-            match engine.guarded("cleaning", || engine.clean_segments(1, false)) {
+            match engine.guarded("cleaning", || engine.clean_segments(1)) {
                 Ok(1) => continue,
                 Ok(_) => {}
                 Err(e) => {

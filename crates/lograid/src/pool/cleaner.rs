@@ -7,11 +7,22 @@
 //! victims by the same policy.
 
 use super::ledger::SealedRow;
+use super::ledger::SegState;
 use super::log::AppendError;
+use super::stats::CleanerState;
+use super::{CleanerPolicy, Engine};
 use crate::device::AlignedBuf;
+use crate::error::ReadOnlyReason;
+use crate::error::{Error, Result};
 use crate::format::row::RowHeader;
+use crate::format::row::{Entry, EntryKind, HeadId};
+use crate::format::{crc32c, BLOCK_SIZE};
 use crate::layout::MemberIndex;
 use crate::layout::{Pba, RowGeom};
+use crate::map::Loc;
+use crate::sync::{channel, thread};
+use std::borrow::Cow;
+use std::sync::Arc;
 
 /// A live block to relocate: volume, LBA, where it is, its CRC, its bytes.
 type LiveBlock<'a> = (u32, u64, Pba, u32, Cow<'a, [u8]>);
@@ -47,26 +58,15 @@ pub(crate) struct Moved {
     pub blocks: u64,
     pub again: u64,
 }
-use super::ledger::SegState;
-use super::stats::CleanerState;
-use super::{CleanerPolicy, Engine};
-use crate::error::ReadOnlyReason;
-use crate::error::{Error, Result};
-use crate::format::row::{Entry, EntryKind, HeadId};
-use crate::format::{crc32c, BLOCK_SIZE};
-use crate::map::Loc;
-use crate::sync::{channel, thread};
-use std::borrow::Cow;
-use std::sync::Arc;
 
 impl Engine {
-    /// Cleans up to `want` segments by the pool's policy (`urgent`: for a
-    /// writer out of space, which counts what the cleaning cost), then, if
-    /// space is short and an emptied segment waits for a checkpoint before
-    /// it may be reused, writes one. Returns how many segments were cleaned.
-    pub(crate) fn clean_segments(&self, want: usize, urgent: bool) -> Result<usize> {
+    /// Cleans up to `want` segments by the pool's policy in the background
+    /// (writers out of room use `clean_for_room`), then, if space is short
+    /// and an emptied segment waits for a checkpoint before it may be
+    /// reused, writes one. Returns how many segments were cleaned.
+    pub(crate) fn clean_segments(&self, want: usize) -> Result<usize> {
         Ok(self
-            .clean_until(urgent, |cleaned, _| cleaned >= want)?
+            .clean_until(false, |cleaned, _| cleaned >= want)?
             .cleaned)
     }
 
@@ -75,9 +75,8 @@ impl Engine {
     /// add up to `segments` whole segments, or nothing more can be gained.
     /// Stops as soon as writers have room, and a segment to spare: writers
     /// queue here (one pass at a time), and one that finds the room
-    /// another made goes on at once
-    /// instead of cleaning a pass of its own (which kept writers waiting
-    /// for seconds behind each other's passes).
+    /// another made goes on at once instead of cleaning a pass of its own
+    /// (which kept writers waiting for seconds behind each other's passes).
     fn clean_for_room(&self, segments: usize) -> Result<Cleaned> {
         let rows = self.shape.geometry.segment_blocks / self.shape.geometry.chunk_blocks;
         let want_rows = segments as u64 * u64::from(rows);
@@ -86,7 +85,8 @@ impl Engine {
         })
     }
 
-    /// Cleans victim after victim until `done(victims, rows gained)`; see
+    /// Cleans victim after victim until `done(victims, rows gained)`
+    /// (`urgent`: for a writer out of room, counted as foreground); see
     /// `clean_segments`.
     fn clean_until(&self, urgent: bool, done: impl Fn(usize, u64) -> bool) -> Result<Cleaned> {
         let _m = self.maintenance.lock();

@@ -36,39 +36,42 @@ use std::sync::Arc;
 const THRESHOLD_VICTIMS: u64 = 16;
 
 impl Ledger {
-    /// The head a user write of block `lba` of `volume` goes to.
-    pub fn head_for_user_block(&self, volume: u32, lba: u64, shape: &Shape) -> HeadId {
-        let Some(vol) = self.volumes.get(&volume) else {
-            return HeadId::User;
-        };
-        match vol.map.get(lba).0 {
+    /// Whether user writes may go to the cleaner's head now: once the
+    /// cleaner has set a threshold, and not while free segments are within
+    /// one of the user floor (user writes filling that head would take the
+    /// room the cleaner's moves need). The writer asks once per batch.
+    pub fn long_lived_head_open(&self, shape: &Shape) -> bool {
+        self.lifetime_threshold.is_some() && self.free.len() > shape.user_floor_segments(self) + 1
+    }
+
+    /// The head a user write goes to, given where the block's current
+    /// version is (`old`) and `long_lived_head_open`.
+    pub fn head_for_user_block(
+        &self,
+        old: Loc,
+        long_lived_head_open: bool,
+        shape: &Shape,
+    ) -> HeadId {
+        match old {
             Loc::Open { head, .. } => head,
-            Loc::Disk(pba) => self.head_by_lifetime(pba, shape),
+            Loc::Disk(pba) if long_lived_head_open => self.head_by_lifetime(pba, shape),
             _ => HeadId::User,
         }
     }
 
     /// User head if the version at `pba` dies younger than the segments the
-    /// cleaner empties live, else the cleaner's.
+    /// cleaner empties live (or its segment is not dated: recovered after a
+    /// restart), else the cleaner's.
     fn head_by_lifetime(&self, pba: Pba, shape: &Shape) -> HeadId {
-        let Some(threshold) = self.lifetime_threshold else {
+        let (Some(threshold), Some((s, _))) = (
+            self.lifetime_threshold,
+            shape.geometry.segment_of(pba.block),
+        ) else {
             return HeadId::User;
         };
-        let Some((s, _)) = shape.geometry.segment_of(pba.block) else {
-            return HeadId::User;
-        };
-        // Near the floor, the cleaner's head is left to the cleaner (user
-        // writes filling it would take the room its moves need).
-        if self.free.len() <= shape.user_floor_segments(self) + 1 {
-            return HeadId::User;
-        }
         let seg = &self.segments[s as usize];
-        // Not dated (recovered after a restart): taken as short-lived.
-        if seg.births == 0 {
-            return HeadId::User;
-        }
         let age = self.user_appends.saturating_sub(seg.birth);
-        if age < threshold {
+        if seg.births == 0 || age < threshold {
             HeadId::User
         } else {
             HeadId::Cleaner

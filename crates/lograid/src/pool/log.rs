@@ -323,8 +323,12 @@ impl Ledger {
             }
         }
         // User data keeps the floor left for the cleaner in whichever head
-        // it goes to (`lifetime`).
-        let floor = (entry.kind == EntryKind::Data).then(|| shape.user_floor_segments(self));
+        // it goes to (`lifetime`); asked only when the cleaner's head opens
+        // a row for it (the floor walks the segment table).
+        let floor = (entry.kind == EntryKind::Data
+            && head == HeadId::Cleaner
+            && self.heads[head.index()].open.is_none())
+        .then(|| shape.user_floor_segments(self));
         let birth = self.birth_of(entry.kind, entry.source, shape);
         let row = self.open_row_mut_above(head, RowKind::Data, shape, floor)?;
         let slot = row.slots();

@@ -45,6 +45,8 @@ impl Engine {
                 let vol = ledger
                     .volume(id)
                     .ok_or_else(|| Error::NotFound(format!("volume {id} was deleted")))?;
+                // Once per batch (it walks the segment table).
+                let long_lived_head = ledger.long_lived_head_open(&self.shape);
                 if let Some(c) = &cond {
                     debug_assert_eq!(n, 1);
                     if !ledger.overlays.admits(id, lba, c) {
@@ -89,7 +91,7 @@ impl Engine {
                         count: 1,
                         source: 0,
                     };
-                    let head = ledger.head_for_user_block(id, b, &self.shape);
+                    let head = ledger.head_for_user_block(old, long_lived_head, &self.shape);
                     match ledger.append_block(
                         head,
                         entry,

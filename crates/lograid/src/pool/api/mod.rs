@@ -234,7 +234,7 @@ impl Pool {
     /// more can be gained; returns segments freed.
     pub fn clean(&self, segments: usize) -> Result<usize> {
         self.engine.guarded("cleaning", || {
-            let cleaned = self.engine.clean_segments(segments, false)?;
+            let cleaned = self.engine.clean_segments(segments)?;
             // Make what was emptied reusable now (and, as ever, everything
             // acknowledged durable).
             self.engine.checkpoint_acknowledged()?;
