@@ -27,15 +27,23 @@ fn pool_with_hot_and_cold() -> SimPool {
         vol.write(b * BLOCK, &pattern(1, 1)).expect("fill");
     }
     vol.flush().expect("flush");
+    hot_rounds(&p);
+    p
+}
+
+/// Overwrites the first `HOT_BLOCKS` blocks round after round, the
+/// cleaner emptying a segment after each: the pool learns how long hot
+/// blocks live.
+fn hot_rounds(p: &SimPool) {
     for round in 0..24u8 {
         for b in 0..HOT_BLOCKS {
-            vol.write(b * BLOCK, &pattern(2 + round, 1))
+            p.volume()
+                .write(b * BLOCK, &pattern(2 + round, 1))
                 .expect("hot write");
         }
-        vol.flush().expect("flush");
+        p.volume().flush().expect("flush");
         p.pool().clean(1).expect("clean");
     }
-    p
 }
 
 fn long_lived_blocks(p: &SimPool) -> u64 {
@@ -149,14 +157,7 @@ fn a_large_overwrite_of_long_lived_data_is_not_refused() {
         vol.write(b * BLOCK, &pattern(1, 1)).expect("fill");
     }
     vol.flush().expect("flush");
-    for round in 0..24u8 {
-        for b in 0..HOT_BLOCKS {
-            vol.write(b * BLOCK, &pattern(2 + round, 1))
-                .expect("hot write");
-        }
-        vol.flush().expect("flush");
-        p.pool().clean(1).expect("clean");
-    }
+    hot_rounds(&p);
     // Time passes on the user-append clock (in-place rewrites of block 0).
     for i in 0..200 * blocks {
         vol.write(0, &pattern((i % 200) as u8, 1))
