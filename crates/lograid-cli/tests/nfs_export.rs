@@ -53,9 +53,14 @@ fn files_are_the_volumes_and_writes_read_back() {
     pool.add_volume("ro", "8M");
     let nfs_port = free_port();
     let server = serve_nfs(&pool, nfs_port, &["--read-only-volume", "ro"]);
-    assert!(server
-        .stdout()
-        .contains(&format!("nfsport={nfs_port}&mountport={nfs_port}")));
+    // The NBD port answers once bound; the lines saying how to connect
+    // are printed just after.
+    let line = format!("nfsport={nfs_port}&mountport={nfs_port}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !server.stdout().contains(&line) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(server.stdout().contains(&line), "{}", server.stdout());
 
     // The directory as nfs-ls sees it: one file per volume, of the volume's size.
     let listing = stdout_of(tool("nfs-ls").arg(url(nfs_port, "")));
