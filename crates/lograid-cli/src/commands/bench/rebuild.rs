@@ -90,7 +90,7 @@ pub fn run(a: &BenchArgs, dir: &Path) -> Result<RebuildReport> {
 
 /// Sequential 1 MiB reads of a member-sized file written first (what one drive gives).
 fn raw_read(a: &BenchArgs, dir: &Path) -> Result<f64> {
-    let raw = RawFile::new(dir, a.member_size)?;
+    let raw = RawFile::new(a, dir)?;
     let data = filled(MIB, 3);
     let blocks = a.member_size / MIB as u64;
     for i in 0..blocks {
