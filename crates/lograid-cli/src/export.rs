@@ -137,6 +137,13 @@ impl Export for VolumeExport {
         result.map_err(|e| self.fail(if fua { "write+fua" } else { "write" }, offset, length, e))
     }
 
+    fn try_write_now(&self, offset: u64, data: &[u8]) -> Option<io::Result<()>> {
+        let length = data.len() as u64;
+        self.volume
+            .try_write_now(offset, data)
+            .map(|r| r.map_err(|e| self.fail("write", offset, length, e)))
+    }
+
     fn flush(&self) -> io::Result<()> {
         if self.read_only {
             // Nothing can have been written; a read-only pool has nothing to flush.

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::timeout;
 
 use crate::buffers::{KeptBudget, PayloadBuffers};
-use crate::dispatch::{error_reply, execute, ReplyOptions};
+use crate::dispatch::{error_reply, execute, try_execute_now, ReplyOptions};
 use crate::negotiate::{ExportRegistry, Negotiation, NegotiationPolicy, Session, Step};
 use crate::proto::*;
 use crate::sectors::scratch_bytes;
@@ -657,9 +657,31 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
         Ok(payload)
     }
 
-    /// Runs `command` on the blocking pool and sends its reply to the writer.
+    /// Runs `command` (here if the export takes it without blocking: `try_execute_now`, else on
+    /// the blocking pool) and sends its reply to the writer.
     fn execute(&self, cookie: u64, command: Command, payload: Vec<u8>, in_flight: InFlight) {
         let export = self.session.export.clone();
+        if let Some(reply) = try_execute_now(
+            export.as_ref(),
+            &self.session.locks,
+            cookie,
+            command,
+            &payload,
+            self.options,
+        ) {
+            self.buffers.give_back(payload);
+            if reply_is_error(&reply) {
+                self.shared
+                    .counters
+                    .request_errors
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = self.reply_tx.send(Outgoing {
+                bytes: reply,
+                _in_flight: Some(in_flight),
+            });
+            return;
+        }
         let locks = self.session.locks.clone();
         let reply_tx = self.reply_tx.clone();
         let error_counter = self.shared.counters.clone();

@@ -98,6 +98,59 @@ pub(crate) fn execute(
     reply
 }
 
+/// Runs a WRITE without FUA at once on the calling thread, if the export takes it without
+/// blocking (`Export::try_write_now`) and no read-modify-write holds its sectors; `None`
+/// otherwise (nothing was written: the caller runs `execute` on the blocking pool).
+pub(crate) fn try_execute_now(
+    export: &dyn Export,
+    locks: &SectorLocks,
+    cookie: u64,
+    command: Command,
+    payload: &[u8],
+    options: ReplyOptions,
+) -> Option<Vec<u8>> {
+    let Command::Write {
+        offset, fua: false, ..
+    } = command
+    else {
+        return None;
+    };
+    let _guard = locks.try_lock_aligned(offset, offset + payload.len() as u64)?;
+    let started = std::time::Instant::now();
+    let reply = match catch_unwind(AssertUnwindSafe(|| export.try_write_now(offset, payload))) {
+        Ok(None) => return None,
+        Ok(Some(Ok(()))) => ok_reply(cookie),
+        Ok(Some(Err(error))) => {
+            let nbd_error = nbd_error_from_io(&error, false);
+            tracing::debug!(export = export.name(), command = "write", %error, "request failed");
+            error_reply(
+                cookie,
+                NBD_CMD_WRITE,
+                nbd_error,
+                &error.to_string(),
+                options,
+            )
+        }
+        Err(_) => {
+            tracing::error!(export = export.name(), command = "write", "export panicked");
+            error_reply(
+                cookie,
+                NBD_CMD_WRITE,
+                NBD_EIO,
+                "internal error in the export",
+                options,
+            )
+        }
+    };
+    crate::stats::ExportStatsRegistry::global().record(
+        export.name(),
+        &command,
+        started.elapsed(),
+        &reply,
+    );
+    Some(reply)
+}
+
 fn command_code(command: Command) -> u16 {
     match command {
         Command::Read { .. } => NBD_CMD_READ,

@@ -2,7 +2,7 @@
 //! the mapping of the errors it returns to NBD error values.
 //!
 //! Owns: what the server promises an export (aligned, in-bounds calls; concurrent calls from a
-//! blocking thread pool) and what it expects back. Must never: know anything about the engine
+//! blocking thread pool, and `try_write_now` from its event loop) and what it expects back. Must never: know anything about the engine
 //! (this crate has no dependency on it) or about the wire format beyond error numbers.
 
 use std::io;
@@ -26,6 +26,14 @@ pub trait Export: Send + Sync + 'static {
     fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// fua: the data must be on stable storage before returning
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;
+    /// A write (no FUA; offset and data.len() are multiples of 512 and within size) taken at
+    /// once without blocking the calling thread: no wait for a lock held long, for I/O or for
+    /// room. `None` if it would block or fail: nothing was written, and the server calls
+    /// `write` on its blocking pool instead. The server calls this on its event loop, which
+    /// saves a thread hand-off per request. By default no write is taken this way.
+    fn try_write_now(&self, _offset: u64, _data: &[u8]) -> Option<io::Result<()>> {
+        None
+    }
     /// every write that returned before flush() was called is on stable storage when it returns
     fn flush(&self) -> io::Result<()>;
     fn trim(&self, offset: u64, length: u64, fua: bool) -> io::Result<()>;

@@ -83,6 +83,23 @@ pub struct RangeGuard<'a> {
 }
 
 impl SectorLocks {
+    /// `lock` for a sector-aligned write inside one granule, without waiting: `None` if a
+    /// read-modify-write holds its stripe (or the range is not of that kind).
+    pub fn try_lock_aligned(&self, offset: u64, end: u64) -> Option<RwLockReadGuard<'_, ()>> {
+        if end <= offset
+            || !is_aligned(offset, end - offset)
+            || offset / GRANULE != (end - 1) / GRANULE
+        {
+            return None;
+        }
+        let stripe = (offset / GRANULE % STRIPES as u64) as usize;
+        match self.stripes[stripe].try_read() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(error)) => Some(error.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Locks for a write to `[offset, end)`: exclusive on the stripes of a partly covered first
     /// or last sector, shared on the rest (nothing for an empty range). Stripes are always taken
     /// in index order and each once, so two callers never wait on each other in a cycle.

@@ -89,11 +89,54 @@ impl RowWriter {
         Some(rows)
     }
 
+    /// Takes a place in the queue ahead of sealing a row, for a caller that
+    /// must not write a row itself (`Reserved::send`); `None` if the queue
+    /// is full or stopped. The place is given back if no row is sent.
+    pub fn reserve(&self) -> Option<Reserved<'_>> {
+        self.sender.lock().as_ref()?;
+        self.queued
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
+                (q < QUEUE_ROWS).then_some(q + 1)
+            })
+            .ok()?;
+        Some(Reserved {
+            writer: self,
+            sent: false,
+        })
+    }
+
     /// Stops taking rows and waits until those queued are written.
     pub fn stop(&self) {
         self.sender.lock().take();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
+        }
+    }
+}
+
+/// A place in the row writer's queue (`RowWriter::reserve`).
+pub(crate) struct Reserved<'a> {
+    writer: &'a RowWriter,
+    sent: bool,
+}
+
+impl Reserved<'_> {
+    /// Queues `row` in the place taken; gives it back if the writer stopped
+    /// meanwhile (the caller writes it itself).
+    pub fn send(mut self, row: Arc<SealedRow>) -> Option<Batch> {
+        let sent = match self.writer.sender.lock().as_ref() {
+            Some(sender) => sender.send(vec![row]).map_err(|channel::SendError(b)| b),
+            None => Err(vec![row]),
+        };
+        self.sent = sent.is_ok();
+        sent.err()
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if !self.sent {
+            self.writer.queued.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }

@@ -8,6 +8,7 @@
 
 use super::ledger::check_writable;
 use super::ledger::Ledger;
+use super::ledger::SealedRow;
 use super::log::AppendError;
 use super::overlay_table::Cond;
 use super::space::SpaceStalls;
@@ -16,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::format::row::{Entry, EntryKind};
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
 use crate::map::Loc;
+use std::sync::Arc;
 
 impl Engine {
     /// Appends whole blocks to the user head, dropping their overlays. With
@@ -65,50 +67,26 @@ impl Engine {
                     }
                 }
                 while i < n {
+                    let block = &data[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
                     let b = lba + i as u64;
-                    let (old, _) = ledger.volume(id).expect("volume").map.get(b);
-                    // A new block: room for it beyond the blocks reserved
-                    // for overlays (its own overlay's reservation is its).
-                    // An overlay merged into its block had its room
-                    // reserved when it was acknowledged: it is written even
-                    // if the pool holds less since (a member failed).
-                    let reserved = || {
-                        cond.is_some_and(|c| c.overlay.is_some()) && ledger.overlays.reserves(id, b)
-                    };
-                    if !old.is_stored()
-                        && !reserved()
-                        && ledger.stored_blocks + ledger.overlays.unstored_except(id, b)
-                            >= ledger.usable_blocks
-                    {
-                        outcome = Err(Error::NoSpace);
-                        break;
-                    }
-                    let entry = Entry {
-                        kind: EntryKind::Data,
-                        volume: id,
-                        lba: b,
-                        crc: crcs[i],
-                        count: 1,
-                        source: 0,
-                    };
-                    let head = ledger.head_for_user_block(old, long_lived_head, &self.shape);
-                    match ledger.append_block(
-                        head,
-                        entry,
-                        &data[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE],
-                        &self.shape,
+                    match self.append_user_block(
+                        &mut ledger,
+                        (id, b),
+                        block,
+                        crcs[i],
+                        cond,
+                        long_lived_head,
                     ) {
-                        Ok(Some(row)) => sealed.push(row),
-                        Ok(None) => {}
-                        Err(AppendError::NeedSegment) => {
+                        Ok(Appended::Row(row)) => sealed.extend(row),
+                        Ok(Appended::NeedSegment) => {
                             need_segment = true;
                             break;
                         }
+                        Err(e) => {
+                            outcome = Err(e);
+                            break;
+                        }
                     }
-                    ledger
-                        .overlays
-                        .appended(id, b, cond.and_then(|c| c.overlay));
-                    ledger.counters.user_bytes_written += BLOCK_BYTES;
                     i += 1;
                 }
             }
@@ -122,16 +100,119 @@ impl Engine {
         Ok(true)
     }
 
+    /// Appends user block `lba` of volume `id` (its `crc` computed) to the head
+    /// its lifetime picks, dropping the block's overlay (or, with `cond`,
+    /// settling the one merged). Refuses a new block a full pool cannot hold.
+    fn append_user_block(
+        &self,
+        ledger: &mut Ledger,
+        (id, lba): (u32, u64),
+        block: &[u8],
+        crc: u32,
+        cond: Option<Cond>,
+        long_lived_head: bool,
+    ) -> Result<Appended> {
+        let (old, _) = ledger
+            .volume(id)
+            .ok_or_else(|| Error::NotFound(format!("volume {id} was deleted")))?
+            .map
+            .get(lba);
+        // A new block: room for it beyond the blocks reserved for overlays
+        // (its own overlay's reservation is its). An overlay merged into its
+        // block had its room reserved when it was acknowledged: it is written
+        // even if the pool holds less since (a member failed).
+        let reserved =
+            || cond.is_some_and(|c| c.overlay.is_some()) && ledger.overlays.reserves(id, lba);
+        if !old.is_stored()
+            && !reserved()
+            && ledger.stored_blocks + ledger.overlays.unstored_except(id, lba)
+                >= ledger.usable_blocks
+        {
+            return Err(Error::NoSpace);
+        }
+        let entry = Entry {
+            kind: EntryKind::Data,
+            volume: id,
+            lba,
+            crc,
+            count: 1,
+            source: 0,
+        };
+        let head = ledger.head_for_user_block(old, long_lived_head, &self.shape);
+        let row = match ledger.append_block(head, entry, block, &self.shape) {
+            Ok(row) => row,
+            Err(AppendError::NeedSegment) => return Ok(Appended::NeedSegment),
+        };
+        ledger
+            .overlays
+            .appended(id, lba, cond.and_then(|c| c.overlay));
+        ledger.counters.user_bytes_written += BLOCK_BYTES;
+        Ok(Appended::Row(row))
+    }
+
+    /// One whole-block write (`lba`, `block`) if it can be taken without
+    /// waiting: the ledger is free, rows in flight leave room, the head it
+    /// goes to has room without a new segment, and the row writer can take
+    /// a row it seals. `None` if the caller would have to wait, or the write
+    /// fails (nothing was written; the caller then calls `write_blocks`,
+    /// from a thread that may wait, which says why). For callers on an
+    /// event loop, where a thread hand-off per request costs more than the
+    /// write.
+    pub(crate) fn try_write_block_now(
+        &self,
+        id: u32,
+        lba: u64,
+        block: &[u8],
+    ) -> Option<Result<()>> {
+        debug_assert_eq!(block.len(), BLOCK_SIZE);
+        let crc = crc32c(block);
+        let (row, place) = {
+            let mut ledger = self.ledger.try_lock()?;
+            // Taken under the ledger lock: no other caller of this function
+            // holds one meanwhile.
+            let place = self.row_writer.reserve()?;
+            let in_range = ledger
+                .volume(id)
+                .is_some_and(|v| (lba + 1) * BLOCK_BYTES <= v.size_bytes);
+            if !in_range || check_writable(&ledger).is_err() || !self.inflight_room(&ledger) {
+                return None;
+            }
+            let long_lived_head = ledger.long_lived_head_open(&self.shape);
+            match self.append_user_block(&mut ledger, (id, lba), block, crc, None, long_lived_head)
+            {
+                Ok(Appended::Row(row)) => (row, place),
+                Ok(Appended::NeedSegment) | Err(_) => return None,
+            }
+        };
+        // A row the writer stopped before taking (the pool is closing) is
+        // written here.
+        match row.and_then(|row| place.send(row)) {
+            Some(rows) => Some(self.write_rows(rows)),
+            None => Some(Ok(())),
+        }
+    }
+
     /// Blocks while too many rows are in flight (bounds memory). Returns at
     /// once in a pool that stopped writing: its rows may never complete,
     /// and the caller's `check_writable` refuses.
     pub(crate) fn wait_for_inflight_room(&self, ledger: &mut crate::sync::MutexGuard<'_, Ledger>) {
-        while ledger.read_only_reason.is_none()
-            && (ledger.inflight.len() >= self.options.max_inflight_rows
-                || ledger.inflight.iter().map(|r| r.buf.len()).sum::<usize>()
-                    >= self.options.max_inflight_bytes)
-        {
+        while ledger.read_only_reason.is_none() && !self.inflight_room(ledger) {
             self.progress.wait(ledger);
         }
     }
+
+    /// Whether another row may be sealed: rows in flight are below both limits.
+    fn inflight_room(&self, ledger: &Ledger) -> bool {
+        ledger.inflight.len() < self.options.max_inflight_rows
+            && ledger.inflight.iter().map(|r| r.buf.len()).sum::<usize>()
+                < self.options.max_inflight_bytes
+    }
+}
+
+/// What appending one user block did.
+enum Appended {
+    /// Appended; the row it sealed, if it filled one.
+    Row(Option<Arc<SealedRow>>),
+    /// The head needs a segment first (nothing appended).
+    NeedSegment,
 }

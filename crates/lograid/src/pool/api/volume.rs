@@ -100,6 +100,26 @@ impl Volume {
         written
     }
 
+    /// One 4 KiB write at a 4 KiB-aligned offset, only if it can be taken
+    /// at once, without waiting for a lock, for rows in flight or for room
+    /// (a caller on an event loop then needs no thread hand-off). `None`:
+    /// nothing was written; call `write`, which may wait, and says why a
+    /// write fails.
+    pub fn try_write_now(&self, offset: u64, data: &[u8]) -> Option<Result<()>> {
+        if data.len() != BLOCK_SIZE
+            || !offset.is_multiple_of(BLOCK_SIZE as u64)
+            || self.engine.closed.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        let lba = offset / BLOCK_SIZE as u64;
+        self.engine
+            .guarded("write", || {
+                Ok(self.engine.try_write_block_now(self.id, lba, data))
+            })
+            .unwrap_or_else(|e| Some(Err(e)))
+    }
+
     /// Writes and makes the data durable before returning (FUA).
     pub fn write_fua(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.write(offset, data)?;
