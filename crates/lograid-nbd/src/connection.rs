@@ -1,8 +1,9 @@
 //! One client connection: the handshake I/O around [`Negotiation`], then the transmission loop.
 //!
 //! Owns: framing on the socket, every per-connection bound (handshake time, requests and bytes
-//! in flight, payload read time, reply write time), the blocking-pool hand-off of export calls,
-//! and the writer task that serializes replies. Must never: let one connection's failure reach
+//! in flight, payload read time, reply write time), the blocking-pool hand-off of export calls
+//! (an aligned WRITE the export takes at once runs on the connection's task instead), and the
+//! writer task that serializes replies. Must never: let one connection's failure reach
 //! another, hold more than its in-flight budget of buffers, or panic on anything a client sends.
 
 use std::future::Future;
@@ -405,7 +406,7 @@ async fn acquire(semaphore: &Arc<Semaphore>, amount: u32) -> Option<OwnedSemapho
 }
 
 /// Reads requests until the client disconnects, breaks the protocol, the writer fails, or the
-/// server shuts down; hands each valid request to the blocking pool.
+/// server shuts down; runs each valid request (`RequestReader::execute`).
 async fn read_requests<R>(
     reader: &mut BufReader<R>,
     reply_tx: &mpsc::UnboundedSender<Outgoing>,
@@ -475,7 +476,7 @@ struct RequestReader<'a, R> {
 }
 
 impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
-    /// Reads one request and answers it, or hands it to the blocking pool. `Err`: why the
+    /// Reads one request and answers it, or has it run (`execute`). `Err`: why the
     /// reader stops.
     async fn serve_next(&mut self) -> Result<(), ReaderEnd> {
         // 1. A free slot: at the limit, stop reading until a reply has been written.
@@ -523,7 +524,8 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
             _ => Vec::new(),
         };
 
-        // 5. Run it on the blocking pool; the reply goes to the writer when it is ready.
+        // 5. Run it (here if the export takes it at once, else on the blocking pool); the reply
+        //    goes to the writer when it is ready.
         self.execute(header.cookie, command, payload, in_flight);
         Ok(())
     }

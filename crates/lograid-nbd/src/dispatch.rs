@@ -3,8 +3,9 @@
 //! Owns: the shape of every transmission reply (simple or structured, sparse reads with
 //! `NBD_REPLY_TYPE_OFFSET_HOLE`, `NBD_REPLY_TYPE_BLOCK_STATUS` descriptors) and the policing of
 //! what an export returns (extents that are empty, unaligned or too many). Runs on a blocking
-//! thread; must never touch the socket or the async runtime, and must turn a panicking export
-//! into an `EIO` reply instead of a lost request.
+//! thread (`try_execute_now`: on the connection's task, for a write the export takes without
+//! blocking); must never touch the socket or the async runtime, and must turn a panicking
+//! export into an `EIO` reply instead of a lost request.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 

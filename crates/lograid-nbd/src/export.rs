@@ -28,8 +28,8 @@ pub trait Export: Send + Sync + 'static {
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()>;
     /// A write (no FUA; offset and data.len() are multiples of 512 and within size) taken at
     /// once without blocking the calling thread: no wait for a lock held long, for I/O or for
-    /// room. `None` if it would block or fail: nothing was written, and the server calls
-    /// `write` on its blocking pool instead. The server calls this on its event loop, which
+    /// room. `None` if it would block or be refused: nothing was written, and the server calls
+    /// `write` on its blocking pool instead (which says why). `Some(Err)`: taken, then failed. The server calls this on its event loop, which
     /// saves a thread hand-off per request. By default no write is taken this way.
     fn try_write_now(&self, _offset: u64, _data: &[u8]) -> Option<io::Result<()>> {
         None

@@ -5,7 +5,9 @@
 //! depth 1). Knows nothing of how a row is written: it runs the function it
 //! was started with (`Engine::start_row_writer`). Bounded: at most
 //! `QUEUE_ROWS` rows wait here; beyond that `offer` gives the rows back and
-//! the caller writes them itself (back-pressure). Must never drop a row it
+//! the caller writes them itself (back-pressure). A caller that must not
+//! write (`queue`, from an event loop) may go past it: rows in flight are
+//! bounded by the engine's limits all the same. Must never drop a row it
 //! took: the threads write every queued batch before they stop.
 
 use super::ledger::SealedRow;
@@ -89,20 +91,27 @@ impl RowWriter {
         Some(rows)
     }
 
-    /// Takes a place in the queue ahead of sealing a row, for a caller that
-    /// must not write a row itself (`Reserved::send`); `None` if the queue
-    /// is full or stopped. The place is given back if no row is sent.
-    pub fn reserve(&self) -> Option<Reserved<'_>> {
-        self.sender.lock().as_ref()?;
-        self.queued
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |q| {
-                (q < QUEUE_ROWS).then_some(q + 1)
-            })
-            .ok()?;
-        Some(Reserved {
-            writer: self,
-            sent: false,
-        })
+    /// Queues `rows` for the threads even past the queue's bound, for a
+    /// caller that must not write rows itself (on an event loop): rows in
+    /// flight are bounded by the engine's limits all the same. Gives them
+    /// back only if the writer is stopped.
+    pub fn queue(&self, rows: Batch) -> Option<Batch> {
+        let n = rows.len();
+        self.queued.fetch_add(n, Ordering::SeqCst);
+        let rows = match self.sender.lock().as_ref() {
+            Some(sender) => match sender.send(rows) {
+                Ok(()) => return None,
+                Err(channel::SendError(rows)) => rows,
+            },
+            None => rows,
+        };
+        self.queued.fetch_sub(n, Ordering::SeqCst);
+        Some(rows)
+    }
+
+    /// Whether the threads take rows (started, not stopped).
+    pub fn running(&self) -> bool {
+        self.sender.lock().is_some()
     }
 
     /// Stops taking rows and waits until those queued are written.
@@ -110,33 +119,6 @@ impl RowWriter {
         self.sender.lock().take();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
-        }
-    }
-}
-
-/// A place in the row writer's queue (`RowWriter::reserve`).
-pub(crate) struct Reserved<'a> {
-    writer: &'a RowWriter,
-    sent: bool,
-}
-
-impl Reserved<'_> {
-    /// Queues `row` in the place taken; gives it back if the writer stopped
-    /// meanwhile (the caller writes it itself).
-    pub fn send(mut self, row: Arc<SealedRow>) -> Option<Batch> {
-        let sent = match self.writer.sender.lock().as_ref() {
-            Some(sender) => sender.send(vec![row]).map_err(|channel::SendError(b)| b),
-            None => Err(vec![row]),
-        };
-        self.sent = sent.is_ok();
-        sent.err()
-    }
-}
-
-impl Drop for Reserved<'_> {
-    fn drop(&mut self) {
-        if !self.sent {
-            self.writer.queued.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }

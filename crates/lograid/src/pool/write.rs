@@ -152,12 +152,14 @@ impl Engine {
 
     /// One whole-block write (`lba`, `block`) if it can be taken without
     /// waiting: the ledger is free, rows in flight leave room, the head it
-    /// goes to has room without a new segment, and the row writer can take
-    /// a row it seals. `None` if the caller would have to wait, or the write
-    /// fails (nothing was written; the caller then calls `write_blocks`,
-    /// from a thread that may wait, which says why). For callers on an
-    /// event loop, where a thread hand-off per request costs more than the
-    /// write.
+    /// goes to has room without a new segment, and the row writer runs (a
+    /// row it seals is queued for the writer's threads, past the queue's
+    /// bound if need be). `None` if the caller would have to wait, or the
+    /// write would be refused: nothing was written; the caller then calls
+    /// `write_blocks`, from a thread that may wait, which says why. For
+    /// callers on an event loop, where a thread hand-off per request costs
+    /// more than the write. (Only a writer stopped between the check and the
+    /// queueing, when the pool closes, makes it write the row itself.)
     pub(crate) fn try_write_block_now(
         &self,
         id: u32,
@@ -166,27 +168,29 @@ impl Engine {
     ) -> Option<Result<()>> {
         debug_assert_eq!(block.len(), BLOCK_SIZE);
         let crc = crc32c(block);
-        let (row, place) = {
+        if !self.row_writer.running() {
+            return None;
+        }
+        let row = {
             let mut ledger = self.ledger.try_lock()?;
-            // Taken under the ledger lock: no other caller of this function
-            // holds one meanwhile.
-            let place = self.row_writer.reserve()?;
+            let end = lba.checked_add(1).and_then(|b| b.checked_mul(BLOCK_BYTES));
             let in_range = ledger
                 .volume(id)
-                .is_some_and(|v| (lba + 1) * BLOCK_BYTES <= v.size_bytes);
+                .zip(end)
+                .is_some_and(|(v, end)| end <= v.size_bytes);
             if !in_range || check_writable(&ledger).is_err() || !self.inflight_room(&ledger) {
                 return None;
             }
             let long_lived_head = ledger.long_lived_head_open(&self.shape);
             match self.append_user_block(&mut ledger, (id, lba), block, crc, None, long_lived_head)
             {
-                Ok(Appended::Row(row)) => (row, place),
+                Ok(Appended::Row(row)) => row,
                 Ok(Appended::NeedSegment) | Err(_) => return None,
             }
         };
         // A row the writer stopped before taking (the pool is closing) is
         // written here.
-        match row.and_then(|row| place.send(row)) {
+        match row.and_then(|row| self.row_writer.queue(vec![row])) {
             Some(rows) => Some(self.write_rows(rows)),
             None => Some(Ok(())),
         }

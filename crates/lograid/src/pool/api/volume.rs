@@ -104,7 +104,8 @@ impl Volume {
     /// at once, without waiting for a lock, for rows in flight or for room
     /// (a caller on an event loop then needs no thread hand-off). `None`:
     /// nothing was written; call `write`, which may wait, and says why a
-    /// write fails.
+    /// write is refused. `Some(Err)`: taken, and then failed (a row write
+    /// failed beyond the parity, or the engine stopped).
     pub fn try_write_now(&self, offset: u64, data: &[u8]) -> Option<Result<()>> {
         if data.len() != BLOCK_SIZE
             || !offset.is_multiple_of(BLOCK_SIZE as u64)
