@@ -8,7 +8,8 @@
 #   bench/nbd_memory.sh [--seconds S] [--dir DIR] NAME=BINARY [NAME=BINARY ...]
 #
 # Prints one tab-separated line per load and binary: name, load, MB/s, CPU s/GB, VmHWM MiB,
-# VmRSS MiB. The members are deleted at the end.
+# VmRSS MiB, and the engine's own memory at the end of the load (map/row buffers/all, MiB).
+# The members are deleted at the end.
 set -euo pipefail
 seconds=12
 dir=
@@ -41,7 +42,7 @@ loads=(
     "randread 1M QD32|--rw=randread --bs=1M --iodepth=32"
     "randrw 32M QD8 x2|--rw=randrw --bs=32M --iodepth=8 --numjobs=2"
 )
-printf 'binary\tload\tMB/s\tCPU s/GB\tVmHWM MiB\tVmRSS MiB\n'
+printf 'binary\tload\tMB/s\tCPU s/GB\tVmHWM MiB\tVmRSS MiB\tengine MiB map/rows/all\n'
 for load in "${loads[@]}"; do
     name=${load%%|*}
     args=${load#*|}
@@ -60,6 +61,14 @@ for load in "${loads[@]}"; do
             --time_based --runtime="$seconds" --output-format=json --output="$work/fio.json" \
             $args >/dev/null 2>"$work/fio.err" || { cat "$work/fio.err" >&2; exit 1; }
         read -r ticks < <(awk '{print $14 + $15}' "/proc/$server/stat")
+        # The engine's own memory by kind at the end of the load, from the status the server
+        # publishes (builds without it print -).
+        engine=$("$binary" status --json "$work/m0" "$work/m1" "$work/m2" 2>/dev/null \
+            | python3 -c 'import json, sys
+m = json.load(sys.stdin).get("memory")
+rows = m and m["open_row_bytes"] + m["in_flight_row_bytes"] + m["kept_row_bytes"]
+print("%d/%d/%d" % (m["map_bytes"] >> 20, rows >> 20, m["total_bytes"] >> 20) if m else "-")' \
+            || echo -)
         hwm=$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$server/status")
         rss=$(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/$server/status")
         kill "$server"
@@ -73,7 +82,7 @@ cpu = int(sys.argv[2]) / int(sys.argv[3])
 print("%d\t%.2f" % (moved / int(sys.argv[4]) / 1e6, cpu / (moved / 1e9)))
 EOF
             read -r rate cpu
-            printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$name" "$rate" "$cpu" "$hwm" "$rss"
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$name" "$rate" "$cpu" "$hwm" "$rss" "$engine"
         }
     done
 done

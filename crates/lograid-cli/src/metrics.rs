@@ -371,6 +371,21 @@ fn render_pool(t: &mut Text, status: &PoolStatus) {
     ] {
         t.sample(&[("pool", pool), ("state", state)], n);
     }
+    t.family(
+        "lograid_pool_memory_bytes",
+        "gauge",
+        "The engine's memory by kind: map (the volume maps); open_rows, in_flight_rows, kept_rows (row buffers being filled, being written, kept for reuse); held_writes (sub-block writes held until merged).",
+    );
+    let m = &status.memory;
+    for (kind, bytes) in [
+        ("map", m.map_bytes),
+        ("open_rows", m.open_row_bytes),
+        ("in_flight_rows", m.in_flight_row_bytes),
+        ("kept_rows", m.kept_row_bytes),
+        ("held_writes", m.held_write_bytes),
+    ] {
+        t.sample(&[("pool", pool), ("kind", kind)], bytes);
+    }
     t.one(
         "lograid_pool_user_written_bytes_total",
         "counter",

@@ -350,4 +350,5 @@ fn status_json_fields_are_the_documented_ones() {
     nested("volumes[]", &json["volumes"][0]);
     nested("counters", &json["counters"]);
     nested("recovery", &json["recovery"]);
+    nested("memory", &json["memory"]);
 }

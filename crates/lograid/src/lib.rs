@@ -30,6 +30,6 @@ pub use pool::recovery_api::{
 };
 pub use pool::{
     create::{create_pool, open_new_members, open_paths, survey_paths},
-    Allocation, CleanerPolicy, CreateOptions, Health, LostBlock, Pool, PoolOptions, PoolStatus,
-    ScrubReport, Volume, LOW_SPACE_PERCENT,
+    Allocation, CleanerPolicy, CreateOptions, Health, LostBlock, MemoryUse, Pool, PoolOptions,
+    PoolStatus, ScrubReport, Volume, LOW_SPACE_PERCENT,
 };

@@ -191,6 +191,16 @@ fn print_activity(st: &PoolStatus) {
         human(st.map_memory_bytes),
         st.map_bytes_per_stored_block
     );
+    let m = &st.memory;
+    println!(
+        "memory:    {} in all: map {}, rows open {}, in flight {}, kept {}, sub-block writes {}",
+        human(m.total_bytes),
+        human(m.map_bytes),
+        human(m.open_row_bytes),
+        human(m.in_flight_row_bytes),
+        human(m.kept_row_bytes),
+        human(m.held_write_bytes)
+    );
     if let Some(r) = &st.reshape {
         println!(
             "{:<10} {}{}: {} segments ({}) left, {} done ({} moved){}{}",

@@ -124,7 +124,7 @@ pub use options::{CleanerPolicy, PoolOptions};
 pub use scrub::{LostBlock, ScrubReport};
 pub use shape::Shape;
 pub use stats::CleanerState;
-pub use status::{CleanerStatus, Health, MemberStatus, PoolStatus, VolumeStatus};
+pub use status::{CleanerStatus, Health, MemberStatus, MemoryUse, PoolStatus, VolumeStatus};
 pub use watch::LOW_SPACE_PERCENT;
 
 pub use api::{Pool, Volume};

@@ -123,6 +123,56 @@ pub struct PoolStatus {
     /// parity) since the pool was opened.
     #[serde(default)]
     pub lost_blocks_seen: u64,
+    /// The engine's memory by kind.
+    #[serde(default)]
+    pub memory: MemoryUse,
+}
+
+/// The engine's memory by kind, in bytes: what its bound is made of (the
+/// maps, and row buffers up to the in-flight limits). Per-thread parity
+/// buffers and a server's request buffers are not in it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MemoryUse {
+    /// The volume maps (`map_memory_bytes`).
+    pub map_bytes: u64,
+    /// The log heads' open rows, being filled.
+    pub open_row_bytes: u64,
+    /// Rows sealed and not yet written (at most `max_inflight_bytes`).
+    pub in_flight_row_bytes: u64,
+    /// Buffers of written rows kept for the next rows (at most half the
+    /// in-flight limits).
+    pub kept_row_bytes: u64,
+    /// Sub-block writes held until merged into their blocks.
+    pub held_write_bytes: u64,
+    /// The sum of the above.
+    pub total_bytes: u64,
+}
+
+impl MemoryUse {
+    fn of(ledger: &super::ledger::Ledger, map_bytes: u64) -> MemoryUse {
+        let len = |b: &crate::device::AlignedBuf| b.len() as u64;
+        let open_row_bytes = ledger
+            .heads
+            .iter()
+            .filter_map(|h| h.open.as_ref())
+            .map(|r| len(&r.buf))
+            .sum();
+        let in_flight_row_bytes = ledger.inflight.iter().map(|r| len(&r.buf)).sum();
+        let kept_row_bytes = ledger.spare_buffers.iter().map(len).sum();
+        let held_write_bytes = ledger.overlays.len() as u64 * super::super::format::BLOCK_BYTES;
+        MemoryUse {
+            map_bytes,
+            open_row_bytes,
+            in_flight_row_bytes,
+            kept_row_bytes,
+            held_write_bytes,
+            total_bytes: map_bytes
+                + open_row_bytes
+                + in_flight_row_bytes
+                + kept_row_bytes
+                + held_write_bytes,
+        }
+    }
 }
 
 /// How the pool is, worst last: what `lograid status -x` reports.
@@ -278,6 +328,7 @@ pub fn collect(engine: &Engine) -> PoolStatus {
         health,
         health_reasons,
         lost_blocks_seen,
+        memory: MemoryUse::of(&ledger, map_memory_bytes),
     }
 }
 

@@ -1,0 +1,62 @@
+//! The engine's memory by kind in `status` (`memory`): each kind follows
+//! what the engine holds, and the total is their sum.
+
+#![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
+
+mod common;
+
+use common::{pattern, SimPool};
+use lograid::MemoryUse;
+
+const BLOCK: u64 = lograid::format::BLOCK_BYTES;
+
+fn memory(pool: &SimPool) -> MemoryUse {
+    let status = pool.pool().status();
+    let m = status.memory.clone();
+    assert_eq!(m.map_bytes, status.map_memory_bytes);
+    assert_eq!(
+        m.total_bytes,
+        m.map_bytes
+            + m.open_row_bytes
+            + m.in_flight_row_bytes
+            + m.kept_row_bytes
+            + m.held_write_bytes
+    );
+    assert_eq!(m.held_write_bytes, status.overlay_blocks as u64 * BLOCK);
+    m
+}
+
+#[test]
+fn memory_by_kind_follows_rows_maps_and_held_writes() {
+    let pool = SimPool::create(3, 1, 8 << 20, 0.5);
+    let empty = memory(&pool);
+    assert_eq!(empty.map_bytes, 0);
+    assert_eq!(empty.open_row_bytes, 0);
+    assert_eq!(empty.in_flight_row_bytes, 0);
+    assert_eq!(empty.held_write_bytes, 0);
+
+    // One block: an open row and a map page.
+    pool.volume().write(0, &pattern(1, 1)).unwrap();
+    let one = memory(&pool);
+    assert!(one.open_row_bytes > 0, "{one:?}");
+    assert!(one.map_bytes > 0, "{one:?}");
+
+    // Many rows written and flushed: nothing open or in flight, buffers kept.
+    let blocks = 400;
+    pool.volume()
+        .write(0, &pattern(2, blocks as usize))
+        .unwrap();
+    pool.volume().flush().unwrap();
+    let flushed = memory(&pool);
+    assert_eq!(flushed.open_row_bytes, 0, "{flushed:?}");
+    assert_eq!(flushed.in_flight_row_bytes, 0, "{flushed:?}");
+    assert!(flushed.kept_row_bytes > 0, "{flushed:?}");
+    assert!(flushed.map_bytes >= one.map_bytes, "{flushed:?}");
+
+    // A sub-block write is held as its block until merged.
+    pool.volume().write(BLOCK * 3, &[7u8; 512]).unwrap();
+    let held = memory(&pool);
+    assert_eq!(held.held_write_bytes, BLOCK, "{held:?}");
+    pool.volume().flush().unwrap();
+    assert_eq!(memory(&pool).held_write_bytes, 0);
+}
