@@ -68,7 +68,7 @@ for load in "${loads[@]}"; do
 m = json.load(sys.stdin).get("memory")
 rows = m and m["open_row_bytes"] + m["in_flight_row_bytes"] + m["kept_row_bytes"]
 print("%d/%d/%d" % (m["map_bytes"] >> 20, rows >> 20, m["total_bytes"] >> 20) if m else "-")' \
-            || echo -)
+            2>/dev/null || echo -)
         hwm=$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$server/status")
         rss=$(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/$server/status")
         kill "$server"

@@ -137,7 +137,9 @@ pub struct MemoryUse {
     pub map_bytes: u64,
     /// The log heads' open rows, being filled.
     pub open_row_bytes: u64,
-    /// Rows sealed and not yet written (at most `max_inflight_bytes`).
+    /// Rows sealed and not yet written (about `max_inflight_rows` and
+    /// `max_inflight_bytes` at most: a request under way or a flush may
+    /// seal a few rows past them).
     pub in_flight_row_bytes: u64,
     /// Buffers of written rows kept for the next rows (at most half the
     /// in-flight limits).
