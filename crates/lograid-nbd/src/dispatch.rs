@@ -75,24 +75,37 @@ pub(crate) fn execute(
         execute_inner(export, locks, cookie, command, payload, options, buffers)
     })) {
         Ok(reply) => reply,
-        Err(_) => {
-            tracing::error!(
-                export = export.name(),
-                command = command_name(code),
-                "export panicked"
-            );
-            error_reply(
-                cookie,
-                code,
-                NBD_EIO,
-                "internal error in the export",
-                options,
-            )
-        }
+        Err(_) => panicked_reply(export, cookie, code, options),
     };
+    record(export, &command, started, reply)
+}
+
+/// The reply to a request whose export panicked (logged).
+fn panicked_reply(export: &dyn Export, cookie: u64, code: u16, options: ReplyOptions) -> Vec<u8> {
+    tracing::error!(
+        export = export.name(),
+        command = command_name(code),
+        "export panicked"
+    );
+    error_reply(
+        cookie,
+        code,
+        NBD_EIO,
+        "internal error in the export",
+        options,
+    )
+}
+
+/// Counts a request's time and outcome in the export's statistics; returns its reply.
+fn record(
+    export: &dyn Export,
+    command: &Command,
+    started: std::time::Instant,
+    reply: Vec<u8>,
+) -> Vec<u8> {
     crate::stats::ExportStatsRegistry::global().record(
         export.name(),
-        &command,
+        command,
         started.elapsed(),
         &reply,
     );
@@ -132,24 +145,9 @@ pub(crate) fn try_execute_now(
                 options,
             )
         }
-        Err(_) => {
-            tracing::error!(export = export.name(), command = "write", "export panicked");
-            error_reply(
-                cookie,
-                NBD_CMD_WRITE,
-                NBD_EIO,
-                "internal error in the export",
-                options,
-            )
-        }
+        Err(_) => panicked_reply(export, cookie, NBD_CMD_WRITE, options),
     };
-    crate::stats::ExportStatsRegistry::global().record(
-        export.name(),
-        &command,
-        started.elapsed(),
-        &reply,
-    );
-    Some(reply)
+    Some(record(export, &command, started, reply))
 }
 
 fn command_code(command: Command) -> u16 {

@@ -191,16 +191,7 @@ fn print_activity(st: &PoolStatus) {
         human(st.map_memory_bytes),
         st.map_bytes_per_stored_block
     );
-    let m = &st.memory;
-    println!(
-        "memory:    {} in all: map {}, rows open {}, in flight {}, kept {}, sub-block writes {}",
-        human(m.total_bytes),
-        human(m.map_bytes),
-        human(m.open_row_bytes),
-        human(m.in_flight_row_bytes),
-        human(m.kept_row_bytes),
-        human(m.held_write_bytes)
-    );
+    println!("memory:    {}", memory_by_kind(&st.memory));
     if let Some(r) = &st.reshape {
         println!(
             "{:<10} {}{}: {} segments ({}) left, {} done ({} moved){}{}",
@@ -270,5 +261,18 @@ fn health_line(st: &PoolStatus) -> String {
         "pool '{}' is {health}: {}",
         st.name,
         st.health_reasons.join("; ")
+    )
+}
+
+/// The engine's memory by kind, on one line (`status`, `bench`).
+pub(crate) fn memory_by_kind(m: &lograid::MemoryUse) -> String {
+    format!(
+        "{} in all: map {}, rows open {}, in flight {}, kept {}, sub-block writes {}",
+        human(m.total_bytes),
+        human(m.map_bytes),
+        human(m.open_row_bytes),
+        human(m.in_flight_row_bytes),
+        human(m.kept_row_bytes),
+        human(m.held_write_bytes)
     )
 }

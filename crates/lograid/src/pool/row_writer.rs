@@ -79,16 +79,7 @@ impl RowWriter {
         if !reserved {
             return Some(rows);
         }
-        let rows = match self.sender.lock().as_ref() {
-            Some(sender) => match sender.send(rows) {
-                Ok(()) => return None,
-                Err(channel::SendError(rows)) => rows,
-            },
-            None => rows,
-        };
-        // Stopped: give the places back.
-        self.queued.fetch_sub(n, Ordering::SeqCst);
-        Some(rows)
+        self.send_counted(rows)
     }
 
     /// Queues `rows` for the threads even past the queue's bound, for a
@@ -96,8 +87,14 @@ impl RowWriter {
     /// flight are bounded by the engine's limits all the same. Gives them
     /// back only if the writer is stopped.
     pub fn queue(&self, rows: Batch) -> Option<Batch> {
+        self.queued.fetch_add(rows.len(), Ordering::SeqCst);
+        self.send_counted(rows)
+    }
+
+    /// Sends `rows`, already counted in `queued`, to the threads; if the
+    /// writer is stopped, takes them out of the count and gives them back.
+    fn send_counted(&self, rows: Batch) -> Option<Batch> {
         let n = rows.len();
-        self.queued.fetch_add(n, Ordering::SeqCst);
         let rows = match self.sender.lock().as_ref() {
             Some(sender) => match sender.send(rows) {
                 Ok(()) => return None,

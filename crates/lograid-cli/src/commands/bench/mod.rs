@@ -891,15 +891,9 @@ fn show_counters(pool: &Pool) {
         st.segments_free,
         st.segments_total
     );
-    let m = &st.memory;
     eprintln!(
-        "           engine memory {}: map {}, rows open {}, in flight {}, kept {}, sub-block writes {}",
-        human(m.total_bytes),
-        human(m.map_bytes),
-        human(m.open_row_bytes),
-        human(m.in_flight_row_bytes),
-        human(m.kept_row_bytes),
-        human(m.held_write_bytes)
+        "           engine memory: {}",
+        super::status::memory_by_kind(&st.memory)
     );
 }
 
