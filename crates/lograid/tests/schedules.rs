@@ -123,6 +123,15 @@ struct Write {
     fua: bool,
 }
 
+/// How a write is made: `write`, `write_fua`, or `try_write_now` (as the
+/// NBD server's event loop does), falling back to `write`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum How {
+    Plain,
+    Fua,
+    AtOnce,
+}
+
 /// What had been acknowledged. A std mutex on purpose: it is never held
 /// across a scheduling point, so recording an outcome and taking a
 /// snapshot are not interleaved with anything.
@@ -168,16 +177,24 @@ struct Recorder {
 }
 
 impl Recorder {
-    /// A write (FUA if `fua`) of block `block` of `vol`, every byte `tag`,
+    /// A write of block `block` of `vol`, every byte `tag`, made `how`,
     /// and its outcome.
-    fn write(&self, vol: &lograid::Volume, block: u64, tag: u8, fua: bool) {
+    fn write(&self, vol: &lograid::Volume, block: u64, tag: u8, how: How) {
         let start = self.clock.fetch_add(1, Ordering::SeqCst);
         let data = vec![tag; BLOCK];
-        let r = if fua {
-            vol.write_fua(block * BLOCK as u64, &data)
-        } else {
-            vol.write(block * BLOCK as u64, &data)
+        let offset = block * BLOCK as u64;
+        let r = match how {
+            How::Plain => vol.write(offset, &data),
+            How::Fua => vol.write_fua(offset, &data),
+            How::AtOnce => match vol.try_write_now(offset, &data) {
+                Some(r) => {
+                    TAKEN_AT_ONCE.fetch_add(1, Ordering::Relaxed);
+                    r
+                }
+                None => vol.write(offset, &data),
+            },
         };
+        let fua = how == How::Fua;
         let end = self.clock.fetch_add(1, Ordering::SeqCst);
         self.log.lock().unwrap().writes.push(Write {
             block,
@@ -267,8 +284,9 @@ fn run(parity: u8, failure: Failure, cut_after: usize) -> (u64, usize) {
     (used, steps)
 }
 
-/// The four threads of the workload: writes and a flush, writes (one FUA)
-/// and a flush, a checkpoint, and the deletion of volume "b".
+/// The four threads of the workload: writes taken at once if they can be
+/// and a flush, writes (one FUA) and a flush, a checkpoint, and the
+/// deletion of volume "b".
 fn spawn_workload(
     a: &lograid::Volume,
     pool: &lograid::Pool,
@@ -278,16 +296,16 @@ fn spawn_workload(
     {
         let (a, rec) = (a.clone(), rec.clone());
         threads.push(shuttle::thread::spawn(move || {
-            rec.write(&a, 0, 0x10, false);
+            rec.write(&a, 0, 0x10, How::AtOnce);
             rec.covered(&|| a.flush());
-            rec.write(&a, 2, 0x12, false);
+            rec.write(&a, 2, 0x12, How::AtOnce);
         }));
     }
     {
         let (a, rec) = (a.clone(), rec.clone());
         threads.push(shuttle::thread::spawn(move || {
-            rec.write(&a, 1, 0x11, false);
-            rec.write(&a, 3, 0x13, true);
+            rec.write(&a, 1, 0x11, How::Plain);
+            rec.write(&a, 3, 0x13, How::Fua);
             rec.covered(&|| a.flush());
         }));
     }
@@ -372,6 +390,8 @@ fn check_dead_member_was_trusted_rightly(images: &[Vec<u8>], dying: usize, log: 
 
 /// Snapshots checked by this process (for the report).
 static CHECKED: AtomicU64 = AtomicU64::new(0);
+/// Writes `try_write_now` took (the schedules must explore that path).
+static TAKEN_AT_ONCE: AtomicU64 = AtomicU64::new(0);
 
 fn check(snapshot: Snapshot) {
     CHECKED.fetch_add(1, Ordering::Relaxed);
@@ -439,6 +459,7 @@ fn config() -> shuttle::Config {
 
 fn explore(kind: &str, n: usize, seed: u64, scheduler: impl Scheduler + 'static) {
     let before = CHECKED.load(Ordering::Relaxed);
+    let taken_before = TAKEN_AT_ONCE.load(Ordering::Relaxed);
     shuttle::Runner::new(scheduler, config()).run(|| {
         let mut rng = shuttle::rand::thread_rng();
         // Without parity every member's missed flush loses data; with it,
@@ -455,7 +476,12 @@ fn explore(kind: &str, n: usize, seed: u64, scheduler: impl Scheduler + 'static)
         run(parity, failure, rng.gen_range(0..MAX_STEPS_TO_CUT));
     });
     let checked = CHECKED.load(Ordering::Relaxed) - before;
-    eprintln!("{kind}: {n} schedules from seed {seed:#x}, {checked} cut images checked");
+    let taken = TAKEN_AT_ONCE.load(Ordering::Relaxed) - taken_before;
+    eprintln!(
+        "{kind}: {n} schedules from seed {seed:#x}, {checked} cut images checked, \
+         {taken} writes taken at once"
+    );
+    assert!(n < 20 || taken > 0, "no schedule took a write at once");
 }
 
 /// Schedules of each kind to explore, and the first seed.
