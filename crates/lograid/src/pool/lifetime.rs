@@ -31,32 +31,41 @@ use crate::layout::Pba;
 use crate::map::Loc;
 use std::sync::Arc;
 
+/// Whether the cleaner's head may take user writes, for one batch of
+/// writes: asked once (the floor walks the segment table), and only when a
+/// block of the batch would go there.
+#[derive(Default)]
+pub struct LongLivedRoom(Option<bool>);
+
 /// How many victims the threshold averages over, roughly (an exponential
 /// moving average with this weight; SepBIT averages the last 16).
 const THRESHOLD_VICTIMS: u64 = 16;
 
 impl Ledger {
-    /// Whether user writes may go to the cleaner's head now: once the
-    /// cleaner has set a threshold, and not while free segments are within
-    /// one of the user floor (user writes filling that head would take the
-    /// room the cleaner's moves need). The writer asks once per batch.
-    pub fn long_lived_head_open(&self, shape: &Shape) -> bool {
-        self.lifetime_threshold.is_some() && self.free.len() > shape.user_floor_segments(self) + 1
-    }
-
     /// The head a user write goes to, given where the block's current
-    /// version is (`old`) and `long_lived_head_open`.
-    pub fn head_for_user_block(
-        &self,
-        old: Loc,
-        long_lived_head_open: bool,
-        shape: &Shape,
-    ) -> HeadId {
+    /// version is (`old`); `room`: the batch's answer to whether the
+    /// cleaner's head may take user writes, asked only for a block that
+    /// would go there.
+    pub fn head_for_user_block(&self, old: Loc, room: &mut LongLivedRoom, shape: &Shape) -> HeadId {
         match old {
             Loc::Open { head, .. } => head,
-            Loc::Disk(pba) if long_lived_head_open => self.head_by_lifetime(pba, shape),
+            Loc::Disk(pba)
+                if self.head_by_lifetime(pba, shape) == HeadId::Cleaner
+                    && *room
+                        .0
+                        .get_or_insert_with(|| self.long_lived_head_open(shape)) =>
+            {
+                HeadId::Cleaner
+            }
             _ => HeadId::User,
         }
+    }
+
+    /// Whether user writes may go to the cleaner's head now: not while
+    /// free segments are within one of the user floor (user writes filling
+    /// that head would take the room the cleaner's moves need).
+    fn long_lived_head_open(&self, shape: &Shape) -> bool {
+        self.free.len() > shape.user_floor_segments(self) + 1
     }
 
     /// User head if the version at `pba` dies younger than the segments the

@@ -9,6 +9,7 @@
 use super::ledger::check_writable;
 use super::ledger::Ledger;
 use super::ledger::SealedRow;
+use super::lifetime::LongLivedRoom;
 use super::log::AppendError;
 use super::overlay_table::Cond;
 use super::space::SpaceStalls;
@@ -47,8 +48,7 @@ impl Engine {
                 let vol = ledger
                     .volume(id)
                     .ok_or_else(|| Error::NotFound(format!("volume {id} was deleted")))?;
-                // Once per batch (it walks the segment table).
-                let long_lived_head = ledger.long_lived_head_open(&self.shape);
+                let mut room = LongLivedRoom::default();
                 if let Some(c) = &cond {
                     debug_assert_eq!(n, 1);
                     if !ledger.overlays.admits(id, lba, c) {
@@ -75,7 +75,7 @@ impl Engine {
                         block,
                         crcs[i],
                         cond,
-                        long_lived_head,
+                        &mut room,
                     ) {
                         Ok(Appended::Row(row)) => sealed.extend(row),
                         Ok(Appended::NeedSegment) => {
@@ -110,7 +110,7 @@ impl Engine {
         block: &[u8],
         crc: u32,
         cond: Option<Cond>,
-        long_lived_head: bool,
+        room: &mut LongLivedRoom,
     ) -> Result<Appended> {
         let (old, _) = ledger
             .volume(id)
@@ -138,7 +138,7 @@ impl Engine {
             count: 1,
             source: 0,
         };
-        let head = ledger.head_for_user_block(old, long_lived_head, &self.shape);
+        let head = ledger.head_for_user_block(old, room, &self.shape);
         let row = match ledger.append_block(head, entry, block, &self.shape) {
             Ok(row) => row,
             Err(AppendError::NeedSegment) => return Ok(Appended::NeedSegment),
@@ -167,10 +167,10 @@ impl Engine {
         block: &[u8],
     ) -> Option<Result<()>> {
         debug_assert_eq!(block.len(), BLOCK_SIZE);
-        let crc = crc32c(block);
         if !self.row_writer.running() {
             return None;
         }
+        let crc = crc32c(block);
         let row = {
             let mut ledger = self.ledger.try_lock()?;
             let end = lba.checked_add(1).and_then(|b| b.checked_mul(BLOCK_BYTES));
@@ -181,9 +181,8 @@ impl Engine {
             if !in_range || check_writable(&ledger).is_err() || !self.inflight_room(&ledger) {
                 return None;
             }
-            let long_lived_head = ledger.long_lived_head_open(&self.shape);
-            match self.append_user_block(&mut ledger, (id, lba), block, crc, None, long_lived_head)
-            {
+            let room = &mut LongLivedRoom::default();
+            match self.append_user_block(&mut ledger, (id, lba), block, crc, None, room) {
                 Ok(Appended::Row(row)) => row,
                 Ok(Appended::NeedSegment) | Err(_) => return None,
             }
