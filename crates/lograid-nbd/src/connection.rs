@@ -672,16 +672,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
             self.options,
         ) {
             self.buffers.give_back(payload);
-            if reply_is_error(&reply) {
-                self.shared
-                    .counters
-                    .request_errors
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            let _ = self.reply_tx.send(Outgoing {
-                bytes: reply,
-                _in_flight: Some(in_flight),
-            });
+            send_reply(self.reply_tx, &self.shared.counters, reply, in_flight);
             return;
         }
         let locks = self.session.locks.clone();
@@ -700,15 +691,25 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
                 &buffers,
             );
             buffers.give_back(payload);
-            if reply_is_error(&reply) {
-                error_counter.request_errors.fetch_add(1, Ordering::Relaxed);
-            }
-            let _ = reply_tx.send(Outgoing {
-                bytes: reply,
-                _in_flight: Some(in_flight),
-            });
+            send_reply(&reply_tx, &error_counter, reply, in_flight);
         });
     }
+}
+
+/// Hands an executed request's reply to the writer (an error reply counted).
+fn send_reply(
+    reply_tx: &mpsc::UnboundedSender<Outgoing>,
+    counters: &Counters,
+    reply: Vec<u8>,
+    in_flight: InFlight,
+) {
+    if reply_is_error(&reply) {
+        counters.request_errors.fetch_add(1, Ordering::Relaxed);
+    }
+    let _ = reply_tx.send(Outgoing {
+        bytes: reply,
+        _in_flight: Some(in_flight),
+    });
 }
 
 /// Idle request buffers a connection keeps for reuse: half its in-flight budget (32 MiB by

@@ -2,8 +2,9 @@
 //! the mapping of the errors it returns to NBD error values.
 //!
 //! Owns: what the server promises an export (aligned, in-bounds calls; concurrent calls from a
-//! blocking thread pool, and `try_write_now` from its event loop) and what it expects back. Must never: know anything about the engine
-//! (this crate has no dependency on it) or about the wire format beyond error numbers.
+//! blocking thread pool, and `try_write_now` from its event loop) and what it expects back.
+//! Must never: know anything about the engine (this crate has no dependency on it) or about
+//! the wire format beyond error numbers.
 
 use std::io;
 
@@ -29,8 +30,9 @@ pub trait Export: Send + Sync + 'static {
     /// A write (no FUA; offset and data.len() are multiples of 512 and within size) taken at
     /// once without blocking the calling thread: no wait for a lock held long, for I/O or for
     /// room. `None` if it would block or be refused: nothing was written, and the server calls
-    /// `write` on its blocking pool instead (which says why). `Some(Err)`: taken, then failed. The server calls this on its event loop, which
-    /// saves a thread hand-off per request. By default no write is taken this way.
+    /// `write` on its blocking pool instead (which says why). `Some(Err)`: taken, then failed.
+    /// The server calls this on its event loop, which saves a thread hand-off per request. By
+    /// default no write is taken this way.
     fn try_write_now(&self, _offset: u64, _data: &[u8]) -> Option<io::Result<()>> {
         None
     }

@@ -161,7 +161,7 @@ impl MemoryUse {
             .sum();
         let in_flight_row_bytes = ledger.inflight.iter().map(|r| len(&r.buf)).sum();
         let kept_row_bytes = ledger.spare_buffers.iter().map(len).sum();
-        let held_write_bytes = ledger.overlays.len() as u64 * super::super::format::BLOCK_BYTES;
+        let held_write_bytes = ledger.overlays.len() as u64 * crate::format::BLOCK_BYTES;
         MemoryUse {
             map_bytes,
             open_row_bytes,
