@@ -228,37 +228,42 @@ impl CheckpointWriter {
         w.str16(name);
         w.u64(size_bytes);
         w.u64(created_unix);
-        // Runs of consecutive LBAs: (start, length) then the entries.
-        let mut runs = ByteWriter::default();
+        // Runs of consecutive LBAs: (start, length) then the entries, written in place (the
+        // run count and each run's length patched once known: no second buffer, no copy).
+        let count_at = w.len();
+        w.u64(0);
         let mut run_count = 0u64;
-        let mut run: Vec<(u64, u32)> = Vec::new();
-        let mut run_start = 0u64;
-        let flush =
-            |runs: &mut ByteWriter, start: u64, run: &mut Vec<(u64, u32)>, count: &mut u64| {
-                if run.is_empty() {
-                    return;
-                }
-                runs.u64(start);
-                runs.u32(run.len() as u32);
-                for (loc, crc) in run.drain(..) {
-                    runs.u64(loc);
-                    runs.u32(crc);
-                }
-                *count += 1;
-            };
+        // The current run: where its length goes, its first LBA, its length.
+        let mut run: Option<(usize, u64, u32)> = None;
         for (lba, loc, crc) in entries {
-            if run.is_empty()
-                || lba != run_start + run.len() as u64
-                || run.len() == u32::MAX as usize
-            {
-                flush(&mut runs, run_start, &mut run, &mut run_count);
-                run_start = lba;
+            let extends = run.is_some_and(|(_, start, len)| {
+                lba == start + u64::from(len) && len < u32::MAX
+            });
+            if !extends {
+                if let Some((len_at, _, len)) = run {
+                    w.u32_at(len_at, len);
+                }
+                w.u64(lba);
+                run = Some((w.len(), lba, 0));
+                w.u32(0);
+                run_count += 1;
             }
-            run.push((loc, crc));
+            if let Some((_, _, len)) = &mut run {
+                *len += 1;
+            }
+            w.u64(loc);
+            w.u32(crc);
         }
-        flush(&mut runs, run_start, &mut run, &mut run_count);
-        w.u64(run_count);
-        w.raw(&runs.bytes);
+        if let Some((len_at, _, len)) = run {
+            w.u32_at(len_at, len);
+        }
+        w.u64_at(count_at, run_count);
+    }
+
+    /// Makes room for `bytes` more (the caller's estimate of what follows), so that encoding
+    /// a large map does not grow the buffer by doubling (a copy, and up to twice the memory).
+    pub fn reserve(&mut self, bytes: usize) {
+        self.w.reserve(bytes);
     }
 
     pub fn segments(&mut self, segments: &[SegmentRecord]) {

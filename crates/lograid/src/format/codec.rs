@@ -40,6 +40,17 @@ impl ByteWriter {
         self.u16(len as u16);
         self.raw(&b[..len]);
     }
+    /// Overwrites the u32 written at `at` (a count known only later).
+    pub fn u32_at(&mut self, at: usize, v: u32) {
+        self.bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    /// Overwrites the u64 written at `at`.
+    pub fn u64_at(&mut self, at: usize, v: u64) {
+        self.bytes[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    pub fn reserve(&mut self, additional: usize) {
+        self.bytes.reserve(additional);
+    }
     pub fn len(&self) -> usize {
         self.bytes.len()
     }
