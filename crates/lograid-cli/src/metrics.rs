@@ -374,7 +374,7 @@ fn render_pool(t: &mut Text, status: &PoolStatus) {
     t.family(
         "lograid_pool_memory_bytes",
         "gauge",
-        "The engine's memory by kind: map (the volume maps); open_rows, in_flight_rows, kept_rows (row buffers being filled, being written, kept for reuse); held_writes (sub-block writes held until merged).",
+        "The engine's memory by kind: map (the volume maps); open_rows, in_flight_rows, kept_rows (row buffers being filled, being written, kept for reuse); held_writes (sub-block writes held until merged); column_buffers (whole-column buffers kept for the cleaner's, scrub's and rebuild's row reads).",
     );
     let m = &status.memory;
     for (kind, bytes) in [
@@ -383,6 +383,7 @@ fn render_pool(t: &mut Text, status: &PoolStatus) {
         ("in_flight_rows", m.in_flight_row_bytes),
         ("kept_rows", m.kept_row_bytes),
         ("held_writes", m.held_write_bytes),
+        ("column_buffers", m.column_buffer_bytes),
     ] {
         t.sample(&[("pool", pool), ("kind", kind)], bytes);
     }

@@ -1,15 +1,20 @@
 //! How long calls took, in fixed buckets: the one histogram every part of
 //! lograid keeps (the engine per member read, write and flush; the NBD
-//! server per export request) and the metrics endpoint exports.
+//! server per export request) and the metrics endpoint exports; and the
+//! per-CPU stripes (`stripe`) that keep it, and other counters added to on
+//! every request, off cache lines the other cores write.
 //!
 //! Owns: the bucket bounds (`LATENCY_BUCKETS_US`), [`LatencyHistogram`]
 //! and its copy [`LatencyValues`]. Must never: lock, allocate or fail when
-//! recording (two relaxed atomic additions), nor lose a call (a call longer
-//! than the largest bound lands in one more bucket; a sum that would
-//! overflow saturates at `u64::MAX` nanoseconds per call).
+//! recording (two relaxed atomic additions to this CPU's stripe), nor lose
+//! a call (a call longer than the largest bound lands in one more bucket;
+//! a sum that would overflow saturates at `u64::MAX` nanoseconds per call).
+
+pub mod stripe;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use stripe::Striped;
 
 /// Upper bounds of the buckets, in microseconds: 50 us to 1 s. One bucket
 /// more counts what took longer.
@@ -30,15 +35,20 @@ const LATENCY_BOUNDS_NS: [u64; LATENCY_BUCKETS_US.len()] = {
     ns
 };
 
-/// How long calls took, in fixed buckets (`LATENCY_BUCKETS_US`).
+/// How long calls took, in fixed buckets (`LATENCY_BUCKETS_US`), kept per
+/// CPU stripe (a stripe's cells fit its 128 bytes).
 #[derive(Default, Debug)]
-pub struct LatencyHistogram {
+pub struct LatencyHistogram(Striped<Cells>);
+
+#[derive(Default, Debug)]
+struct Cells {
     /// Calls per bucket (not cumulative); the last one is past 1 s.
     buckets: [AtomicU64; LATENCY_BUCKETS],
     /// Total time in nanoseconds (microseconds would round a fast drive's
     /// calls of a few microseconds down by up to a third).
     sum_ns: AtomicU64,
 }
+const _: () = assert!(std::mem::size_of::<Cells>() <= 128);
 
 /// A copy of a [`LatencyHistogram`].
 #[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,17 +77,24 @@ impl LatencyHistogram {
         let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
         // The first bucket whose bound is not below `took`.
         let bucket = LATENCY_BOUNDS_NS.partition_point(|&bound| bound < ns);
-        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        self.sum_ns.fetch_add(ns, Ordering::Relaxed);
+        let cells = self.0.local();
+        cells.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        cells.sum_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     /// A copy (each counter read once; calls recorded meanwhile may be in
     /// some counters and not yet in others).
     pub fn values(&self) -> LatencyValues {
-        LatencyValues {
-            buckets: std::array::from_fn(|i| self.buckets[i].load(Ordering::Relaxed)),
-            sum_ns: self.sum_ns.load(Ordering::Relaxed),
+        let mut values = LatencyValues::default();
+        for cells in self.0.all() {
+            for (sum, cell) in values.buckets.iter_mut().zip(&cells.buckets) {
+                *sum += cell.load(Ordering::Relaxed);
+            }
+            values.sum_ns = values
+                .sum_ns
+                .wrapping_add(cells.sum_ns.load(Ordering::Relaxed));
         }
+        values
     }
 }
 

@@ -16,6 +16,40 @@
 #[cfg(not(feature = "shuttle"))]
 mod real {
     pub use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+    use lograid_latency::stripe::{stripe, CacheLines, STRIPES};
+
+    /// A read-write lock (no data) for readers on every request and a rare
+    /// writer: a reader takes the stripe of the CPU it runs on
+    /// (`lograid_latency::stripe`), so readers on different cores write no
+    /// shared cache line; a writer takes every stripe, in order.
+    pub struct ReadMostlyLock {
+        stripes: Box<[CacheLines<RwLock<()>>; STRIPES]>,
+    }
+
+    /// A reader's hold on one stripe.
+    pub type ReadMostlyReadGuard<'a> = parking_lot::RwLockReadGuard<'a, ()>;
+    /// A writer's hold on every stripe.
+    pub type ReadMostlyWriteGuard<'a> = [parking_lot::RwLockWriteGuard<'a, ()>; STRIPES];
+
+    impl Default for ReadMostlyLock {
+        fn default() -> Self {
+            ReadMostlyLock {
+                stripes: Box::new(std::array::from_fn(|_| CacheLines::default())),
+            }
+        }
+    }
+
+    impl ReadMostlyLock {
+        pub fn read(&self) -> ReadMostlyReadGuard<'_> {
+            self.stripes[stripe()].0.read()
+        }
+        pub fn try_read(&self) -> Option<ReadMostlyReadGuard<'_>> {
+            self.stripes[stripe()].0.try_read()
+        }
+        pub fn write(&self) -> ReadMostlyWriteGuard<'_> {
+            std::array::from_fn(|i| self.stripes[i].0.write())
+        }
+    }
 
     /// Threads: std's.
     pub mod thread {
@@ -143,8 +177,35 @@ mod scheduled {
         pub fn read(&self) -> shuttle::sync::RwLockReadGuard<'_, T> {
             self.0.read().unwrap_or_else(|e| e.into_inner())
         }
+        pub fn try_read(&self) -> Option<shuttle::sync::RwLockReadGuard<'_, T>> {
+            match self.0.try_read() {
+                Ok(guard) => Some(guard),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            }
+        }
         pub fn write(&self) -> shuttle::sync::RwLockWriteGuard<'_, T> {
             self.0.write().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+
+    /// `ReadMostlyLock` under shuttle: one lock (which stripe a reader takes
+    /// would depend on the CPU, and a replay must not).
+    #[derive(Default)]
+    pub struct ReadMostlyLock(RwLock<()>);
+
+    pub type ReadMostlyReadGuard<'a> = shuttle::sync::RwLockReadGuard<'a, ()>;
+    pub type ReadMostlyWriteGuard<'a> = shuttle::sync::RwLockWriteGuard<'a, ()>;
+
+    impl ReadMostlyLock {
+        pub fn read(&self) -> ReadMostlyReadGuard<'_> {
+            self.0.read()
+        }
+        pub fn try_read(&self) -> Option<ReadMostlyReadGuard<'_>> {
+            self.0.try_read()
+        }
+        pub fn write(&self) -> ReadMostlyWriteGuard<'_> {
+            self.0.write()
         }
     }
 

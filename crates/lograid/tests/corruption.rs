@@ -22,7 +22,9 @@ mod corrupt;
 
 use common::{sector_pattern, test_options};
 use corrupt::{block_crc, corrupt_block, corrupt_bytes, member_block, DiskView};
-use lograid::device::{CounterValues, CrashMode, Member, SimMember, SimRng};
+use lograid::device::{
+    is_aligned, AlignedBuf, CounterValues, CrashMode, Member, SimMember, SimRng,
+};
 use lograid::format::BLOCK_SIZE;
 use lograid::layout::Pba;
 use lograid::{create_pool, open_members, CreateOptions, Error, Pool, RepairError, Volume};
@@ -106,12 +108,22 @@ impl Rig {
         self.vol.flush().expect("flush");
     }
 
+    /// Reads the whole volume twice: into a 4 KiB-aligned buffer (members
+    /// read straight into it, blocks checked and repaired in place), then
+    /// into one that is not (members read through the engine's buffer).
+    /// The first read repairs what it finds, so the second finds nothing.
     fn check_all(&self, what: &str) {
-        let mut buf = vec![0u8; self.expected.len()];
-        self.vol
-            .read(0, &mut buf)
-            .unwrap_or_else(|e| panic!("{what}: read of the whole volume failed: {e}"));
-        assert_same(&buf, &self.expected, what);
+        let len = self.expected.len();
+        let mut aligned = AlignedBuf::zeroed(len + 512);
+        for (buf, how) in [(0, "aligned"), (512, "unaligned")] {
+            let buf = &mut aligned[buf..buf + len];
+            assert_eq!(is_aligned(buf), how == "aligned");
+            buf.fill(0xa5);
+            self.vol.read(0, buf).unwrap_or_else(|e| {
+                panic!("{what}: read of the whole volume ({how} buffer) failed: {e}")
+            });
+            assert_same(buf, &self.expected, &format!("{what} ({how} buffer)"));
+        }
     }
 
     fn counters(&self) -> Vec<CounterValues> {

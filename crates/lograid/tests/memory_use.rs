@@ -21,6 +21,7 @@ fn memory(pool: &SimPool) -> MemoryUse {
             + m.in_flight_row_bytes
             + m.kept_row_bytes
             + m.held_write_bytes
+            + m.column_buffer_bytes
     );
     assert_eq!(m.held_write_bytes, status.overlay_blocks as u64 * BLOCK);
     m
@@ -59,4 +60,13 @@ fn memory_by_kind_follows_rows_maps_and_held_writes() {
     assert_eq!(held.held_write_bytes, BLOCK, "{held:?}");
     pool.volume().flush().unwrap();
     assert_eq!(memory(&pool).held_write_bytes, 0);
+
+    // A scrub reads whole rows into column buffers and keeps them for the
+    // next rows: at most two rows' columns (three members here).
+    assert_eq!(memory(&pool).column_buffer_bytes, 0);
+    pool.pool().scrub(false, |_, _| true).unwrap();
+    let scrubbed = memory(&pool);
+    let column = scrubbed.column_buffer_bytes / 3;
+    assert!(column > 0, "{scrubbed:?}");
+    assert!(scrubbed.column_buffer_bytes <= 6 * column, "{scrubbed:?}");
 }

@@ -23,6 +23,12 @@
 //! another member still reads them: no flush counted on a dead member's
 //! part of the parity without recording it dead).
 //!
+//! Meanwhile the checkpoint's and the deletion's threads read blocks of
+//! both volumes through `try_read_now` (as the NBD server's event loop
+//! does: a lookup under a lock taken with `try_lock`, the member read after
+//! it): every read done that way returns bytes some write put there, never
+//! those of a segment freed and written anew under it.
+//!
 //! A second scenario explores the sub-block write protocol (overlays held in
 //! memory, merged into their blocks later, each merge a conditional write
 //! decided in one lock section and done in another): with a table of one
@@ -310,19 +316,43 @@ fn spawn_workload(
         }));
     }
     {
-        let (p, rec) = (pool.clone(), rec.clone());
+        let (p, rec, a) = (pool.clone(), rec.clone(), a.clone());
+        let b = p.volume("b").unwrap();
         threads.push(shuttle::thread::spawn(move || {
+            read_at_once(&b, 5, &[0xbb]);
             rec.covered(&|| p.checkpoint());
+            read_at_once(&a, 0, &[0, 0x10]);
+            read_at_once(&b, 7, &[0xbb]);
         }));
     }
     {
-        let (p, log) = (pool.clone(), rec.log.clone());
+        let (p, log, a) = (pool.clone(), rec.log.clone(), a.clone());
+        let b = p.volume("b").unwrap();
         threads.push(shuttle::thread::spawn(move || {
+            read_at_once(&a, 1, &[0, 0x11]);
             let deleted = p.delete_volume("b").is_ok();
             log.lock().unwrap().deleted = deleted;
+            read_at_once(&b, 9, &[0xbb]);
+            read_at_once(&a, 3, &[0, 0x13]);
         }));
     }
     threads
+}
+
+/// Reads done by `try_read_now` (the schedules must explore that path).
+static READ_AT_ONCE: AtomicU64 = AtomicU64::new(0);
+
+/// Reads block `block` of `vol` through `try_read_now`; if it was done, every
+/// byte must be one of `tags` (bytes some write put there).
+fn read_at_once(vol: &lograid::Volume, block: u64, tags: &[u8]) {
+    let mut got = vec![0xa5u8; BLOCK];
+    if let Some(Ok(())) = vol.try_read_now(block * BLOCK as u64, &mut got) {
+        READ_AT_ONCE.fetch_add(1, Ordering::Relaxed);
+        assert!(
+            tags.iter().any(|&t| got.iter().all(|&x| x == t)),
+            "a read done at once of block {block} returned bytes no write put there"
+        );
+    }
 }
 
 /// The cutting task: after `cut_after` scheduling steps (or once the
@@ -460,6 +490,7 @@ fn config() -> shuttle::Config {
 fn explore(kind: &str, n: usize, seed: u64, scheduler: impl Scheduler + 'static) {
     let before = CHECKED.load(Ordering::Relaxed);
     let taken_before = TAKEN_AT_ONCE.load(Ordering::Relaxed);
+    let read_before = READ_AT_ONCE.load(Ordering::Relaxed);
     shuttle::Runner::new(scheduler, config()).run(|| {
         let mut rng = shuttle::rand::thread_rng();
         // Without parity every member's missed flush loses data; with it,
@@ -477,11 +508,13 @@ fn explore(kind: &str, n: usize, seed: u64, scheduler: impl Scheduler + 'static)
     });
     let checked = CHECKED.load(Ordering::Relaxed) - before;
     let taken = TAKEN_AT_ONCE.load(Ordering::Relaxed) - taken_before;
+    let read = READ_AT_ONCE.load(Ordering::Relaxed) - read_before;
     eprintln!(
         "{kind}: {n} schedules from seed {seed:#x}, {checked} cut images checked, \
-         {taken} writes taken at once"
+         {taken} writes taken at once, {read} reads done at once"
     );
     assert!(n < 20 || taken > 0, "no schedule took a write at once");
+    assert!(n < 20 || read > 0, "no schedule read at once");
 }
 
 /// Schedules of each kind to explore, and the first seed.

@@ -267,12 +267,14 @@ fn health_line(st: &PoolStatus) -> String {
 /// The engine's memory by kind, on one line (`status`, `bench`).
 pub(crate) fn memory_by_kind(m: &lograid::MemoryUse) -> String {
     format!(
-        "{} in all: map {}, rows open {}, in flight {}, kept {}, sub-block writes {}",
+        "{} in all: map {}, rows open {}, in flight {}, kept {}, sub-block writes {}, \
+         column buffers {}",
         human(m.total_bytes),
         human(m.map_bytes),
         human(m.open_row_bytes),
         human(m.in_flight_row_bytes),
         human(m.kept_row_bytes),
-        human(m.held_write_bytes)
+        human(m.held_write_bytes),
+        human(m.column_buffer_bytes)
     )
 }

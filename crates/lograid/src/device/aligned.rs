@@ -34,6 +34,11 @@ impl AlignedBuf {
     }
 }
 
+/// Whether `bytes` starts where direct I/O may read into it.
+pub fn is_aligned(bytes: &[u8]) -> bool {
+    (bytes.as_ptr() as usize).is_multiple_of(ALIGN)
+}
+
 impl Deref for AlignedBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

@@ -10,7 +10,7 @@
 //! Must never: take a member whose size it cannot vouch for, or report a
 //! flush done that the system did not confirm.
 
-use super::os::{self, Access, DiskGeometry, Kind};
+use super::os::{self, Access, DiskGeometry, Kind, ReadWait};
 use super::{AlignedBuf, Member};
 use std::fs::File;
 use std::io;
@@ -32,6 +32,8 @@ pub struct FileMember {
     file: File,
     size_bytes: u64,
     kind: Kind,
+    /// Whether a read can wait for a drive (`try_read_at`).
+    read_wait: ReadWait,
 }
 
 /// The largest logical block a disk may have: the engine reads and writes
@@ -77,6 +79,7 @@ impl FileMember {
         };
         Ok(FileMember {
             path: path.to_path_buf(),
+            read_wait: os::read_wait(&file),
             file,
             size_bytes,
             kind,
@@ -189,6 +192,13 @@ impl Member for FileMember {
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.file.read_exact_at(buf, offset)
+    }
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> bool {
+        match self.read_wait {
+            ReadWait::Never => self.file.read_exact_at(buf, offset).is_ok(),
+            ReadWait::UnlessCached => os::read_cached(&self.file, buf, offset),
+            ReadWait::Always => false,
+        }
     }
     fn gone(&self) -> Option<String> {
         if self.kind.is_disk() {

@@ -16,6 +16,7 @@
 
 mod aligned;
 mod file;
+mod io_pool;
 mod os;
 mod record;
 mod sim;
@@ -25,7 +26,8 @@ mod sim;
 pub mod uring;
 mod write_cache;
 
-pub use aligned::AlignedBuf;
+pub use aligned::{is_aligned, AlignedBuf};
+pub use io_pool::{IoJob, IoPool};
 pub use file::{
     is_gone_error, is_mount_point, is_mounted, probe_signature, signature_in, FileMember, OpenMode,
     LOGRAID_SIGNATURE,
@@ -33,7 +35,6 @@ pub use file::{
 pub use record::{IoLog, Record, RecordingMember};
 pub use sim::{CrashMode, Hold, PowerCut, SimMember, SimRng};
 
-use crate::sync::{channel, thread};
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -46,6 +47,14 @@ pub trait Member: Send + Sync {
     fn describe(&self) -> String;
     fn size_bytes(&self) -> u64;
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Reads all of `buf` at `offset` only if that needs no wait for the
+    /// drive (the member is memory, or the system's cache holds it); false
+    /// if not, or on any error (nothing is counted against the drive:
+    /// `read_at` then reads it and sees the error). By default no read is
+    /// taken this way.
+    fn try_read_at(&self, _buf: &mut [u8], _offset: u64) -> bool {
+        false
+    }
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// The file descriptor positioned writes may go to directly (through
     /// io_uring, `uring`), if this member is a plain file or block device.
@@ -65,13 +74,14 @@ pub trait Member: Send + Sync {
     }
 }
 
-/// Counters kept for every member since the pool was created.
+/// Counters kept for every member since the pool was created; those added
+/// to on every member read and write are kept per CPU (`StripedCounter`).
 #[derive(Default, Debug)]
 pub struct MemberCounters {
-    pub bytes_read: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub reads: AtomicU64,
-    pub writes: AtomicU64,
+    pub bytes_read: StripedCounter,
+    pub bytes_written: StripedCounter,
+    pub reads: StripedCounter,
+    pub writes: StripedCounter,
     pub flushes: AtomicU64,
     pub io_errors: AtomicU64,
     pub checksum_errors: AtomicU64,
@@ -94,10 +104,10 @@ pub struct CounterValues {
 impl MemberCounters {
     pub fn values(&self) -> CounterValues {
         CounterValues {
-            bytes_read: self.bytes_read.load(Ordering::Relaxed),
-            bytes_written: self.bytes_written.load(Ordering::Relaxed),
-            reads: self.reads.load(Ordering::Relaxed),
-            writes: self.writes.load(Ordering::Relaxed),
+            bytes_read: self.bytes_read.get(),
+            bytes_written: self.bytes_written.get(),
+            reads: self.reads.get(),
+            writes: self.writes.get(),
             flushes: self.flushes.load(Ordering::Relaxed),
             io_errors: self.io_errors.load(Ordering::Relaxed),
             checksum_errors: self.checksum_errors.load(Ordering::Relaxed),
@@ -105,10 +115,10 @@ impl MemberCounters {
         }
     }
     pub fn restore(&self, v: &CounterValues) {
-        self.bytes_read.store(v.bytes_read, Ordering::Relaxed);
-        self.bytes_written.store(v.bytes_written, Ordering::Relaxed);
-        self.reads.store(v.reads, Ordering::Relaxed);
-        self.writes.store(v.writes, Ordering::Relaxed);
+        self.bytes_read.set(v.bytes_read);
+        self.bytes_written.set(v.bytes_written);
+        self.reads.set(v.reads);
+        self.writes.set(v.writes);
         self.flushes.store(v.flushes, Ordering::Relaxed);
         self.io_errors.store(v.io_errors, Ordering::Relaxed);
         self.checksum_errors
@@ -118,6 +128,7 @@ impl MemberCounters {
     }
 }
 
+pub use lograid_latency::stripe::StripedCounter;
 pub use lograid_latency::{LatencyHistogram, LatencyValues, LATENCY_BUCKETS_US};
 
 /// A member call that takes longer than this is slow: logged, and counted
@@ -304,13 +315,14 @@ impl Device {
         }
     }
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        debug_assert!(aligned::is_aligned(buf) && buf.len().is_multiple_of(4096));
         if self.stale.covers(offset, buf.len()) {
             return Err(io::Error::other("not rebuilt onto this member yet"));
         }
-        self.counters.reads.fetch_add(1, Ordering::Relaxed);
+        self.counters.reads.add(1);
         self.counters
             .bytes_read
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            .add(buf.len() as u64);
         let started = Instant::now();
         let result = self.member.read_at(buf, offset);
         let took = started.elapsed();
@@ -320,20 +332,40 @@ impl Device {
         if result.is_err() || took > SLOW_READ {
             self.counters.io_errors.fetch_add(1, Ordering::Relaxed);
             self.bad_reads_in_a_row.fetch_add(1, Ordering::Relaxed);
-        } else {
+        } else if self.bad_reads_in_a_row.load(Ordering::Relaxed) != 0 {
+            // Written only when it changes: a store to the line on every
+            // read would move it between the cores that read.
             self.bad_reads_in_a_row.store(0, Ordering::Relaxed);
         }
         result
+    }
+    /// A read taken only if it needs no wait for the drive
+    /// (`Member::try_read_at`), counted as a read when taken.
+    pub fn try_read_at(&self, buf: &mut [u8], offset: u64) -> bool {
+        debug_assert!(aligned::is_aligned(buf) && buf.len().is_multiple_of(4096));
+        if self.stale.covers(offset, buf.len()) {
+            return false;
+        }
+        let started = Instant::now();
+        if !self.member.try_read_at(buf, offset) {
+            return false;
+        }
+        self.latency.reads.record(started.elapsed());
+        self.counters.reads.add(1);
+        self.counters
+            .bytes_read
+            .add(buf.len() as u64);
+        true
     }
     /// Reads that failed or were too slow since the last good one.
     pub fn bad_reads_in_a_row(&self) -> u64 {
         self.bad_reads_in_a_row.load(Ordering::Relaxed)
     }
     pub fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        self.counters.writes.add(1);
         self.counters
             .bytes_written
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            .add(buf.len() as u64);
         let started = Instant::now();
         let result = self.member.write_at(buf, offset);
         self.latency.writes.record(started.elapsed());
@@ -374,88 +406,6 @@ impl Device {
     /// flush, or fail).
     pub fn dirty(&self) -> bool {
         self.cache.dirty()
-    }
-}
-
-type Job = Box<dyn FnOnce() + Send + 'static>;
-
-/// A job for `IoPool::run_all`.
-pub type IoJob<T> = Box<dyn FnOnce() -> T + Send + 'static>;
-
-/// A fixed pool of threads that run I/O jobs, so that the columns of a row
-/// (and several rows) are written to the members in parallel. Bounded: at
-/// most `threads` jobs run at once; submitters wait for their own jobs.
-pub struct IoPool {
-    sender: Option<channel::Sender<Job>>,
-    workers: Vec<thread::JoinHandle<()>>,
-}
-
-impl IoPool {
-    pub fn new(threads: usize) -> IoPool {
-        let (sender, receiver) = channel::bounded::<Job>(threads * 4);
-        let workers = (0..threads)
-            .map(|i| {
-                let rx = receiver.clone();
-                thread::Builder::new()
-                    .name(format!("lograid-io-{i}"))
-                    .spawn(move || {
-                        while let Ok(job) = rx.recv() {
-                            job();
-                        }
-                    })
-                    .expect("spawn I/O thread")
-            })
-            .collect();
-        IoPool {
-            sender: Some(sender),
-            workers,
-        }
-    }
-
-    /// Runs every job on the pool and waits for all; results in job order.
-    /// A job that panics does not take its worker down: the panic is
-    /// resumed in the caller once every job has answered.
-    pub fn run_all<T: Send + 'static>(
-        &self,
-        jobs: Vec<Box<dyn FnOnce() -> T + Send + 'static>>,
-    ) -> Vec<T> {
-        type Answer<T> = (usize, std::thread::Result<T>);
-        let n = jobs.len();
-        let (tx, rx) = channel::bounded::<Answer<T>>(n);
-        let sender = self.sender.as_ref().expect("pool running");
-        for (i, job) in jobs.into_iter().enumerate() {
-            let tx = tx.clone();
-            sender
-                .send(Box::new(move || {
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
-                    let _ = tx.send((i, r));
-                }))
-                .expect("I/O pool alive");
-        }
-        drop(tx);
-        let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
-        let mut panic = None;
-        for (i, v) in rx.iter() {
-            match v {
-                Ok(v) => out[i] = Some(v),
-                Err(p) => panic = Some(p),
-            }
-        }
-        if let Some(p) = panic {
-            std::panic::resume_unwind(p);
-        }
-        out.into_iter()
-            .map(|v| v.expect("every job answers"))
-            .collect()
-    }
-}
-
-impl Drop for IoPool {
-    fn drop(&mut self) {
-        self.sender.take();
-        for w in self.workers.drain(..) {
-            let _ = w.join();
-        }
     }
 }
 

@@ -179,6 +179,9 @@ impl Member for RecordingMember {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.inner.read_at(buf, offset)
     }
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> bool {
+        self.inner.try_read_at(buf, offset)
+    }
     /// Recorded once it completed (a failed write changed nothing).
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.inner.write_at(buf, offset)?;

@@ -374,6 +374,10 @@ impl Member for SimMember {
         buf.copy_from_slice(&s.current[offset as usize..offset as usize + buf.len()]);
         Ok(())
     }
+    /// Memory: a read never waits for the drive (as on tmpfs).
+    fn try_read_at(&self, buf: &mut [u8], offset: u64) -> bool {
+        self.read_at(buf, offset).is_ok()
+    }
     /// A write is issued, other I/O may run (a scheduling point, so that
     /// schedules can put a flush between a write's start and its end), then
     /// it lands and completes.

@@ -16,7 +16,6 @@ use super::Device;
 use io_uring::{opcode, types, IoUring};
 use std::cell::RefCell;
 use std::io;
-use std::sync::atomic::Ordering;
 
 /// Entries per ring: more columns than that are submitted in rounds.
 const RING_ENTRIES: u32 = 32;
@@ -88,10 +87,10 @@ pub fn write_columns(columns: &[ColumnWrite<'_>]) -> Option<Vec<io::Result<()>>>
                     let r = r.expect("every column answered");
                     // Counted as `Device::write_at` counts an attempt.
                     let counters = &c.device.counters;
-                    counters.writes.fetch_add(1, Ordering::Relaxed);
+                    counters.writes.add(1);
                     counters
                         .bytes_written
-                        .fetch_add(c.bytes.len() as u64, Ordering::Relaxed);
+                        .add(c.bytes.len() as u64);
                     c.device.latency.writes.record(took);
                     c.device.completed(&r);
                     r
@@ -237,6 +236,7 @@ fn stop(why: &str) -> ! {
 mod tests {
     use super::*;
     use crate::device::{AlignedBuf, FileMember, Member, OpenMode, SimMember, StaleSegments};
+    use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
     fn have_uring() -> bool {
@@ -296,10 +296,10 @@ mod tests {
             assert!(back[..] == b[..], "column {i} reads back as written");
         }
         for d in &devices {
-            assert_eq!(d.counters.writes.load(Ordering::Relaxed), 30);
+            assert_eq!(d.counters.writes.get(), 30);
             assert_eq!(d.latency.writes.values().count(), 30);
             assert_eq!(
-                d.counters.bytes_written.load(Ordering::Relaxed),
+                d.counters.bytes_written.get(),
                 30 * (64 << 10)
             );
             assert_eq!(d.counters.io_errors.load(Ordering::Relaxed), 0);
@@ -344,8 +344,8 @@ mod tests {
         );
         assert_eq!(bad.counters.io_errors.load(Ordering::Relaxed), 1);
         // Counted as an attempt, as `Device::write_at` counts one.
-        assert_eq!(bad.counters.writes.load(Ordering::Relaxed), 1);
-        assert_eq!(bad.counters.bytes_written.load(Ordering::Relaxed), 8192);
+        assert_eq!(bad.counters.writes.get(), 1);
+        assert_eq!(bad.counters.bytes_written.get(), 8192);
         let mut back = AlignedBuf::zeroed(8192);
         good.read_at(&mut back, 0).unwrap();
         assert!(back[..] == b[..]);
@@ -375,7 +375,7 @@ mod tests {
         ]);
         assert!(none.is_none());
         assert_eq!(
-            file.counters.writes.load(Ordering::Relaxed),
+            file.counters.writes.get(),
             0,
             "nothing written"
         );

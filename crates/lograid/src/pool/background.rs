@@ -143,8 +143,8 @@ pub(crate) fn cleaner_loop(weak: Weak<Engine>, stop: Arc<Stop>) {
 /// `reshape_share` of the time. True if it moved something.
 fn reshape_and_throttle(engine: &Engine, stop: &Stop) -> bool {
     let user_io = |engine: &Engine| {
-        let ledger = engine.ledger.lock();
-        ledger.counters.user_bytes_written + ledger.counters.user_bytes_read
+        let counters = engine.counters(&engine.ledger.lock());
+        counters.user_bytes_written + counters.user_bytes_read
     };
     let before = user_io(engine);
     let started = std::time::Instant::now();
@@ -221,7 +221,7 @@ fn sample(engine: &Engine) {
     let member: u64 = engine
         .open_devices()
         .iter()
-        .map(|(_, d)| d.counters.bytes_written.load(Ordering::Relaxed))
+        .map(|(_, d)| d.counters.bytes_written.get())
         .sum();
     engine.stats.lock().sample(user, member, relocated);
 }

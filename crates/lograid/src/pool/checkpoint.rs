@@ -96,7 +96,7 @@ impl Engine {
     fn snapshot(&self, ledger: &Ledger, checkpoint_id: u64) -> Vec<u8> {
         let member_counters: Vec<_> = self
             .devices
-            .read()
+            .load()
             .iter()
             .map(|d| d.as_ref().map(|d| d.counters.values()).unwrap_or_default())
             .collect();
@@ -104,9 +104,18 @@ impl Engine {
             checkpoint_id,
             ledger.next_seq,
             ledger.next_volume_id,
-            &ledger.counters,
+            &self.counters(ledger),
             &member_counters,
             ledger.volumes.len(),
+        );
+        // At most 24 bytes a mapped block (each its own run); pages never written stay
+        // unmapped, so the room costs memory only as far as it is used.
+        w.reserve(
+            ledger
+                .volumes
+                .values()
+                .map(|v| 64 + v.name.len() + 24 * v.map.mapped_blocks() as usize)
+                .sum(),
         );
         for v in ledger.volumes.values() {
             w.volume(

@@ -402,13 +402,17 @@ impl Engine {
         };
         let live = self.live_slots(geom, &header);
         if live.is_empty() {
+            self.column_buffers.give_back(whole.into_iter().flatten());
             return Ok(0);
         }
         // One read per column for the whole row; single blocks are reread
         // (or rebuilt) only where a checksum does not match.
         let columns = whole.unwrap_or_else(|| self.read_whole(geom));
         let blocks = self.live_block_bytes(geom, live, &columns);
-        self.append_relocated(&blocks, write)
+        let moved = self.append_relocated(&blocks, write);
+        drop(blocks);
+        self.column_buffers.give_back(columns);
+        moved
     }
 
     /// Every column of a row, read whole, lost ones rebuilt from parity

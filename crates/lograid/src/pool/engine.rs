@@ -6,18 +6,20 @@
 //! invariant check. The paths themselves live in their own modules, each an
 //! `impl Engine` block for one concern (see `pool/mod.rs`).
 
+use super::device_table::{DeviceTable, Devices};
 use super::ledger::{Head, Ledger, Segment};
 use super::options::PoolOptions;
 use super::row_writer;
 use super::shape::Shape;
 use super::stats;
-use crate::device::{Device, IoPool};
+use crate::device::{Device, IoPool, StripedCounter};
 use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
+use crate::format::checkpoint::PoolCounters;
 use crate::format::row::HeadId;
 use crate::format::superblock::{MemberRecord, MemberState};
 use crate::layout::MemberIndex;
-use crate::sync::{Condvar, Mutex, RwLock};
+use crate::sync::{Condvar, Mutex, ReadMostlyLock};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -34,9 +36,8 @@ pub(crate) fn paranoid() -> bool {
 
 pub(crate) struct Engine {
     pub shape: Shape,
-    /// Open members by index (None: missing, or removed). Written only
-    /// when a member joins or leaves; `device` hands out a clone.
-    pub devices: RwLock<Vec<Option<Arc<Device>>>>,
+    /// Open members by index; `device` hands out a clone.
+    pub devices: DeviceTable,
     pub ledger: Mutex<Ledger>,
     /// Signalled when rows complete or segments are freed.
     pub progress: Condvar,
@@ -45,7 +46,11 @@ pub(crate) struct Engine {
     /// Held while resolving a batch of overlays (one batch at a time, so
     /// that no two threads merge the same overlay).
     pub resolving: Mutex<()>,
-    pub reuse: RwLock<()>,
+    /// Held shared by whoever reads member blocks it looked up in the map
+    /// (reads, the cleaner, scrub, rebuild) until those reads are done, and
+    /// exclusively while segments freed by a flush are released for reuse:
+    /// no read ever returns blocks of a segment written again under it.
+    pub reuse: ReadMostlyLock,
     /// Serializes checkpoints, cleaning passes, member and volume changes
     /// and the reshape (flushes never wait for it: one that finds a
     /// checkpoint due try-locks it).
@@ -57,8 +62,14 @@ pub(crate) struct Engine {
     /// the ledger.
     pub superblocks: Mutex<()>,
     pub io: IoPool,
+    /// Whole-column buffers kept between row reads (`read_row_columns`).
+    pub column_buffers: super::column_buffers::ColumnBuffers,
     pub options: PoolOptions,
     pub closed: AtomicBool,
+    /// User bytes read by `try_read_blocks_now` (on an event loop), counted
+    /// here so that those reads take no lock to count; `counters` adds
+    /// them to the ledger's.
+    pub user_bytes_read_now: StripedCounter,
     pub recovery_report: Mutex<Option<stats::RecoveryReport>>,
     /// Counters and samples kept while the pool is open (not persisted).
     pub stats: Mutex<stats::RuntimeStats>,
@@ -126,23 +137,26 @@ impl Engine {
 
     /// The open member at index `m`, if any.
     pub(crate) fn device(&self, m: MemberIndex) -> Option<Arc<Device>> {
-        self.devices
-            .read()
-            .get(m.0)
-            .cloned()
-            .flatten()
-            .filter(|d| !d.retired.load(Ordering::Relaxed))
+        open_device(&self.devices.load(), m).cloned()
+    }
+
+    /// The pool's counters: the ledger's, with the bytes read without its
+    /// lock added.
+    pub(crate) fn counters(&self, ledger: &Ledger) -> PoolCounters {
+        let mut counters = ledger.counters;
+        counters.user_bytes_read += self.user_bytes_read_now.get();
+        counters
     }
 
     /// The member at index `m` even if faulted (for its counters).
     pub(crate) fn device_any(&self, m: MemberIndex) -> Option<Arc<Device>> {
-        self.devices.read().get(m.0).cloned().flatten()
+        self.devices.load().get(m.0).cloned().flatten()
     }
 
     /// Every open member, with its index.
     pub(crate) fn open_devices(&self) -> Vec<(MemberIndex, Arc<Device>)> {
         self.devices
-            .read()
+            .load()
             .iter()
             .enumerate()
             .filter_map(|(m, d)| Some((MemberIndex(m), d.clone()?)))
@@ -298,16 +312,18 @@ impl Engine {
         Engine {
             io: IoPool::new(options.io_threads.max(devices.len()).max(2)),
             shape,
-            devices: RwLock::new(devices),
+            devices: DeviceTable::new(devices),
             ledger: Mutex::new(ledger),
             progress: Condvar::new(),
             overlay_wake: Condvar::new(),
             resolving: Mutex::new(()),
-            reuse: RwLock::new(()),
+            reuse: ReadMostlyLock::default(),
             maintenance: Mutex::new(()),
             superblocks: Mutex::new(()),
+            column_buffers: Default::default(),
             options,
             closed: AtomicBool::new(false),
+            user_bytes_read_now: StripedCounter::default(),
             recovery_report: Mutex::new(None),
             stats: Mutex::new(Default::default()),
             reshape: Mutex::new(Default::default()),
@@ -316,4 +332,12 @@ impl Engine {
             flushes: Default::default(),
         }
     }
+}
+
+/// The open member at index `m` in `devices` (not retired), if any.
+pub(crate) fn open_device(devices: &Devices, m: MemberIndex) -> Option<&Arc<Device>> {
+    devices
+        .get(m.0)
+        .and_then(Option::as_ref)
+        .filter(|d| !d.retired.load(Ordering::Relaxed))
 }

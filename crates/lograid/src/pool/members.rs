@@ -75,11 +75,13 @@ impl Engine {
             index
         };
         {
-            let mut devices = self.devices.write();
-            if devices.len() <= index {
-                devices.resize(index + 1, None);
-            }
-            devices[index] = Some(self.shape.device(index, member));
+            let device = self.shape.device(index, member);
+            self.devices.update(|devices| {
+                if devices.len() <= index {
+                    devices.resize(index + 1, None);
+                }
+                devices[index] = Some(device);
+            });
         }
         if in_place {
             // Rows sealed from now on are written to it (their writes look
@@ -368,7 +370,7 @@ impl Engine {
             if done & (1 << m) == 0 {
                 continue;
             }
-            let dev = self.devices.write()[m].take();
+            let dev = self.devices.update(|devices| devices[m].take());
             let name = dev.as_ref().map(|d| d.member.describe());
             if let Some(dev) = dev {
                 // So that it is not taken for a member when given again.

@@ -17,6 +17,8 @@
 //! - `log`: the log heads: opening, appending to and sealing rows.
 //! - `lifetime`: which head a user block goes to (hot and cold data apart).
 //! - `space`: capacity, the cleaner's floors, stall detection.
+//! - `device_table`: the open members by index, looked up without a lock.
+//! - `column_buffers`: whole-column buffers kept between row reads.
 //! - `row_writer`: a bounded queue of sealed rows and the thread that
 //!   hands them to a callback (`rows` makes it write them).
 //!
@@ -81,7 +83,9 @@ mod api;
 mod background;
 mod checkpoint;
 mod cleaner;
+mod column_buffers;
 pub mod create;
+mod device_table;
 mod durability;
 mod engine;
 mod faults;

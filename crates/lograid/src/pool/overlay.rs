@@ -179,7 +179,7 @@ impl Engine {
             let mut block = vec![0u8; BLOCK_SIZE];
             let snapshot = self.read_base(vol, &name, lba, &mut block, |ledger| {
                 let entry = ledger.volume(vol).map(|v| v.map.get(lba));
-                entry.zip(ledger.overlays.copy(vol, lba))
+                Ok(entry.zip(ledger.overlays.copy(vol, lba)))
             });
             let (entry, overlay) = match snapshot {
                 Ok(Some(s)) => s,
@@ -303,7 +303,7 @@ impl Engine {
         let mut block = vec![0u8; BLOCK_SIZE];
         let (entry, overlays) = self.read_base(id, name, lba, &mut block, |ledger| {
             let entry = ledger.volume(id).map(|v| v.map.get(lba));
-            (entry, ledger.overlays.copies(id, lba, 1))
+            Ok((entry, ledger.overlays.copies(id, lba, 1)))
         })?;
         let entry = entry.ok_or_else(|| gone(name))?;
         for (_, o) in overlays {

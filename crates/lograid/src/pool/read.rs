@@ -1,28 +1,42 @@
-//! The read path: a volume's blocks looked up in its map, read from the
-//! members (consecutive blocks of one member in one read), every block
-//! checked against its checksum, and a bad or unreadable one rebuilt from
-//! the rest of its row (`stripe`), returned and rewritten. Blocks still in
-//! memory (open rows, rows in flight) are copied from there. Never returns
-//! bytes it could not verify.
+//! The read path: a volume's blocks looked up in its map (the range checked
+//! in the same lock section), read from the members (consecutive blocks of
+//! one member in one read, straight into the caller's buffer where it is
+//! 4 KiB-aligned), every block checked in place against its checksum, and a
+//! bad or unreadable one rebuilt from the rest of its row (`stripe`),
+//! returned and rewritten. Blocks still in memory (open rows, rows in
+//! flight) are copied from there. Never returns bytes it could not verify.
 
+use super::engine::open_device;
 use super::ledger::Ledger;
 use super::Engine;
-use crate::device::AlignedBuf;
+use crate::device::{is_aligned, AlignedBuf};
 use crate::error::{Error, Result};
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
 use crate::layout::Pba;
 use crate::map::Loc;
+use smallvec::SmallVec;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 
 impl Engine {
     /// Reads whole blocks from `lba` into `out`, verifying every checksum,
-    /// with their overlays applied.
-    pub(crate) fn read_blocks(&self, id: u32, name: &str, lba: u64, out: &mut [u8]) -> Result<()> {
-        let (n, bytes) = ((out.len() / BLOCK_SIZE) as u64, out.len() as u64);
+    /// with their overlays applied. `asked` (the caller's request: byte
+    /// offset and length, within the blocks) is checked against the
+    /// volume's size in the same lock section as the map lookup.
+    pub(crate) fn read_blocks(
+        &self,
+        id: u32,
+        name: &str,
+        lba: u64,
+        out: &mut [u8],
+        asked: (u64, u64),
+    ) -> Result<()> {
+        let (n, bytes) = ((out.len() / BLOCK_SIZE) as u64, asked.1);
         let overlays = self.read_base(id, name, lba, out, |ledger| {
+            let size = ledger.volume(id).ok_or_else(|| gone(name))?.size_bytes;
+            within_size(name, asked, size)?;
             ledger.counters.user_bytes_read += bytes;
-            ledger.overlays.copies(id, lba, n)
+            Ok(ledger.overlays.copies(id, lba, n))
         })?;
         for (i, o) in overlays {
             o.apply(&mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
@@ -32,32 +46,80 @@ impl Engine {
 
     /// Reads whole blocks from `lba` into `out` as stored (no overlays),
     /// verifying every checksum. `snapshot` runs under the lock section of
-    /// the map lookup; its result is returned.
+    /// the map lookup, before it; its result is returned (its error fails
+    /// the read before anything is put in `out`).
     pub(crate) fn read_base<T>(
         &self,
         id: u32,
         name: &str,
         lba: u64,
         out: &mut [u8],
-        snapshot: impl FnOnce(&mut Ledger) -> T,
+        snapshot: impl FnOnce(&mut Ledger) -> Result<T>,
     ) -> Result<T> {
         let _guard = self.reuse.read();
-        let mut blocks = Vec::new();
+        let mut blocks = PlanBlocks::new();
         let snap = {
             let mut ledger = self.ledger.lock();
+            let snap = snapshot(&mut ledger)?;
             self.look_up_blocks(&ledger, id, name, lba, out, &mut blocks)?;
-            snapshot(&mut ledger)
+            snap
         };
         let plan = ReadPlan::new(name, lba, blocks);
-        // Each run is read and settled at once (a healthy read holds one
-        // run's buffer at a time). The runs of a member that is gone or
-        // failing are rebuilt after.
+        // Each run is read and settled at once. The runs of a member that
+        // is gone or failing are rebuilt after.
         let read_ok = self.read_runs(&plan, out)?;
         if read_ok.iter().any(|ok| !ok) {
             self.check_read_health();
             self.rebuild_failed_runs(&plan, &read_ok, out)?;
         }
         Ok(snap)
+    }
+
+    /// Reads whole blocks from `lba` into `out` at once, if that needs no
+    /// wait: the locks free, every block in memory or on a member whose
+    /// cache holds it (`Device::try_read_at`), every checksum right. `None`:
+    /// not done and nothing counted (`out` may hold part of it); `read_blocks`
+    /// then does it and deals with what this declines (a range or volume
+    /// error, a read that waits, a repair).
+    pub(crate) fn try_read_blocks_now(
+        &self,
+        id: u32,
+        name: &str,
+        lba: u64,
+        out: &mut [u8],
+        asked: (u64, u64),
+    ) -> Option<()> {
+        let _guard = self.reuse.try_read()?;
+        let mut blocks = PlanBlocks::new();
+        let overlays = {
+            let ledger = self.ledger.try_lock()?;
+            within_size(name, asked, ledger.volume(id)?.size_bytes).ok()?;
+            self.look_up_blocks(&ledger, id, name, lba, out, &mut blocks)
+                .ok()?;
+            ledger.overlays.copies(id, lba, (out.len() / BLOCK_SIZE) as u64)
+        };
+        let plan = ReadPlan::new(name, lba, blocks);
+        let mut bounce = None;
+        for run in &plan.runs {
+            let first = plan.blocks[run.start].1;
+            let devices = self.devices.load();
+            let dev = open_device(&devices, first.member_index())?;
+            let dest = plan.run_bytes(run.clone(), out);
+            if !read_run(dest, &mut bounce, |buf| dev.try_read_at(buf, first.byte_offset())) {
+                return None;
+            }
+            let checked = plan.blocks[run.clone()].iter().all(|&(i, _, crc)| {
+                crc32c(&out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]) == crc
+            });
+            if !checked {
+                return None;
+            }
+        }
+        for (i, o) in overlays {
+            o.apply(&mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
+        }
+        self.user_bytes_read_now.add(asked.1);
+        Some(())
     }
 
     /// Fills the blocks of `out` that need no member read (holes, zeroes,
@@ -69,7 +131,7 @@ impl Engine {
         name: &str,
         lba: u64,
         out: &mut [u8],
-        to_read: &mut Vec<(usize, Pba, u32)>,
+        to_read: &mut PlanBlocks,
     ) -> Result<()> {
         let vol = ledger.volume(id).ok_or_else(|| gone(name))?;
         for (i, block) in out.chunks_exact_mut(BLOCK_SIZE).enumerate() {
@@ -93,17 +155,26 @@ impl Engine {
     }
 
     /// Reads each run of the plan with one member read and settles it into
-    /// `out`; returns which runs their member returned.
-    fn read_runs(&self, plan: &ReadPlan, out: &mut [u8]) -> Result<Vec<bool>> {
-        let mut read_ok = vec![false; plan.runs.len()];
+    /// `out`; returns which runs their member returned. A run is read
+    /// straight into `out` where `out` is aligned there as direct I/O needs
+    /// (a 4 KiB read then costs no allocation and no copy), else through
+    /// one buffer kept for the request.
+    fn read_runs(&self, plan: &ReadPlan, out: &mut [u8]) -> Result<RunsOk> {
+        let mut read_ok = RunsOk::from_elem(false, plan.runs.len());
+        let mut bounce: Option<AlignedBuf> = None;
         for (r, run) in plan.runs.iter().enumerate() {
-            let mut buf = AlignedBuf::zeroed(run.len() * BLOCK_SIZE);
             let first = plan.blocks[run.start].1;
-            read_ok[r] = self
-                .device(first.member_index())
-                .is_some_and(|dev| dev.read_at(&mut buf, first.byte_offset()).is_ok());
+            let dest = plan.run_bytes(run.clone(), out);
+            // The table as of this run (a member let go meanwhile closes
+            // once the runs that looked it up are done).
+            let devices = self.devices.load();
+            read_ok[r] = open_device(&devices, first.member_index()).is_some_and(|dev| {
+                read_run(dest, &mut bounce, |buf| {
+                    dev.read_at(buf, first.byte_offset()).is_ok()
+                })
+            });
             if read_ok[r] {
-                self.settle_run(plan, run.clone(), &buf, None, out)?;
+                self.settle_run(plan, run.clone(), None, out)?;
             }
         }
         Ok(read_ok)
@@ -113,13 +184,14 @@ impl Engine {
     /// same range of the other columns, taking what the other runs put in
     /// `out` where they cover it (a sequential degraded read reads each
     /// surviving column once), then settled into `out`.
-    fn rebuild_failed_runs(&self, plan: &ReadPlan, read_ok: &[bool], out: &mut [u8]) -> Result<()> {
+    fn rebuild_failed_runs(&self, plan: &ReadPlan, read_ok: &RunsOk, out: &mut [u8]) -> Result<()> {
         for (r, run) in plan.runs.iter().enumerate() {
             if read_ok[r] {
                 continue;
             }
             let (buf, rebuilt) = self.rebuild_run_blocks(plan, run.clone(), read_ok, out);
-            self.settle_run(plan, run.clone(), &buf, Some(&rebuilt), out)?;
+            plan.run_bytes(run.clone(), out).copy_from_slice(&buf);
+            self.settle_run(plan, run.clone(), Some(&rebuilt), out)?;
         }
         Ok(())
     }
@@ -146,24 +218,21 @@ impl Engine {
         (buf, rebuilt)
     }
 
-    /// Checks the blocks of a run (`buf`: as read, or as rebuilt where
-    /// `rebuilt` says) against their checksums and puts them in `out`; a
-    /// block that does not check out is rebuilt from its stripe (and
-    /// rewritten), or the read fails.
+    /// Checks the blocks of a run, in place in `out` (as read, or as
+    /// rebuilt where `rebuilt` says), against their checksums; a block that
+    /// does not check out is rebuilt from its stripe (and rewritten), or
+    /// the read fails.
     fn settle_run(
         &self,
         plan: &ReadPlan,
         run: Range<usize>,
-        buf: &[u8],
         rebuilt: Option<&[bool]>,
         out: &mut [u8],
     ) -> Result<()> {
         for (j, &(i, pba, crc)) in plan.blocks[run].iter().enumerate() {
-            let got = &buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE];
             let dest = &mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE];
             let usable = rebuilt.is_none_or(|r| r[j]);
-            if usable && crc32c(got) == crc {
-                dest.copy_from_slice(got);
+            if usable && crc32c(dest) == crc {
                 continue;
             }
             if rebuilt.is_none() {
@@ -240,22 +309,50 @@ impl Engine {
     }
 }
 
+/// Reads one run into `dest` with `read`: straight into it where it is
+/// aligned as direct I/O needs, else through `bounce` (kept for the
+/// request, grown as needed). Returns what `read` returned.
+fn read_run(
+    dest: &mut [u8],
+    bounce: &mut Option<AlignedBuf>,
+    read: impl FnOnce(&mut [u8]) -> bool,
+) -> bool {
+    if is_aligned(dest) {
+        return read(dest);
+    }
+    let buf = match bounce {
+        Some(b) if b.len() >= dest.len() => b,
+        _ => bounce.insert(AlignedBuf::zeroed(dest.len())),
+    };
+    let buf = &mut buf[..dest.len()];
+    let ok = read(buf);
+    if ok {
+        dest.copy_from_slice(buf);
+    }
+    ok
+}
+
+/// A request's blocks to read from members (most requests are one run).
+type PlanBlocks = SmallVec<[(usize, Pba, u32); 4]>;
+/// Whether each run's member returned it.
+type RunsOk = SmallVec<[bool; 4]>;
+
 /// The member reads one request needs: each block not found in memory
 /// (its place in the request, its address, its checksum), grouped into
 /// runs of blocks consecutive both on one member and in the request.
 struct ReadPlan<'a> {
     name: &'a str,
     lba: u64,
-    blocks: Vec<(usize, Pba, u32)>,
-    runs: Vec<Range<usize>>,
+    blocks: PlanBlocks,
+    runs: SmallVec<[Range<usize>; 4]>,
 }
 
 /// Blocks one member read covers at most.
 const MAX_RUN_BLOCKS: usize = 256;
 
 impl<'a> ReadPlan<'a> {
-    fn new(name: &'a str, lba: u64, blocks: Vec<(usize, Pba, u32)>) -> Self {
-        let mut runs = Vec::new();
+    fn new(name: &'a str, lba: u64, blocks: PlanBlocks) -> Self {
+        let mut runs = SmallVec::new();
         let mut start = 0;
         while start < blocks.len() {
             let (i0, first, _) = blocks[start];
@@ -279,6 +376,13 @@ impl<'a> ReadPlan<'a> {
         }
     }
 
+    /// The bytes of `out` a run fills (its blocks are consecutive in the
+    /// request).
+    fn run_bytes<'o>(&self, run: Range<usize>, out: &'o mut [u8]) -> &'o mut [u8] {
+        let at = self.blocks[run.start].0 * BLOCK_SIZE;
+        &mut out[at..at + run.len() * BLOCK_SIZE]
+    }
+
     /// A run read whole from the same member that overlaps the `n` blocks
     /// from `pba`: its first block number and its checked bytes in `done`.
     fn settled_overlapping<'o>(
@@ -299,6 +403,21 @@ impl<'a> ReadPlan<'a> {
             })
         })
     }
+}
+
+/// Whether a request of `asked` (byte offset, length) lies within a volume
+/// of `size` bytes.
+pub(crate) fn within_size(name: &str, asked: (u64, u64), size: u64) -> Result<()> {
+    let (offset, length) = asked;
+    if offset.checked_add(length).is_none_or(|end| end > size) {
+        return Err(Error::OutOfRange {
+            volume: name.to_string(),
+            offset,
+            length,
+            size,
+        });
+    }
+    Ok(())
 }
 
 pub(crate) fn gone(name: &str) -> Error {

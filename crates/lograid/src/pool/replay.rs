@@ -138,7 +138,7 @@ impl Engine {
         for (s, record) in image.segments.into_iter().enumerate() {
             self.load_segment(&mut ledger, SegmentIndex(s as u32), record)?;
         }
-        let member_slots = self.devices.read().len();
+        let member_slots = self.devices.load().len();
         for v in image.volumes {
             let volume = self.load_volume(&mut ledger, v, member_slots)?;
             ledger.volumes.insert(volume.id, volume);

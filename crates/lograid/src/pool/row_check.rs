@@ -198,6 +198,7 @@ impl Engine {
                 }
             }
         }
+        self.column_buffers.give_back(columns);
         report
     }
 

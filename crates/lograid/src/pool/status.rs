@@ -146,12 +146,16 @@ pub struct MemoryUse {
     pub kept_row_bytes: u64,
     /// Sub-block writes held until merged into their blocks.
     pub held_write_bytes: u64,
+    /// Whole-column buffers kept for the row reads of the cleaner, scrub
+    /// and rebuild (one row's columns for each of them running at once).
+    #[serde(default)]
+    pub column_buffer_bytes: u64,
     /// The sum of the above.
     pub total_bytes: u64,
 }
 
 impl MemoryUse {
-    fn of(ledger: &super::ledger::Ledger, map_bytes: u64) -> MemoryUse {
+    fn of(ledger: &super::ledger::Ledger, map_bytes: u64, column_buffer_bytes: u64) -> MemoryUse {
         let len = |b: &crate::device::AlignedBuf| b.len() as u64;
         let open_row_bytes = ledger
             .heads
@@ -168,11 +172,13 @@ impl MemoryUse {
             in_flight_row_bytes,
             kept_row_bytes,
             held_write_bytes,
+            column_buffer_bytes,
             total_bytes: map_bytes
                 + open_row_bytes
                 + in_flight_row_bytes
                 + kept_row_bytes
-                + held_write_bytes,
+                + held_write_bytes
+                + column_buffer_bytes,
         }
     }
 }
@@ -296,7 +302,7 @@ pub fn collect(engine: &Engine) -> PoolStatus {
         }),
         cleaner: cleaner_status(engine, &ledger, member_bytes_written),
         volumes,
-        counters: ledger.counters,
+        counters: engine.counters(&ledger),
         member_bytes_written,
         write_amplification: if ledger.counters.user_bytes_written > 0 {
             member_bytes_written as f64 / ledger.counters.user_bytes_written as f64
@@ -330,7 +336,7 @@ pub fn collect(engine: &Engine) -> PoolStatus {
         health,
         health_reasons,
         lost_blocks_seen,
-        memory: MemoryUse::of(&ledger, map_memory_bytes),
+        memory: MemoryUse::of(&ledger, map_memory_bytes, engine.column_buffers.kept_bytes()),
     }
 }
 

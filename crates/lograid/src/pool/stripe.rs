@@ -189,23 +189,30 @@ impl Engine {
     }
 
     /// Every written column of a row, read whole and in parallel (None
-    /// where unreadable; unused data columns are not read).
+    /// where unreadable; unused data columns are not read), into buffers
+    /// from `column_buffers`: the caller gives them back when done.
     pub(crate) fn read_row_columns(&self, g: &RowGeom) -> Vec<Option<AlignedBuf>> {
         let bytes = g.height as usize * BLOCK_SIZE;
-        let jobs: Vec<crate::device::IoJob<Option<AlignedBuf>>> = (0..g.width())
+        type Read = (Option<AlignedBuf>, Option<AlignedBuf>);
+        let jobs: Vec<crate::device::IoJob<Read>> = (0..g.width())
             .map(|c| {
                 let pba = g.pba(&self.shape.geometry, c, 0);
-                let dev = self.device(pba.member_index());
-                let unused = !g.column_used(c);
-                Box::new(move || {
-                    let dev = dev.filter(|_| !unused)?;
-                    let mut buf = AlignedBuf::zeroed(bytes);
-                    dev.read_at(&mut buf, pba.byte_offset()).ok()?;
-                    Some(buf)
-                }) as crate::device::IoJob<Option<AlignedBuf>>
+                let dev = self.device(pba.member_index()).filter(|_| g.column_used(c));
+                let buf = dev.as_ref().map(|_| self.column_buffers.take(bytes));
+                Box::new(move || -> Read {
+                    let (Some(dev), Some(mut buf)) = (dev, buf) else {
+                        return (None, None);
+                    };
+                    match dev.read_at(&mut buf, pba.byte_offset()) {
+                        Ok(()) => (Some(buf), None),
+                        Err(_) => (None, Some(buf)),
+                    }
+                }) as crate::device::IoJob<Read>
             })
             .collect();
-        self.io.run_all(jobs)
+        let (columns, unread): (Vec<_>, Vec<_>) = self.io.run_all(jobs).into_iter().unzip();
+        self.column_buffers.give_back(unread);
+        columns
     }
 }
 

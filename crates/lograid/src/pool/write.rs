@@ -88,6 +88,12 @@ impl Engine {
                         }
                     }
                     i += 1;
+                    // A row sealed to the in-flight limits: the rest of a large
+                    // request waits for room (at the loop's top) like any other
+                    // writer, so a request seals at most one row past them.
+                    if !sealed.is_empty() && !self.inflight_room(&ledger) {
+                        break;
+                    }
                 }
             }
             self.submit_rows(sealed)?;

@@ -1,6 +1,6 @@
 //! Linux's side of the member calls (see `mod.rs` for the table).
 
-use super::{Access, DiskGeometry, Kind, Mount};
+use super::{Access, DiskGeometry, Kind, Mount, ReadWait};
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -42,6 +42,46 @@ pub(crate) fn open(path: &Path, kind: Kind, access: Access) -> io::Result<File> 
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => open(false),
         result => result,
     }
+}
+
+/// Whether a read of `file` can wait for a drive (see `ReadWait`): files
+/// on tmpfs are memory; a file opened without O_DIRECT is read
+/// through the page cache; any other read waits for its drive.
+pub(crate) fn read_wait(file: &File) -> ReadWait {
+    let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: fstatfs fills `stat` for a valid descriptor; read only on 0.
+    let in_memory = unsafe { libc::fstatfs(file.as_raw_fd(), stat.as_mut_ptr()) } == 0 && {
+        // SAFETY: fstatfs returned 0, so `stat` is filled.
+        let kind = unsafe { stat.assume_init() }.f_type;
+        kind == libc::TMPFS_MAGIC
+    };
+    // SAFETY: F_GETFL reads the descriptor's status flags.
+    let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+    if in_memory {
+        ReadWait::Never
+    } else if flags >= 0 && flags & libc::O_DIRECT == 0 {
+        ReadWait::UnlessCached
+    } else {
+        ReadWait::Always
+    }
+}
+
+/// Reads all of `buf` at `offset` only if the page cache holds it
+/// (preadv2 with RWF_NOWAIT: no wait for the drive). False if it does not
+/// hold all of it, or on any error (the caller reads it the usual way).
+/// Only for a file `read_wait` says is `UnlessCached`: with O_DIRECT the
+/// flag does not keep the call from waiting for the drive.
+pub(crate) fn read_cached(file: &File, buf: &mut [u8], offset: u64) -> bool {
+    let Ok(offset) = libc::off_t::try_from(offset) else {
+        return false;
+    };
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: `iov` describes `buf`, valid and writable for its length.
+    let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, offset, libc::RWF_NOWAIT) };
+    usize::try_from(n).is_ok_and(|n| n == buf.len())
 }
 
 pub(crate) fn disk_geometry(file: &File) -> io::Result<DiskGeometry> {
@@ -178,5 +218,44 @@ mod tests {
         // Not an escape: kept as it is.
         assert_eq!(unescape_octal(r"/a\9b\04"), br"/a\9b\04");
         assert_eq!(unescape_octal("/plain"), b"/plain");
+    }
+
+    fn file_in(dir: &str, direct: bool) -> (tempfile::TempDir, File) {
+        let dir = tempfile::Builder::new().tempdir_in(dir).unwrap();
+        let path = dir.path().join("m");
+        std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
+        let mut options = OpenOptions::new();
+        options.read(true).write(true);
+        if direct {
+            options.custom_flags(libc::O_DIRECT);
+        }
+        let file = options.open(&path).unwrap();
+        (dir, file)
+    }
+
+    #[test]
+    fn tmpfs_is_memory_direct_io_always_waits_and_buffered_files_wait_unless_cached() {
+        assert_eq!(read_wait(&file_in("/dev/shm", false).1), ReadWait::Never);
+        assert_eq!(read_wait(&file_in("/dev/shm", true).1), ReadWait::Never);
+        assert_eq!(read_wait(&file_in("/var/tmp", true).1), ReadWait::Always);
+        assert_eq!(read_wait(&file_in("/var/tmp", false).1), ReadWait::UnlessCached);
+    }
+
+    #[test]
+    fn a_cached_read_is_done_only_while_the_page_cache_holds_it() {
+        let (_dir, file) = file_in("/var/tmp", false);
+        let mut buf = vec![0u8; 8192];
+        // Just written: in the page cache.
+        assert!(read_cached(&file, &mut buf, 4096));
+        assert!(buf.iter().all(|&b| b == 7));
+        // Past the end: not all of it.
+        assert!(!read_cached(&file, &mut buf, (1 << 20) - 4096));
+        // Written back and dropped from the cache: the read would wait.
+        file.sync_all().unwrap();
+        // SAFETY: advice on a valid descriptor.
+        let dropped =
+            unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(dropped, 0);
+        assert!(!read_cached(&file, &mut buf, 4096));
     }
 }

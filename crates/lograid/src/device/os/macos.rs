@@ -1,7 +1,7 @@
 //! macOS's side of the member calls (see `mod.rs` for the table). The disk
 //! ioctls and their structures are those of xnu's <sys/disk.h>.
 
-use super::{Access, DiskGeometry, Kind, Mount};
+use super::{Access, DiskGeometry, Kind, Mount, ReadWait};
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -96,6 +96,17 @@ pub(crate) fn open(path: &Path, kind: Kind, access: Access) -> io::Result<File> 
         let _ = unsafe { libc::fcntl(fd, libc::F_NOCACHE, 1) };
     }
     Ok(file)
+}
+
+/// Members are opened with F_NOCACHE, so every read waits for its drive
+/// (a RAM disk is not told apart).
+pub(crate) fn read_wait(_file: &File) -> ReadWait {
+    ReadWait::Always
+}
+
+/// Never called (`read_wait` is never `UnlessCached`); reads nothing.
+pub(crate) fn read_cached(_file: &File, _buf: &mut [u8], _offset: u64) -> bool {
+    false
 }
 
 pub(crate) fn disk_geometry(file: &File) -> io::Result<DiskGeometry> {

@@ -8,6 +8,8 @@
 //! | call | Linux | macOS |
 //! | --- | --- | --- |
 //! | `open` | O_DIRECT (buffered where refused); O_EXCL on a block device opened for writing | F_NOCACHE after opening; O_EXLOCK (O_SHLOCK read-only) on a disk: exclusive use of the disk, refused while mounted or held |
+//! | `read_wait` | tmpfs (fstatfs): never waits; no O_DIRECT: waits unless cached; else always | always (F_NOCACHE) |
+//! | `read_cached` | preadv2(RWF_NOWAIT): the read only if the page cache holds it | never called |
 //! | `disk_geometry` | BLKSSZGET, BLKGETSIZE64 | DKIOCGETBLOCKSIZE, DKIOCGETBLOCKCOUNT |
 //! | `disk_read_only` | BLKROGET | DKIOCISWRITABLE |
 //! | `flush` | fdatasync (also flushes the drive's cache) | F_FULLFSYNC on a file; DKIOCSYNCHRONIZE on a raw disk; fsync and DKIOCSYNCHRONIZE on a buffered disk |
@@ -30,8 +32,8 @@ mod sys;
 compile_error!("lograid's members are implemented for Linux and macOS only");
 
 pub(crate) use sys::{
-    discard_disk, disk_geometry, disk_read_only, flush, mounts, open, punch_hole,
-    CHARACTER_DEVICES_ARE_DISKS, NO_MEDIUM,
+    discard_disk, disk_geometry, disk_read_only, flush, mounts, open, punch_hole, read_cached,
+    read_wait, CHARACTER_DEVICES_ARE_DISKS, NO_MEDIUM,
 };
 
 /// What a member is, as far as the calls made on it go.
@@ -51,6 +53,19 @@ impl Kind {
     pub(crate) fn is_disk(self) -> bool {
         self != Kind::File
     }
+}
+
+/// Whether a read of a member can wait for a drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// macOS opens every member uncached: its reads always wait.
+#[cfg_attr(target_os = "macos", allow(dead_code))]
+pub(crate) enum ReadWait {
+    /// The file is memory (tmpfs): a read is a copy.
+    Never,
+    /// Read through the system's cache: no wait if the cache holds it.
+    UnlessCached,
+    /// Every read goes to the drive (direct I/O).
+    Always,
 }
 
 /// How the member is opened: for writing (exclusively), for reading (shared

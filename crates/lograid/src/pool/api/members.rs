@@ -86,7 +86,7 @@ impl Pool {
                 if was == MemberState::Faulted {
                     drop(ledger);
                     // Its columns are rebuilt from parity; it is not read.
-                    self.engine.devices.write()[old] = None;
+                    self.engine.devices.update(|d| d[old] = None);
                 }
             }
             self.engine.checkpoint_log_locked()?;
@@ -165,7 +165,7 @@ impl Pool {
             self.engine.checkpoint_log_locked()?;
             if was == MemberState::Faulted {
                 // Its columns are rebuilt from parity; it is not read.
-                self.engine.devices.write()[m] = None;
+                self.engine.devices.update(|d| d[m] = None);
             }
             self.engine.event(format!(
                 "removing member {m} ({name}); moving its rows to the other members"
@@ -232,9 +232,11 @@ impl Pool {
             .get(m)
             .is_some_and(|r| r.state == MemberState::Faulted);
         if faulted {
-            if let Some(slot) = self.engine.devices.write().get_mut(m) {
-                *slot = None;
-            }
+            self.engine.devices.update(|d| {
+                if let Some(slot) = d.get_mut(m) {
+                    *slot = None;
+                }
+            });
         }
         faulted
     }

@@ -275,11 +275,11 @@ impl Pool {
     /// How long each member's reads, writes and flushes took since the
     /// pool was opened (or the member joined), by member index (as in
     /// `PoolStatus::members`); faulted members keep theirs, missing ones
-    /// have none. Takes no lock but the member table's read lock.
+    /// have none. Takes no lock.
     pub fn member_latency(&self) -> Vec<(usize, crate::device::MemberLatencyValues)> {
         self.engine
             .devices
-            .read()
+            .load()
             .iter()
             .enumerate()
             .filter_map(|(i, d)| Some((i, d.as_ref()?.latency.values())))

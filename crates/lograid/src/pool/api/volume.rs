@@ -3,7 +3,7 @@
 //! guarded (a panic stops the pool writing), and hands it to the engine.
 
 use super::super::range::{self};
-use super::super::read::Allocation;
+use super::super::read::{gone, within_size, Allocation};
 use super::super::Engine;
 use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
@@ -36,28 +36,32 @@ impl Volume {
             .unwrap_or(0)
     }
 
-    /// Checks alignment and range; returns the volume size.
+    /// Checks that the pool is open, alignment, and range.
     fn check(&self, offset: u64, length: u64) -> Result<()> {
-        if self.engine.closed.load(Ordering::Relaxed) {
-            return Err(Error::ReadOnly(ReadOnlyReason::Closed));
-        }
-        if !offset.is_multiple_of(SECTOR_BYTES) || !length.is_multiple_of(SECTOR_BYTES) {
-            return Err(Error::Misaligned { offset, length });
-        }
+        self.check_open_and_aligned(offset, length)?;
+        self.check_range(offset, length)
+    }
+
+    /// Checks the range against the volume's size (which needs the lock;
+    /// a deleted volume says so first).
+    fn check_range(&self, offset: u64, length: u64) -> Result<()> {
         let size = self
             .engine
             .ledger
             .lock()
             .volume(self.id)
             .map(|v| v.size_bytes)
-            .ok_or_else(|| Error::NotFound(format!("volume '{}' was deleted", self.name)))?;
-        if offset.checked_add(length).is_none_or(|end| end > size) {
-            return Err(Error::OutOfRange {
-                volume: self.name.clone(),
-                offset,
-                length,
-                size,
-            });
+            .ok_or_else(|| gone(&self.name))?;
+        within_size(&self.name, (offset, length), size)
+    }
+
+    /// Checks what needs no lock: the pool is open, the request is aligned.
+    fn check_open_and_aligned(&self, offset: u64, length: u64) -> Result<()> {
+        if self.engine.closed.load(Ordering::Relaxed) {
+            return Err(Error::ReadOnly(ReadOnlyReason::Closed));
+        }
+        if !offset.is_multiple_of(SECTOR_BYTES) || !length.is_multiple_of(SECTOR_BYTES) {
+            return Err(Error::Misaligned { offset, length });
         }
         Ok(())
     }
@@ -65,10 +69,13 @@ impl Volume {
     /// Reads `buf.len()` bytes at `offset` (both multiples of 512). Every
     /// block is checked against its checksum and repaired from parity if it
     /// does not match; a block that cannot be repaired fails the read.
+    /// After an error the contents of `buf` are unspecified.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.check(offset, buf.len() as u64)?;
-        if buf.is_empty() {
-            return Ok(());
+        // The range is checked with the map lookup (one lock section).
+        let asked = (offset, buf.len() as u64);
+        self.check_open_and_aligned(offset, asked.1)?;
+        if buf.is_empty() || offset.checked_add(asked.1).is_none() {
+            return self.check_range(offset, asked.1);
         }
         let bs = BLOCK_SIZE as u64;
         let first = offset / bs;
@@ -77,14 +84,47 @@ impl Volume {
         let head = (offset % bs) as usize;
         self.engine.guarded("read", || {
             if head == 0 && buf.len().is_multiple_of(BLOCK_SIZE) {
-                return self.engine.read_blocks(self.id, &self.name, first, buf);
+                return self
+                    .engine
+                    .read_blocks(self.id, &self.name, first, buf, asked);
             }
             let mut tmp = vec![0u8; count * BLOCK_SIZE];
             self.engine
-                .read_blocks(self.id, &self.name, first, &mut tmp)?;
+                .read_blocks(self.id, &self.name, first, &mut tmp, asked)?;
             buf.copy_from_slice(&tmp[head..head + buf.len()]);
             Ok(())
         })
+    }
+
+    /// A read of whole 4 KiB blocks at a 4 KiB-aligned offset, done only if
+    /// it needs no wait: no lock held elsewhere, every block in memory or
+    /// in its member's cache, every checksum right (a caller on an event
+    /// loop then needs no thread hand-off). `None`: not done (`buf` may
+    /// hold part of it); call `read`, which waits for the members, repairs,
+    /// and says why a read is refused. `Some(Err)`: the engine stopped.
+    pub fn try_read_now(&self, offset: u64, buf: &mut [u8]) -> Option<Result<()>> {
+        let length = buf.len() as u64;
+        if buf.is_empty()
+            || !buf.len().is_multiple_of(BLOCK_SIZE)
+            || !offset.is_multiple_of(BLOCK_SIZE as u64)
+            || offset.checked_add(length).is_none()
+            || self.engine.closed.load(Ordering::Relaxed)
+        {
+            return None;
+        }
+        let lba = offset / BLOCK_SIZE as u64;
+        self.engine
+            .guarded("read", || {
+                let done = self.engine.try_read_blocks_now(
+                    self.id,
+                    &self.name,
+                    lba,
+                    buf,
+                    (offset, length),
+                );
+                Ok(done.map(Ok))
+            })
+            .unwrap_or_else(|e| Some(Err(e)))
     }
 
     /// Writes `data` at `offset` (multiples of 512). Acknowledged from memory
