@@ -127,6 +127,13 @@ impl Export for VolumeExport {
             .map_err(|e| self.fail("read", offset, length, e))
     }
 
+    fn try_read_now(&self, offset: u64, buf: &mut [u8]) -> Option<io::Result<()>> {
+        let length = buf.len() as u64;
+        self.volume
+            .try_read_now(offset, buf)
+            .map(|r| r.map_err(|e| self.fail("read", offset, length, e)))
+    }
+
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {
         let length = data.len() as u64;
         let result = if fua {

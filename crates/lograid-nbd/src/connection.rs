@@ -420,13 +420,13 @@ where
     R: AsyncRead + Unpin + Send + 'static,
 {
     let limits = &shared.limits;
+    let mut stops = Stops {
+        abort: abort_rx,
+        shutdown: shared.shutdown.clone(),
+    };
     let mut requests = RequestReader {
         reader,
         reply_tx,
-        stops: Stops {
-            abort: abort_rx,
-            shutdown: shared.shutdown.clone(),
-        },
         session,
         shared,
         options,
@@ -434,11 +434,17 @@ where
         conn_bytes: Arc::new(Semaphore::new(limits.max_in_flight_bytes as usize)),
         buffers,
     };
-    loop {
-        if let Err(end) = requests.serve_next().await {
-            return end;
+    // The stops are watched once for the whole loop, not at each wait of each request (a
+    // waiter registered and removed on two shared channels per wait). A stop drops the loop
+    // at the wait it is at: a request not yet executed is dropped with its budget.
+    let serving = async {
+        loop {
+            if let Err(end) = requests.serve_next().await {
+                return end;
+            }
         }
-    }
+    };
+    stops.race(serving).await.unwrap_or_else(|stopped| stopped)
 }
 
 /// What ends the request reader while it waits on anything: the writer failing, or the server
@@ -449,9 +455,11 @@ struct Stops {
 }
 
 impl Stops {
-    /// Runs `work` to its end unless the writer fails or the server shuts down first.
+    /// Runs `work` to its end unless the writer fails or the server shuts down first (polled
+    /// first: a task that is woken mostly has work, and needs no random pick of a branch).
     async fn race<F: Future>(&mut self, work: F) -> Result<F::Output, ReaderEnd> {
         tokio::select! {
+            biased;
             output = work => Ok(output),
             _ = wait_true(&mut self.abort) => Err(ReaderEnd::WriterGone),
             _ = wait_true(&mut self.shutdown) => Err(ReaderEnd::Shutdown),
@@ -463,7 +471,6 @@ impl Stops {
 struct RequestReader<'a, R> {
     reader: &'a mut BufReader<R>,
     reply_tx: &'a mpsc::UnboundedSender<Outgoing>,
-    stops: Stops,
     session: &'a Session,
     shared: &'a Arc<Shared>,
     options: ReplyOptions,
@@ -481,9 +488,10 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
     async fn serve_next(&mut self) -> Result<(), ReaderEnd> {
         // 1. A free slot: at the limit, stop reading until a reply has been written.
         let slot = self
-            .stops
-            .race(self.slots.clone().acquire_owned())
-            .await?
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
             .map_err(|_| ReaderEnd::WriterGone)?;
 
         // 2. The next request header.
@@ -533,7 +541,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
     /// Reads and parses the next request header.
     async fn read_header(&mut self) -> Result<RequestHeader, ReaderEnd> {
         let mut raw = [0u8; REQUEST_HEADER_LEN];
-        match self.stops.race(read_header(self.reader, &mut raw)).await? {
+        match read_header(self.reader, &mut raw).await {
             Ok(true) => {}
             Ok(false) => return Err(ReaderEnd::Clean("connection closed")),
             Err(error) => {
@@ -554,14 +562,12 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
     ) -> Result<InFlight, ReaderEnd> {
         let conn_bytes = &self.conn_bytes;
         let global_bytes = &self.shared.global_bytes;
-        let permits = self
-            .stops
-            .race(async {
-                let conn = acquire(conn_bytes, buffer_bytes).await?;
-                let global = acquire(global_bytes, buffer_bytes).await?;
-                Some((conn, global))
-            })
-            .await?;
+        let permits = async {
+            let conn = acquire(conn_bytes, buffer_bytes).await?;
+            let global = acquire(global_bytes, buffer_bytes).await?;
+            Some((conn, global))
+        }
+        .await;
         let Some((conn_permit, global_permit)) = permits else {
             return Err(ReaderEnd::WriterGone);
         };
@@ -618,13 +624,11 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
             PayloadDisposition::Discard(length) => {
                 let mut limited = (&mut *self.reader).take(u64::from(length));
                 let mut sink = tokio::io::sink();
-                let drained = self
-                    .stops
-                    .race(timeout(
-                        self.shared.limits.payload_timeout,
-                        tokio::io::copy(&mut limited, &mut sink),
-                    ))
-                    .await?;
+                let drained = timeout(
+                    self.shared.limits.payload_timeout,
+                    tokio::io::copy(&mut limited, &mut sink),
+                )
+                .await;
                 payload_read(drained, u64::from(length))?;
             }
             PayloadDisposition::Disconnect => {
@@ -645,13 +649,11 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
         // was 3% of the server's CPU on sequential writes).
         let mut payload = self.buffers.take(length as usize);
         let mut limited = (&mut *self.reader).take(u64::from(length));
-        let read = self
-            .stops
-            .race(timeout(
-                self.shared.limits.payload_timeout,
-                limited.read_to_end(&mut payload),
-            ))
-            .await?;
+        let read = timeout(
+            self.shared.limits.payload_timeout,
+            limited.read_to_end(&mut payload),
+        )
+        .await;
         payload_read(
             read.map(|read| read.map(|count| count as u64)),
             u64::from(length),
@@ -670,6 +672,7 @@ impl<R: AsyncRead + Unpin + Send + 'static> RequestReader<'_, R> {
             command,
             &payload,
             self.options,
+            &self.buffers,
         ) {
             self.buffers.give_back(payload);
             send_reply(self.reply_tx, &self.shared.counters, reply, in_flight);

@@ -112,9 +112,14 @@ fn record(
     reply
 }
 
-/// Runs a WRITE without FUA at once on the calling thread, if the export takes it without
-/// blocking (`Export::try_write_now`) and no read-modify-write holds its sectors; `None`
-/// otherwise (nothing was written: the caller runs `execute` on the blocking pool).
+/// Longest READ answered on the calling thread (`try_execute_now`).
+const NOW_READ_MAX_BYTES: u32 = 128 * 1024;
+
+/// Runs a request at once on the calling thread if the export does it without blocking: a
+/// WRITE without FUA (`Export::try_write_now`) whose sectors no read-modify-write holds, or a
+/// READ of whole sectors, at most `NOW_READ_MAX_BYTES`, not planned as a sparse read
+/// (`Export::try_read_now`).
+/// `None` otherwise (nothing was written: the caller runs `execute` on the blocking pool).
 pub(crate) fn try_execute_now(
     export: &dyn Export,
     locks: &SectorLocks,
@@ -122,32 +127,110 @@ pub(crate) fn try_execute_now(
     command: Command,
     payload: &[u8],
     options: ReplyOptions,
+    buffers: &PayloadBuffers,
 ) -> Option<Vec<u8>> {
-    let Command::Write {
-        offset, fua: false, ..
-    } = command
-    else {
-        return None;
-    };
-    let _guard = locks.try_lock_aligned(offset, offset + payload.len() as u64)?;
     let started = std::time::Instant::now();
-    let reply = match catch_unwind(AssertUnwindSafe(|| export.try_write_now(offset, payload))) {
-        Ok(None) => return None,
-        Ok(Some(Ok(()))) => ok_reply(cookie),
-        Ok(Some(Err(error))) => {
-            let nbd_error = nbd_error_from_io(&error, false);
-            tracing::debug!(export = export.name(), command = "write", %error, "request failed");
-            error_reply(
-                cookie,
-                NBD_CMD_WRITE,
-                nbd_error,
-                &error.to_string(),
-                options,
-            )
+    let reply = match command {
+        Command::Write {
+            offset, fua: false, ..
+        } => try_write_now(export, locks, cookie, offset, payload, options)?,
+        Command::Read { offset, length, df } => {
+            try_read_now(export, cookie, offset, length, df, options, buffers)?
         }
-        Err(_) => panicked_reply(export, cookie, NBD_CMD_WRITE, options),
+        _ => return None,
     };
     Some(record(export, &command, started, reply))
+}
+
+fn try_write_now(
+    export: &dyn Export,
+    locks: &SectorLocks,
+    cookie: u64,
+    offset: u64,
+    payload: &[u8],
+    options: ReplyOptions,
+) -> Option<Vec<u8>> {
+    let _guard = locks.try_lock_aligned(offset, offset + payload.len() as u64)?;
+    Some(
+        match catch_unwind(AssertUnwindSafe(|| export.try_write_now(offset, payload))) {
+            Ok(None) => return None,
+            Ok(Some(Ok(()))) => ok_reply(cookie),
+            Ok(Some(Err(error))) => {
+                let nbd_error = nbd_error_from_io(&error, false);
+                tracing::debug!(export = export.name(), command = "write", %error, "request failed");
+                error_reply(
+                    cookie,
+                    NBD_CMD_WRITE,
+                    nbd_error,
+                    &error.to_string(),
+                    options,
+                )
+            }
+            Err(_) => panicked_reply(export, cookie, NBD_CMD_WRITE, options),
+        },
+    )
+}
+
+/// A READ's reply (one data chunk when structured) filled by `Export::try_read_now`.
+fn try_read_now(
+    export: &dyn Export,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+    df: bool,
+    options: ReplyOptions,
+    buffers: &PayloadBuffers,
+) -> Option<Vec<u8>> {
+    let sparse = options.structured_replies
+        && options.sparse_reads
+        && !df
+        && length >= SPARSE_READ_MIN_LEN;
+    // The export is called with whole sectors only (`sectors::read` widens the others).
+    if length == 0
+        || length > NOW_READ_MAX_BYTES
+        || sparse
+        || !sectors::is_aligned(offset, u64::from(length))
+    {
+        return None;
+    }
+    let mut header = Vec::with_capacity(STRUCTURED_REPLY_HEADER_LEN + 8);
+    if options.structured_replies {
+        put_chunk_header(
+            &mut header,
+            cookie,
+            NBD_REPLY_FLAG_DONE,
+            NBD_REPLY_TYPE_OFFSET_DATA,
+            8 + length,
+        );
+        header.extend_from_slice(&offset.to_be_bytes());
+    } else {
+        put_simple_reply(&mut header, cookie, 0);
+    }
+    let mut out = buffers.take(header.len() + length as usize);
+    out.extend_from_slice(&header);
+    out.resize(header.len() + length as usize, 0);
+    let data = &mut out[header.len()..];
+    let error = match catch_unwind(AssertUnwindSafe(|| export.try_read_now(offset, data))) {
+        Ok(Some(Ok(()))) => return Some(out),
+        Ok(None) => {
+            buffers.give_back(out);
+            return None;
+        }
+        Ok(Some(Err(error))) => error,
+        Err(_) => {
+            buffers.give_back(out);
+            return Some(panicked_reply(export, cookie, NBD_CMD_READ, options));
+        }
+    };
+    buffers.give_back(out);
+    tracing::debug!(export = export.name(), offset, length, %error, "read failed");
+    Some(error_reply(
+        cookie,
+        NBD_CMD_READ,
+        nbd_error_from_io(&error, false),
+        &error.to_string(),
+        options,
+    ))
 }
 
 fn command_code(command: Command) -> u16 {

@@ -36,6 +36,15 @@ pub trait Export: Send + Sync + 'static {
     fn try_write_now(&self, _offset: u64, _data: &[u8]) -> Option<io::Result<()>> {
         None
     }
+    /// A read (offset and buf.len() multiples of 512, within size) done at once without
+    /// blocking the calling thread: no wait for a lock held long or for a drive. `None` if it
+    /// would block: the server calls `read` on its blocking pool instead (`buf` may hold part
+    /// of the data meanwhile). `Some(Err)`: tried, and failed. The server calls this on its
+    /// event loop for short reads, which saves a thread hand-off per request. By default no
+    /// read is done this way.
+    fn try_read_now(&self, _offset: u64, _buf: &mut [u8]) -> Option<io::Result<()>> {
+        None
+    }
     /// every write that returned before flush() was called is on stable storage when it returns
     fn flush(&self) -> io::Result<()>;
     fn trim(&self, offset: u64, length: u64, fua: bool) -> io::Result<()>;

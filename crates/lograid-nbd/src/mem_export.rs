@@ -53,6 +53,7 @@ pub struct MemExport {
     flushes: AtomicU64,
     writes: AtomicU64,
     reads: AtomicU64,
+    reads_now: AtomicU64,
     fua_writes: AtomicU64,
     contract_violations: AtomicU64,
 }
@@ -80,6 +81,7 @@ impl MemExport {
             flushes: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            reads_now: AtomicU64::new(0),
             fua_writes: AtomicU64::new(0),
             contract_violations: AtomicU64::new(0),
         }
@@ -139,6 +141,11 @@ impl MemExport {
 
     pub fn read_count(&self) -> u64 {
         self.reads.load(Ordering::SeqCst)
+    }
+
+    /// Reads done through `try_read_now` (on the server's event loop).
+    pub fn reads_now(&self) -> u64 {
+        self.reads_now.load(Ordering::SeqCst)
     }
 
     /// A copy of `[offset, offset+length)`, bypassing the protocol.
@@ -247,6 +254,16 @@ impl Export for MemExport {
         let state = poisoned(self.state.read());
         buf.copy_from_slice(&state.data[offset as usize..offset as usize + buf.len()]);
         Ok(())
+    }
+
+    /// Every read at once, as from memory, unless reads are made slow (then they are left to
+    /// the blocking pool, as a drive's would be). Injected faults fail it as they fail `read`.
+    fn try_read_now(&self, offset: u64, buf: &mut [u8]) -> Option<io::Result<()>> {
+        if !poisoned(self.delay.lock()).is_zero() || !poisoned(self.delays.lock()).is_empty() {
+            return None;
+        }
+        self.reads_now.fetch_add(1, Ordering::SeqCst);
+        Some(self.read(offset, buf))
     }
 
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> io::Result<()> {

@@ -45,7 +45,7 @@ fn round_up(x: u64) -> u64 {
     x.div_ceil(SECTOR) * SECTOR
 }
 
-fn is_aligned(offset: u64, length: u64) -> bool {
+pub(crate) fn is_aligned(offset: u64, length: u64) -> bool {
     offset % SECTOR == 0 && length % SECTOR == 0
 }
 

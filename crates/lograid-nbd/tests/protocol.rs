@@ -406,6 +406,49 @@ fn export_errors_are_mapped() {
     assert!(server.stats.snapshot().request_errors >= 10);
 }
 
+/// Reads the export does at once (`Export::try_read_now`: whole sectors, at most 128 KiB, not a
+/// sparse read) are answered from the event loop with the bytes and replies of the blocking
+/// path, simple and structured; the others, and reads made slow, take the blocking path.
+#[test]
+fn reads_done_at_once_reply_like_the_blocking_path() {
+    let (server, export) = TestServer::with_mem(4 * MIB);
+    let data = pattern(5, 256 * 1024);
+    for structured in [false, true] {
+        // Without block sizes asked for, so that reads need not be whole sectors.
+        let (mut client, _, _) =
+            RawClient::open_without_block_sizes(server.addr, "disk0", structured, structured);
+        assert_eq!(client.write(0, &data).error, 0);
+        let (now_before, all_before) = (export.reads_now(), export.read_count());
+        // At once: aligned 4 KiB, two blocks, whole sectors, 32 KiB.
+        for (offset, length) in [(0u64, 4096u32), (12288, 8192), (512, 1024), (0, 32768)] {
+            let reply = client.read(offset, length);
+            assert_eq!(reply.error, 0);
+            assert!(reply.data == data[offset as usize..][..length as usize]);
+            if structured {
+                assert_eq!(reply.chunk_types, vec![NBD_REPLY_TYPE_OFFSET_DATA]);
+            }
+        }
+        assert_eq!(export.reads_now() - now_before, 4);
+        // The blocking path: past 128 KiB, or not whole sectors.
+        let long = client.read(0, 256 * 1024);
+        assert!(long.error == 0 && long.data == data);
+        let odd = client.read(100, 1000);
+        assert!(odd.error == 0 && odd.data == data[100..1100]);
+        assert_eq!(export.reads_now() - now_before, 4);
+        assert!(export.read_count() - all_before >= 6);
+        client.disconnect();
+    }
+    // A slow export's reads are left to the blocking pool, and still right.
+    export.set_delay(Duration::from_millis(1));
+    let before = export.reads_now();
+    let (mut client, _) = RawClient::open(server.addr, "disk0", true, false);
+    let reply = client.read(4096, 4096);
+    assert!(reply.error == 0 && reply.data == data[4096..8192]);
+    assert_eq!(export.reads_now(), before);
+    client.disconnect();
+    assert_eq!(export.contract_violations(), 0);
+}
+
 #[test]
 fn requests_run_concurrently_and_reply_out_of_order() {
     let (server, export) = TestServer::with_mem(4 * MIB);
