@@ -62,6 +62,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    os::pin_allocator_thresholds();
     let cli = Cli::parse();
     let level = match cli.verbose {
         0 => "info",

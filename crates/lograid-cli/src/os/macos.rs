@@ -82,6 +82,9 @@ pub fn abstract_socket(_name: &[u8]) -> io::Result<UnixSocketAddr> {
     ))
 }
 
+/// Nothing to set: macOS's allocator returns large blocks to the system by itself.
+pub fn pin_allocator_thresholds() {}
+
 pub fn run_on_first_cpus(_n: usize) -> Result<()> {
     bail!("macOS has no CPU affinity to set (thread affinity tags are only hints)")
 }

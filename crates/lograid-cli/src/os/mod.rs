@@ -18,6 +18,8 @@
 //! - Abstract Unix socket names (`@name`), which systemd's `NOTIFY_SOCKET` may use: Linux only
 //!   (`abstract_socket`).
 //!
+//! - The allocator's settings (`pin_allocator_thresholds`): glibc's mapping threshold fixed,
+//!   so that freed large buffers go back to the system; nothing to set on macOS.
 //! - Keeping the process on the first N CPUs (`run_on_first_cpus`, for `bench --cpus`):
 //!   Linux's CPU affinity; macOS has none to set, and says so.
 //!
@@ -43,6 +45,6 @@ mod tool;
 
 pub use sys::{
     abstract_socket, attach_image, attach_supported, detach_image, format_hint, image_backing,
-    is_fuse_mount_point, mount_files, mount_nfs, run_on_first_cpus, unmount, unmount_files,
-    FilesMount, RUN_DIR,
+    is_fuse_mount_point, mount_files, mount_nfs, pin_allocator_thresholds, run_on_first_cpus,
+    unmount, unmount_files, FilesMount, RUN_DIR,
 };

@@ -659,7 +659,7 @@ fn lograid_seq(
         secs,
         written,
         Arc::new(move |i| {
-            let mut buf = vec![0u8; MIB];
+            let mut buf = AlignedBuf::zeroed(MIB);
             v.read(i * MIB as u64, &mut buf).map_err(Into::into)
         }),
     )?;
@@ -739,7 +739,7 @@ fn lograid_rand(
         secs,
         u64::MAX,
         Arc::new(move |i| {
-            let mut buf = vec![0u8; 4096];
+            let mut buf = AlignedBuf::zeroed(4096);
             v.read((mix(mix(i) % written_ops) % blocks) * 4096, &mut buf)
                 .map_err(Into::into)
         }),
