@@ -3,9 +3,9 @@
 //! Owns: the shape of every transmission reply (simple or structured, sparse reads with
 //! `NBD_REPLY_TYPE_OFFSET_HOLE`, `NBD_REPLY_TYPE_BLOCK_STATUS` descriptors) and the policing of
 //! what an export returns (extents that are empty, unaligned or too many). Runs on a blocking
-//! thread (`try_execute_now`: on the connection's task, for a write the export takes without
-//! blocking); must never touch the socket or the async runtime, and must turn a panicking
-//! export into an `EIO` reply instead of a lost request.
+//! thread (`try_execute_now`: on the connection's task, for a write or read the export does
+//! without blocking); must never touch the socket or the async runtime, and must turn a
+//! panicking export into an `EIO` reply instead of a lost request.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -119,7 +119,8 @@ const NOW_READ_MAX_BYTES: u32 = 128 * 1024;
 /// WRITE without FUA (`Export::try_write_now`) whose sectors no read-modify-write holds, or a
 /// READ of whole sectors, at most `NOW_READ_MAX_BYTES`, not planned as a sparse read
 /// (`Export::try_read_now`).
-/// `None` otherwise (nothing was written: the caller runs `execute` on the blocking pool).
+/// `None` otherwise (nothing was written, and a declined read left nothing the client sees:
+/// the caller runs `execute` on the blocking pool).
 pub(crate) fn try_execute_now(
     export: &dyn Export,
     locks: &SectorLocks,

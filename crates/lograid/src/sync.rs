@@ -21,7 +21,10 @@ mod real {
     /// A read-write lock (no data) for readers on every request and a rare
     /// writer: a reader takes the stripe of the CPU it runs on
     /// (`lograid_latency::stripe`), so readers on different cores write no
-    /// shared cache line; a writer takes every stripe, in order.
+    /// shared cache line; a writer takes every stripe, in order (while it
+    /// waits for one stripe's readers, those it has taken admit no new
+    /// readers and the later ones still do: its wait is the sum of the
+    /// longest reads on each).
     pub struct ReadMostlyLock {
         stripes: Box<[CacheLines<RwLock<()>>; STRIPES]>,
     }

@@ -126,9 +126,18 @@ fn a_block_with_a_wrong_checksum_is_left_to_read_which_repairs_it() {
     vol.flush().unwrap();
     let victim = &data[3 * BLOCK..4 * BLOCK];
     rot_on_member(&paths, victim);
-    // Declined: the block does not check out (and nothing is counted).
+    let member_reads = |pool: &Pool| -> (u64, u64) {
+        let members = pool.status().members;
+        let reads = members.iter().map(|m| m.counters.reads).sum();
+        (reads, members.iter().map(|m| m.counters.bytes_read).sum())
+    };
+    let (reads_before, bytes_before) = member_reads(&pool);
+    // Declined: the block does not check out (and nothing is counted, the
+    // member reads taken before the bad block included).
     assert!(read_now(&vol, 3 * BLOCK as u64, BLOCK).is_none());
     assert!(read_now(&vol, 0, data.len()).is_none());
+    assert_eq!(member_reads(&pool), (reads_before, bytes_before));
+    assert_eq!(pool.status().counters.user_bytes_read, 0);
     let repaired_before: u64 = pool
         .status()
         .members
@@ -147,8 +156,12 @@ fn a_block_with_a_wrong_checksum_is_left_to_read_which_repairs_it() {
         .map(|m| m.counters.repaired_blocks)
         .sum();
     assert_eq!(repaired, 1);
-    // ...after which it is read at once again.
+    // ...after which it is read at once again, and counted.
+    let (reads_before, bytes_before) = member_reads(&pool);
     assert!(read_now(&vol, 0, data.len()).unwrap() == data);
+    let (reads, bytes) = member_reads(&pool);
+    assert!(reads > reads_before, "{reads} reads, {reads_before} before");
+    assert_eq!(bytes, bytes_before + data.len() as u64);
 }
 
 #[test]

@@ -340,22 +340,25 @@ impl Device {
         result
     }
     /// A read taken only if it needs no wait for the drive
-    /// (`Member::try_read_at`), counted as a read when taken.
-    pub fn try_read_at(&self, buf: &mut [u8], offset: u64) -> bool {
+    /// (`Member::try_read_at`); how long it took, if taken. Not counted: the
+    /// caller counts it (`count_read`) once the request it is part of is
+    /// taken whole, since a declined request is read again by `read_at`,
+    /// which counts it.
+    pub fn try_read_at(&self, buf: &mut [u8], offset: u64) -> Option<Duration> {
         debug_assert!(aligned::is_aligned(buf) && buf.len().is_multiple_of(4096));
         if self.stale.covers(offset, buf.len()) {
-            return false;
+            return None;
         }
         let started = Instant::now();
-        if !self.member.try_read_at(buf, offset) {
-            return false;
-        }
-        self.latency.reads.record(started.elapsed());
+        self.member
+            .try_read_at(buf, offset)
+            .then(|| started.elapsed())
+    }
+    /// Counts a read of `bytes` taken by `try_read_at` in `took`.
+    pub fn count_read(&self, bytes: usize, took: Duration) {
+        self.latency.reads.record(took);
         self.counters.reads.add(1);
-        self.counters
-            .bytes_read
-            .add(buf.len() as u64);
-        true
+        self.counters.bytes_read.add(bytes as u64);
     }
     /// Reads that failed or were too slow since the last good one.
     pub fn bad_reads_in_a_row(&self) -> u64 {

@@ -9,14 +9,16 @@
 use super::engine::open_device;
 use super::ledger::Ledger;
 use super::Engine;
-use crate::device::{is_aligned, AlignedBuf};
+use crate::device::{is_aligned, AlignedBuf, Device};
 use crate::error::{Error, Result};
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
 use crate::layout::Pba;
 use crate::map::Loc;
 use smallvec::SmallVec;
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 impl Engine {
     /// Reads whole blocks from `lba` into `out`, verifying every checksum,
@@ -100,20 +102,29 @@ impl Engine {
         };
         let plan = ReadPlan::new(name, lba, blocks);
         let mut bounce = None;
+        let devices = self.devices.load();
+        // The member reads taken, counted only once the request is.
+        let mut taken: SmallVec<[(&Arc<Device>, usize, Duration); 4]> = SmallVec::new();
         for run in &plan.runs {
             let first = plan.blocks[run.start].1;
-            let devices = self.devices.load();
             let dev = open_device(&devices, first.member_index())?;
             let dest = plan.run_bytes(run.clone(), out);
-            if !read_run(dest, &mut bounce, |buf| dev.try_read_at(buf, first.byte_offset())) {
-                return None;
-            }
+            let bytes = dest.len();
+            let mut took = None;
+            read_run(dest, &mut bounce, |buf| {
+                took = dev.try_read_at(buf, first.byte_offset());
+                took.is_some()
+            });
+            taken.push((dev, bytes, took?));
             let checked = plan.blocks[run.clone()].iter().all(|&(i, _, crc)| {
                 crc32c(&out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]) == crc
             });
             if !checked {
                 return None;
             }
+        }
+        for (dev, bytes, took) in taken {
+            dev.count_read(bytes, took);
         }
         for (i, o) in overlays {
             o.apply(&mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
