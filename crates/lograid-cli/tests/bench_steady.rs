@@ -95,6 +95,7 @@ fn every_pattern_runs_to_windows_with_sane_figures() {
                 "{name}: {w}"
             );
             assert!(w["free_segments"].as_u64().is_some(), "{name}: {w}");
+            assert!(w["pending_free_segments"].as_u64().is_some(), "{name}: {w}");
             let relocated = f(&w["relocated_bytes"]);
             assert_eq!(
                 w["foreground_share"].is_null(),

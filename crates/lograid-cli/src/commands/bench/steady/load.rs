@@ -67,6 +67,7 @@ struct Snapshot {
     again: u64,
     long_lived: u64,
     free_segments: usize,
+    pending_free_segments: usize,
     segments_cleaned: u64,
     write_stall_seconds: f64,
 }
@@ -86,6 +87,7 @@ impl Snapshot {
             again: status.cleaner.relocated_again_bytes,
             long_lived: status.cleaner.long_lived_written_bytes,
             free_segments: status.segments_free,
+            pending_free_segments: status.segments_pending_free,
             segments_cleaned: status.cleaner.segments_cleaned,
             write_stall_seconds: status.cleaner.write_stall_seconds,
         }
@@ -229,6 +231,7 @@ fn window(index: usize, a: &Snapshot, b: &Snapshot, eligible: bool) -> Window {
         iops: (b.ops - a.ops) as f64 / secs,
         mb_per_s: user as f64 / secs / 1e6,
         free_segments: b.free_segments,
+        pending_free_segments: b.pending_free_segments,
         segments_cleaned: b.segments_cleaned.saturating_sub(a.segments_cleaned),
         relocated_bytes: relocated,
         foreground_relocated_bytes: foreground,

@@ -37,6 +37,9 @@ pub struct Window {
     pub mb_per_s: f64,
     /// Free segments at the window's end.
     pub free_segments: usize,
+    /// Segments emptied at the window's end that wait for a flush or a
+    /// checkpoint before they are free.
+    pub pending_free_segments: usize,
     pub segments_cleaned: u64,
     pub relocated_bytes: u64,
     /// Relocated by writers out of room, who waited for it (the rest was
@@ -75,7 +78,7 @@ impl Window {
     pub fn line(&self) -> String {
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.0}%", v * 100.0));
         let mut s = format!(
-            "  window {:>3} {:>6.1}-{:>6.1} s: WA {:.2}, {:>7.0} IOPS, {:>6.1} MB/s, {:>4} free segments, {} MiB relocated (foreground {}, again {}){}",
+            "  window {:>3} {:>6.1}-{:>6.1} s: WA {:.2}, {:>7.0} IOPS, {:>6.1} MB/s, {:>4} free segments ({} pending), {} MiB relocated (foreground {}, again {}){}",
             self.index,
             self.t_start,
             self.t_end,
@@ -83,6 +86,7 @@ impl Window {
             self.iops,
             self.mb_per_s,
             self.free_segments,
+            self.pending_free_segments,
             self.relocated_bytes >> 20,
             pct(self.foreground_share),
             pct(self.relocated_again_share),
@@ -249,6 +253,7 @@ mod tests {
             iops: 1000.0 * (index + 1) as f64,
             mb_per_s: 4.0,
             free_segments: 10,
+            pending_free_segments: 1,
             segments_cleaned: 1,
             relocated_bytes: 100,
             foreground_relocated_bytes: 25,
