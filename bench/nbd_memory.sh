@@ -8,7 +8,16 @@
 #   bench/nbd_memory.sh [--seconds S] [--dir DIR] NAME=BINARY [NAME=BINARY ...]
 #
 # Prints one tab-separated line per load and binary: name, load, MB/s, CPU s/GB, VmHWM MiB,
-# VmRSS MiB, and the engine's own memory at the end of the load (map/row buffers/all, MiB).
+# VmRSS MiB, the engine's own memory at the end of the load (map/row buffers/all, MiB), and
+# the documented bound for the load with whether VmHWM stayed within it. The bound
+# (docs/BENCHMARKS.md, the NBD server's memory): the server's resident memory once the pool is
+# open and before the load (code, threads, the map), plus per connection its request buffers
+# (64 MiB in flight, in buffers of up to twice that when request sizes are not powers of two,
+# and 32 MiB kept idle), plus the engine's row buffers (64 rows in flight, and past that one
+# sealed by a writer, two by a flush and three in the cleaner's queue; 32 kept; 3 open: 105
+# rows of (members - parity) x chunk), plus a parity buffer (parity x chunk)
+# for each of the 66 threads that may write rows (64 request threads, 2 row writers), plus one
+# checkpoint's encoding (13 bytes per stored block).
 # The members are deleted at the end.
 set -euo pipefail
 seconds=12
@@ -41,8 +50,9 @@ loads=(
     "randwrite 4K QD64 x2|--rw=randwrite --bs=4k --iodepth=64 --numjobs=2"
     "randread 1M QD32|--rw=randread --bs=1M --iodepth=32"
     "randrw 32M QD8 x2|--rw=randrw --bs=32M --iodepth=8 --numjobs=2"
+    "randrw 1M-32M QD16 x4|--rw=randrw --bsrange=1M-32M --iodepth=16 --numjobs=4"
 )
-printf 'binary\tload\tMB/s\tCPU s/GB\tVmHWM MiB\tVmRSS MiB\tengine MiB map/rows/all\n'
+printf 'binary\tload\tMB/s\tCPU s/GB\tVmHWM MiB\tVmRSS MiB\tengine MiB map/rows/all\tbound MiB\twithin\n'
 for load in "${loads[@]}"; do
     name=${load%%|*}
     args=${load#*|}
@@ -56,6 +66,11 @@ for load in "${loads[@]}"; do
             grep -q 'vol0' "$work/serve.log" 2>/dev/null && break
             sleep 0.2
         done
+        idle=$(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/$server/status")
+        connections=1
+        [[ $name =~ x([0-9]+)$ ]] && connections=${BASH_REMATCH[1]}
+        per_connection=96
+        [[ $args == *bsrange* ]] && per_connection=160
         # shellcheck disable=SC2086
         fio --name=load --ioengine=nbd --uri="nbd://127.0.0.1:$port/vol0" --size=6G \
             --time_based --runtime="$seconds" --output-format=json --output="$work/fio.json" \
@@ -70,6 +85,17 @@ rows = m and m["open_row_bytes"] + m["in_flight_row_bytes"] + m["kept_row_bytes"
 print("%d/%d/%d" % (m["map_bytes"] >> 20, rows >> 20, m["total_bytes"] >> 20) if m else "-")' \
             2>/dev/null || echo -)
         hwm=$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$server/status")
+        bound=$("$binary" status --json "$work/m0" "$work/m1" "$work/m2" 2>/dev/null \
+            | python3 -c 'import json, sys
+s = json.load(sys.stdin)
+rows = 105 * (s["members_total"] - s["parity"]) * s["chunk_bytes"]
+parity = 66 * s["parity"] * s["chunk_bytes"]
+checkpoint = 13 * s["stored_bytes"] // 4096
+print((rows + parity + checkpoint >> 20) + int(sys.argv[1]) + int(sys.argv[3]) * int(sys.argv[2]))' \
+                "$idle" "$connections" "$per_connection" \
+            2>/dev/null || echo 0)
+        within=no
+        [ "$hwm" -le "$bound" ] && within=yes
         rss=$(awk '/VmRSS/ {print int($2 / 1024)}' "/proc/$server/status")
         kill "$server"
         wait "$server" 2>/dev/null || true
@@ -82,7 +108,8 @@ cpu = int(sys.argv[2]) / int(sys.argv[3])
 print("%d\t%.2f" % (moved / int(sys.argv[4]) / 1e6, cpu / (moved / 1e9)))
 EOF
             read -r rate cpu
-            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$name" "$rate" "$cpu" "$hwm" "$rss" "$engine"
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$name" "$rate" "$cpu" "$hwm" \
+                "$rss" "$engine" "$bound" "$within"
         }
     done
 done
