@@ -508,6 +508,13 @@ fn render_jobs(t: &mut Text, status: &PoolStatus, scrub: Option<&ScrubProgress>)
         p,
         c.long_lived_written_bytes,
     );
+    t.one(
+        "lograid_cleaner_cold_written_bytes_total",
+        "counter",
+        "Bytes the cleaner moved again, written to the cold head apart from data moved once, since the pool was opened.",
+        p,
+        c.cold_written_bytes,
+    );
 
     let reshape = status.reshape.as_ref();
     t.family(

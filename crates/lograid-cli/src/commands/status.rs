@@ -181,9 +181,10 @@ fn print_activity(st: &PoolStatus) {
         c.write_stall_seconds
     );
     println!(
-        "           since open: {} relocated by writers out of room, {} cold data moved again, {} written as long-lived",
+        "           since open: {} relocated by writers out of room, {} cold data moved again ({} to the cold head), {} written as long-lived",
         human(c.foreground_relocated_bytes),
         human(c.relocated_again_bytes),
+        human(c.cold_written_bytes),
         human(c.long_lived_written_bytes)
     );
     println!(

@@ -66,13 +66,15 @@ const _: () = {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SegmentStateCode {
     Free = 0,
-    /// Being written by a log head (user 1, cleaner 2).
+    /// Being written by a log head (user 1, cleaner 2, cold 6).
     OpenUser = 1,
     OpenCleaner = 2,
     Sealed = 3,
-    /// Reserved as the next segment of a head (user 4, cleaner 5).
+    /// Reserved as the next segment of a head (user 4, cleaner 5, cold 7).
     ReservedUser = 4,
     ReservedCleaner = 5,
+    OpenCold = 6,
+    ReservedCold = 7,
 }
 
 impl SegmentStateCode {
@@ -84,6 +86,8 @@ impl SegmentStateCode {
             3 => Self::Sealed,
             4 => Self::ReservedUser,
             5 => Self::ReservedCleaner,
+            6 => Self::OpenCold,
+            7 => Self::ReservedCold,
             _ => return Err(FormatError::Invalid(format!("segment state {c}"))),
         })
     }

@@ -96,18 +96,27 @@ const _: () = {
 /// Which log head wrote a row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum HeadId {
+    /// Users' writes.
     User = 0,
+    /// Blocks the cleaner moves for the first time (from the users' head),
+    /// and users' writes judged long-lived (`pool/lifetime.rs`).
     Cleaner = 1,
     Checkpoint = 2,
+    /// Blocks the cleaner moves again (from segments the cleaner's heads
+    /// wrote): the coldest data, kept apart so that its segments stay full.
+    Cold = 3,
 }
 
 impl HeadId {
-    pub const ALL: [HeadId; 3] = [HeadId::User, HeadId::Cleaner, HeadId::Checkpoint];
+    pub const ALL: [HeadId; 4] = [HeadId::User, HeadId::Cleaner, HeadId::Checkpoint, HeadId::Cold];
+    /// The heads that write data rows (followed by recovery, sealed by a flush).
+    pub const DATA: [HeadId; 3] = [HeadId::User, HeadId::Cleaner, HeadId::Cold];
     pub fn from_code(c: u8) -> Result<HeadId, FormatError> {
         match c {
             0 => Ok(HeadId::User),
             1 => Ok(HeadId::Cleaner),
             2 => Ok(HeadId::Checkpoint),
+            3 => Ok(HeadId::Cold),
             _ => Err(FormatError::Invalid(format!("log head {c}"))),
         }
     }

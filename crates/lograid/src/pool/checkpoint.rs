@@ -141,8 +141,10 @@ impl Engine {
                         SegmentStateCode::Free
                     }
                     SegState::Open(HeadId::User) => SegmentStateCode::OpenUser,
+                    SegState::Open(HeadId::Cold) => SegmentStateCode::OpenCold,
                     SegState::Open(_) => SegmentStateCode::OpenCleaner,
                     SegState::Reserved(HeadId::User) => SegmentStateCode::ReservedUser,
+                    SegState::Reserved(HeadId::Cold) => SegmentStateCode::ReservedCold,
                     SegState::Reserved(_) => SegmentStateCode::ReservedCleaner,
                     SegState::Sealed => SegmentStateCode::Sealed,
                 };

@@ -45,10 +45,12 @@ enum PassEnd {
     NoRoom,
 }
 
-/// A segment chosen to be emptied, and the rows emptying it gains.
+/// A segment chosen to be emptied, the rows emptying it gains, and the head
+/// its blocks go to.
 struct Victim {
     segment: u32,
     gain_rows: u64,
+    head: HeadId,
 }
 
 /// What emptying a segment moved: blocks, and of those, blocks the
@@ -97,7 +99,7 @@ impl Engine {
                 stop = PassEnd::NoVictim;
                 break;
             };
-            match self.relocate_segment(victim.segment) {
+            match self.relocate_segment(victim.segment, victim.head) {
                 Ok(moved) => self.count_cleaned(moved, urgent),
                 // The cleaner's head found no free segment: segments
                 // emptied earlier may only wait for the checkpoint below.
@@ -246,19 +248,27 @@ impl Engine {
             1
         };
         let gain_rows = |live: u64| rows.saturating_sub(live.div_ceil(row_slots.max(1)));
-        let room = self.cleaner_room(&ledger, rows, row_slots, destination);
+        // The head a victim's blocks go to: the one `head_for_moved_block`
+        // names if it has the room, else the cleaner's if that has it.
+        let room = |head: HeadId| self.cleaner_room(&ledger, head, rows, row_slots, destination);
+        let (room_cleaner, room_cold) = (room(HeadId::Cleaner), room(HeadId::Cold));
+        let head_for = |s: u32, live: u64| match ledger.head_for_moved_block(s) {
+            HeadId::Cold if live <= room_cold => Some(HeadId::Cold),
+            _ => (live <= room_cleaner).then_some(HeadId::Cleaner),
+        };
         // Sealed segments with something to gain: (index, live, capacity).
         let candidates: Vec<(u32, u64, u64, u64)> = ledger
             .segments
             .iter()
             .enumerate()
             .filter(|(_, s)| s.state == SegState::Sealed)
+            .filter(|&(i, s)| head_for(i as u32, s.live_blocks as u64).is_some())
             .map(|(i, s)| {
                 let capacity = self.shape.segment_capacity(s.members_mask, s.parity);
                 (i as u32, s.live_blocks as u64, capacity, s.sealed_seq)
             })
             .filter(|&(_, live, capacity, _)| {
-                live < capacity && row_slots > 0 && gain_rows(live) >= min_gain && live <= room
+                live < capacity && row_slots > 0 && gain_rows(live) >= min_gain
             })
             .collect();
         let (emptiest, _, _, _) = *candidates.iter().min_by_key(|c| c.1)?;
@@ -277,14 +287,16 @@ impl Engine {
                 .map_or(emptiest, |(i, _)| i)
         };
         let live = ledger.segments[victim as usize].live_blocks as u64;
+        let head = head_for(victim, live)?;
         ledger.note_victim(victim);
         Some(Victim {
             segment: victim,
             gain_rows: gain_rows(live),
+            head,
         })
     }
 
-    /// The blocks the cleaner's head can take now without going below its
+    /// The blocks `head` (the cleaner's or the cold one) can take now without going below its
     /// floor: what is left of its segment (less the row being filled,
     /// which user writes may fill too) and a segment for each free one
     /// above the floor (each lets the head move on once). A victim that
@@ -295,11 +307,12 @@ impl Engine {
     fn cleaner_room(
         &self,
         ledger: &super::ledger::Ledger,
+        head: HeadId,
         rows: u64,
         row_slots: u64,
         destination: u64,
     ) -> u64 {
-        let head = &ledger.heads[HeadId::Cleaner.index()];
+        let head = &ledger.heads[head.index()];
         let chunk = u64::from(self.shape.geometry.chunk_blocks);
         let segment_blocks = u64::from(self.shape.geometry.segment_blocks);
         let left_rows = if head.segment == super::ledger::NO_SEGMENT {
@@ -315,15 +328,15 @@ impl Engine {
         left_rows.min(rows) * row_slots + spare as u64 * destination
     }
 
-    /// Moves every live block of sealed segment `victim` to the cleaner's
-    /// head (new rows over the current members) and flushes; the segment is
-    /// then empty and becomes free after the next checkpoint. Returns the
-    /// blocks moved. The caller holds `maintenance`.
-    pub(crate) fn relocate_segment(&self, victim: u32) -> Result<Moved> {
+    /// Moves every live block of sealed segment `victim` to `head` (the
+    /// cleaner's or the cold one: new rows over the current members) and
+    /// flushes; the segment is then empty and becomes free after the next
+    /// checkpoint. Returns the blocks moved. The caller holds `maintenance`.
+    pub(crate) fn relocate_segment(&self, victim: u32, head: HeadId) -> Result<Moved> {
         let (rows, live_before, sealed_before, cold) = {
             let ledger = self.ledger.lock();
             let seg = &ledger.segments[victim as usize];
-            let cold = seg.written_by == HeadId::Cleaner;
+            let cold = matches!(seg.written_by, HeadId::Cleaner | HeadId::Cold);
             (seg.rows.clone(), seg.live_blocks, seg.sealed_seq, cold)
         };
         // Rows sealed here are written by a second thread, so that reading
@@ -340,7 +353,7 @@ impl Engine {
                 }
                 first_error.map_or(Ok(()), Err)
             });
-            let moved = self.relocate_rows(rows, &tx);
+            let moved = self.relocate_rows(rows, head, &tx);
             drop(tx);
             let written = writer.join().expect("row writer thread");
             let moved = moved?;
@@ -372,16 +385,17 @@ impl Engine {
         })
     }
 
-    /// Appends the live blocks of `rows` to the cleaner's head; sealed rows
-    /// go to `write`. Returns the blocks moved.
+    /// Appends the live blocks of `rows` to `head`; sealed rows go to
+    /// `write`. Returns the blocks moved.
     fn relocate_rows(
         &self,
         rows: Vec<RowGeom>,
+        head: HeadId,
         write: &channel::Sender<Vec<Arc<SealedRow>>>,
     ) -> Result<u64> {
         let mut moved = 0;
         for geom in rows {
-            moved += self.relocate_row(&geom, write)?;
+            moved += self.relocate_row(&geom, head, write)?;
         }
         Ok(moved)
     }
@@ -390,6 +404,7 @@ impl Engine {
     fn relocate_row(
         &self,
         geom: &RowGeom,
+        head: HeadId,
         write: &channel::Sender<Vec<Arc<SealedRow>>>,
     ) -> Result<u64> {
         let Some((header, whole)) = self.header_to_clean(geom) else {
@@ -409,7 +424,7 @@ impl Engine {
         // (or rebuilt) only where a checksum does not match.
         let columns = whole.unwrap_or_else(|| self.read_whole(geom));
         let blocks = self.live_block_bytes(geom, live, &columns);
-        let moved = self.append_relocated(&blocks, write);
+        let moved = self.append_relocated(&blocks, head, write);
         drop(blocks);
         self.column_buffers.give_back(columns);
         moved
@@ -485,12 +500,13 @@ impl Engine {
         blocks
     }
 
-    /// Appends `blocks` to the cleaner's head under one hold of the lock,
-    /// each only if the map still points at it (a write may have replaced
-    /// it meanwhile); sealed rows go to `write`. Returns the blocks moved.
+    /// Appends `blocks` to `head` under one hold of the lock, each only if
+    /// the map still points at it (a write may have replaced it meanwhile);
+    /// sealed rows go to `write`. Returns the blocks moved.
     fn append_relocated(
         &self,
         blocks: &[LiveBlock],
+        head: HeadId,
         write: &channel::Sender<Vec<Arc<SealedRow>>>,
     ) -> Result<u64> {
         let mut moved = 0;
@@ -512,7 +528,7 @@ impl Engine {
                     count: 1,
                     source: pba.encode(),
                 };
-                match ledger.append_block(HeadId::Cleaner, entry, bytes, &self.shape) {
+                match ledger.append_block(head, entry, bytes, &self.shape) {
                     Ok(row) => {
                         ledger.counters.relocated_blocks += 1;
                         sealed.extend(row);

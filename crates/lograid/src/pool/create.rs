@@ -288,7 +288,8 @@ fn wipe_superblock_slots(members: &[Arc<dyn Member>], member_blocks: &[u64]) -> 
 }
 
 /// Every usable segment free, and the user and cleaner heads given their
-/// first segments.
+/// first segments; the cold head too where the pool has the room (it is
+/// not needed: blocks moved again go to the cleaner's head without it).
 fn start_log(engine: &Engine, all: u32) -> Result<()> {
     let mut ledger = engine.ledger.lock();
     for s in 0..ledger.segments.len() {
@@ -304,6 +305,7 @@ fn start_log(engine: &Engine, all: u32) -> Result<()> {
             .prime_head(head, &engine.shape)
             .map_err(|_| Error::Refused(Refusal::TooFewSegments))?;
     }
+    ledger.prime_cold_head(&engine.shape);
     debug_assert!(ledger
         .segments
         .iter()

@@ -269,6 +269,7 @@ impl Engine {
                 Head::new(HeadId::User),
                 Head::new(HeadId::Cleaner),
                 Head::new(HeadId::Checkpoint),
+                Head::new(HeadId::Cold),
             ],
             next_seq: 1,
             next_volume_id: 1,
@@ -296,6 +297,7 @@ impl Engine {
             overlays: super::overlay_table::OverlayTable::new(options.max_overlays),
             lifetime_threshold: None,
             long_lived_appends: 0,
+            cold_appends: 0,
         };
         for (s, seg) in ledger.segments.iter_mut().enumerate() {
             seg.members_mask = shape.geometry.segment_members(s as u32, active_mask);

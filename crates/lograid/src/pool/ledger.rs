@@ -215,7 +215,7 @@ pub struct Ledger {
     pub volumes: BTreeMap<u32, VolumeState>,
     pub segments: Vec<Segment>,
     pub free: VecDeque<u32>,
-    pub heads: [Head; 3],
+    pub heads: [Head; 4],
     pub next_seq: u64,
     pub next_volume_id: u32,
     pub inflight: Vec<Arc<SealedRow>>,
@@ -276,6 +276,8 @@ pub struct Ledger {
     /// User blocks written to the cleaner's head as long-lived since the
     /// pool opened.
     pub long_lived_appends: u64,
+    /// Blocks written to the cold head (moved again) since the pool opened.
+    pub cold_appends: u64,
 }
 
 impl Ledger {
@@ -392,7 +394,7 @@ impl Ledger {
                 return Err(format!("segment {s} is free but not in the free list"));
             }
         }
-        for h in &self.heads[..2] {
+        for h in HeadId::DATA.map(|h| &self.heads[h.index()]) {
             if h.segment != NO_SEGMENT
                 && self.segments[h.segment as usize].state != SegState::Open(h.id)
             {

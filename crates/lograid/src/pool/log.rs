@@ -34,7 +34,7 @@ impl Ledger {
     fn head_floor(&self, head: HeadId, shape: &Shape, floor: Option<usize>) -> usize {
         floor.unwrap_or_else(|| match head {
             HeadId::User => shape.user_floor_segments(self),
-            HeadId::Cleaner => shape.cleaner_floor_segments(self),
+            HeadId::Cleaner | HeadId::Cold => shape.cleaner_floor_segments(self),
             HeadId::Checkpoint => 0,
         })
     }
@@ -128,7 +128,7 @@ impl Ledger {
     /// checkpoints right after, so recovery sees the new masks.
     pub fn member_set_changed(&mut self, shape: &Shape) {
         let active = self.active_mask;
-        for i in 0..2 {
+        for i in HeadId::DATA.map(HeadId::index) {
             let (seg, next) = (self.heads[i].segment, self.heads[i].next_segment);
             let target = shape.geometry.segment_members(seg, active);
             if seg != NO_SEGMENT
@@ -323,10 +323,10 @@ impl Ledger {
             }
         }
         // User data keeps the floor left for the cleaner in whichever head
-        // it goes to (`lifetime`); asked only when the cleaner's head opens
-        // a row for it (the floor walks the segment table).
+        // it goes to (`lifetime`); asked only when one of the cleaner's
+        // heads opens a row for it (the floor walks the segment table).
         let floor = (entry.kind == EntryKind::Data
-            && head == HeadId::Cleaner
+            && head != HeadId::User
             && self.heads[head.index()].open.is_none())
         .then(|| shape.user_floor_segments(self));
         let birth = self.birth_of(entry.kind, entry.source, shape);
@@ -338,7 +338,10 @@ impl Ledger {
         let full = row.is_full();
         let segment = row.segment;
         self.note_birth(segment, birth);
-        if entry.kind == EntryKind::Data && head == HeadId::Cleaner {
+        if head == HeadId::Cold {
+            self.cold_appends += 1;
+        }
+        if entry.kind == EntryKind::Data && head != HeadId::User {
             self.long_lived_appends += 1;
         }
         let old = self

@@ -252,7 +252,8 @@ impl Engine {
         };
         let started = Instant::now();
         self.reshape.lock().started.get_or_insert(started);
-        let moved = self.relocate_segment(victim as u32)?.blocks;
+        let head = self.ledger.lock().head_for_moved_block(victim as u32);
+        let moved = self.relocate_segment(victim as u32, head)?.blocks;
         let left = self.ledger.lock().segments[victim].live_blocks;
         if left > 0 {
             // Blocks beyond what parity can rebuild stay where they are
@@ -278,7 +279,7 @@ impl Engine {
         let heads = |ledger: &Ledger| -> Vec<HeadId> {
             let leaving = ledger.members_in(MemberState::Removing);
             let faulted = ledger.members_in(MemberState::Faulted);
-            [HeadId::User, HeadId::Cleaner]
+            HeadId::DATA
                 .into_iter()
                 .filter(|h| {
                     let s = ledger.heads[h.index()].segment;
@@ -335,7 +336,7 @@ impl Engine {
             self.checkpoint_log_locked()?;
             {
                 let mut ledger = self.ledger.lock();
-                for head in [HeadId::User, HeadId::Cleaner] {
+                for head in HeadId::DATA {
                     if ledger
                         .segments
                         .get(ledger.heads[head.index()].segment as usize)

@@ -484,7 +484,10 @@ impl Engine {
                 let mut ledger = self.ledger.lock();
                 ledger.member_set_changed(&self.shape);
             }
-            if rows > 0 || !missing.is_empty() || joining {
+            // A pool made before the cold head existed (or too full for it
+            // then) gets it now, recorded by the checkpoint below.
+            let cold_head = self.ledger.lock().prime_cold_head(&self.shape);
+            if rows > 0 || !missing.is_empty() || joining || cold_head {
                 self.checkpoint_log()?;
             }
         }

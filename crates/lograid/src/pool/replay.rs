@@ -172,6 +172,8 @@ impl Engine {
             SegmentStateCode::OpenCleaner => SegState::Open(HeadId::Cleaner),
             SegmentStateCode::ReservedUser => SegState::Reserved(HeadId::User),
             SegmentStateCode::ReservedCleaner => SegState::Reserved(HeadId::Cleaner),
+            SegmentStateCode::OpenCold => SegState::Open(HeadId::Cold),
+            SegmentStateCode::ReservedCold => SegState::Reserved(HeadId::Cold),
             SegmentStateCode::Sealed => SegState::Sealed,
         };
         if record.state != SegmentStateCode::Free {
@@ -247,7 +249,13 @@ impl Engine {
 
     /// The user and cleaner heads where the checkpoint left them.
     fn load_heads(&self, ledger: &mut Ledger, heads: &[HeadRecord]) -> Result<()> {
-        for (i, h) in heads.iter().enumerate().take(2) {
+        // Data heads only (the checkpoint head is where this checkpoint is);
+        // a checkpoint written before the cold head existed has none for it.
+        for (i, h) in heads
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| HeadId::DATA.iter().any(|d| d.index() == i))
+        {
             let count = ledger.segments.len() as u32;
             let valid = |s: u32| s == NO_SEGMENT || s < count;
             if !valid(h.segment)
@@ -391,7 +399,7 @@ impl Engine {
     /// the rows found in global sequence order. Returns (rows, blocks).
     pub(crate) fn roll_forward(&self, read_only: bool) -> Result<(u64, u64)> {
         let mut found: Vec<(HeadId, FoundRow)> = Vec::new();
-        for head in [HeadId::User, HeadId::Cleaner] {
+        for head in HeadId::DATA {
             found.extend(
                 self.follow_chain(head, read_only)
                     .into_iter()
@@ -499,7 +507,7 @@ impl Engine {
         // A head's reserved next segment may have been freed and reserved
         // after the checkpoint; replay has emptied it by now. If not, the
         // head reserves a fresh one when it gets there.
-        for head in [HeadId::User, HeadId::Cleaner] {
+        for head in HeadId::DATA {
             let n = ledger.heads[head.index()].next_segment;
             if n == NO_SEGMENT || n as usize >= ledger.segments.len() {
                 ledger.heads[head.index()].next_segment = NO_SEGMENT;
@@ -520,7 +528,7 @@ impl Engine {
         }
         self.rebuild_free_list(ledger);
         ledger.log_blocks_since_checkpoint = 0;
-        for h in [HeadId::User, HeadId::Cleaner] {
+        for h in HeadId::DATA {
             let seq = ledger.heads[h.index()].last_seq;
             ledger.next_seq = ledger.next_seq.max(seq + 1);
         }

@@ -23,9 +23,9 @@ thread_local! {
 }
 
 impl Engine {
-    /// Seals the user and cleaner heads' open rows (for a flush or checkpoint).
+    /// Seals the data heads' open rows (for a flush or checkpoint).
     pub(crate) fn seal_open_rows(&self, ledger: &mut Ledger) -> Vec<Arc<SealedRow>> {
-        [HeadId::User, HeadId::Cleaner]
+        HeadId::DATA
             .iter()
             .filter_map(|&h| ledger.seal(h, &self.shape))
             .collect()

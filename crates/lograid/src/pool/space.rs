@@ -5,6 +5,7 @@
 //! ledger; no I/O, no locks of its own.
 
 use super::ledger::{full_row_shape, Ledger};
+use super::lifetime::COLD_HEAD_MIN_SEGMENTS;
 use super::shape::Shape;
 use crate::error::{Error, Result};
 use crate::format::superblock::MemberState;
@@ -89,8 +90,11 @@ impl Ledger {
             .map(at_width)
             .sum();
         let per_segment = at_width(shape.geometry.segment_members(0, writable));
-        // Reserve: two segments per head, two for the cleaner, 5% slack, and a checkpoint.
-        let reserve_segments = 8 + (segment_count as u64).div_ceil(20);
+        // Reserve: two segments per head (the cold head's where the pool is
+        // large enough to have one), two for the cleaner, 5% slack, and a
+        // checkpoint.
+        let cold_head = if segment_count as usize >= COLD_HEAD_MIN_SEGMENTS { 2 } else { 0 };
+        let reserve_segments = 8 + cold_head + (segment_count as u64).div_ceil(20);
         self.capacity_blocks = capacity_blocks;
         self.usable_blocks =
             capacity_blocks.saturating_sub(reserve_segments * per_segment) * 97 / 100;

@@ -36,6 +36,10 @@ pub struct CleanerStatus {
     /// opened, as likely to live long (their previous version had).
     #[serde(default)]
     pub long_lived_written_bytes: u64,
+    /// Bytes written to the cold head since the pool was opened: blocks the
+    /// cleaner moved again, kept apart from those it moved once.
+    #[serde(default)]
+    pub cold_written_bytes: u64,
     /// Member bytes written / volume bytes written over the last minute
     /// (or since opening, if shorter); null while nothing was written.
     pub write_amplification_last_minute: Option<f64>,
@@ -367,6 +371,7 @@ fn cleaner_status(
         foreground_relocated_bytes: stats.foreground_relocated_blocks * BLOCK_BYTES,
         relocated_again_bytes: stats.relocated_again_blocks * BLOCK_BYTES,
         long_lived_written_bytes: long_lived * BLOCK_BYTES,
+        cold_written_bytes: ledger.cold_appends * BLOCK_BYTES,
         write_amplification_last_minute: (user_delta > 0)
             .then(|| member_bytes.saturating_sub(member0) as f64 / user_delta as f64),
         window_seconds: t_now - t0,
