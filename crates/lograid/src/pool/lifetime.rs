@@ -198,8 +198,6 @@ mod tests {
     use crate::format::{crc32c, BLOCK_SIZE};
     use crate::map::Loc;
     use crate::pool::api::open_members;
-    use crate::pool::create::create_pool;
-    use crate::pool::{CreateOptions, PoolOptions};
     use std::sync::Arc;
 
     /// A user write of a block whose current version is in the cold head's
@@ -208,25 +206,8 @@ mod tests {
     /// the block stays trimmed after a power cut.
     #[test]
     fn a_trim_over_user_data_in_the_cold_heads_open_row_survives_a_power_cut() {
-        let sims: Vec<Arc<SimMember>> = (0..3)
-            .map(|i| Arc::new(SimMember::new(&format!("sim{i}"), 8 << 20)))
-            .collect();
-        let members: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as _).collect();
-        let opts = CreateOptions {
-            name: "t".into(),
-            parity: 1,
-            chunk_bytes: 16 * 1024,
-            segment_bytes: Some(64 * 1024),
-            force: true,
-            initial_volume: Some(("v".into(), 1 << 20)),
-        };
-        let options = PoolOptions {
-            background_cleaner: false,
-            background_resolver: false,
-            ..Default::default()
-        };
-        let pool = create_pool(members, &opts, options.clone()).unwrap();
-        let vol = pool.volume("v").unwrap();
+        let (pool, vol, sims) = crate::pool::test_pool::sim_pool();
+        let options = crate::pool::test_pool::options();
         assert_ne!(
             pool.engine.ledger.lock().heads[HeadId::Cold.index()].segment,
             crate::pool::ledger::NO_SEGMENT,

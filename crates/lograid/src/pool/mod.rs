@@ -111,6 +111,8 @@ mod space;
 mod stats;
 mod status;
 mod stripe;
+#[cfg(test)]
+mod test_pool;
 mod watch;
 mod write;
 

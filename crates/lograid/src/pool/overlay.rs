@@ -333,32 +333,11 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{Member, SimMember};
-    use crate::pool::create::create_pool;
     use crate::pool::overlay_table::{Written, SECTORS, SECTOR_BYTES};
-    use crate::pool::{CreateOptions, Pool, PoolOptions, Volume};
-    use std::sync::Arc;
+    use crate::pool::{Pool, Volume};
 
     fn pool() -> (Pool, Volume) {
-        let members: Vec<Arc<dyn Member>> = (0..3)
-            .map(|i| Arc::new(SimMember::new(&format!("sim{i}"), 8 << 20)) as Arc<dyn Member>)
-            .collect();
-        let opts = CreateOptions {
-            name: "t".into(),
-            parity: 1,
-            chunk_bytes: 16 * 1024,
-            segment_bytes: Some(64 * 1024),
-            force: true,
-            initial_volume: Some(("v".into(), 1 << 20)),
-        };
-        let options = PoolOptions {
-            io_threads: 2,
-            background_cleaner: false,
-            background_resolver: false,
-            ..Default::default()
-        };
-        let pool = create_pool(members, &opts, options).unwrap();
-        let vol = pool.volume("v").unwrap();
+        let (pool, vol, _) = crate::pool::test_pool::sim_pool();
         (pool, vol)
     }
 

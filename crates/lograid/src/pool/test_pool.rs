@@ -1,0 +1,37 @@
+//! Unit tests' pool: three simulated 8 MiB members (64 KiB segments, 16 KiB
+//! chunks, parity 1, about 112 segments: enough for a cold head), a 1 MiB
+//! volume `v`, no background threads. Owns nothing outside tests.
+
+use crate::device::{Member, SimMember};
+use crate::pool::create::create_pool;
+use crate::pool::{CreateOptions, Pool, PoolOptions, Volume};
+use std::sync::Arc;
+
+/// The options the pool is created (and may be reopened) with.
+pub(crate) fn options() -> PoolOptions {
+    PoolOptions {
+        io_threads: 2,
+        background_cleaner: false,
+        background_resolver: false,
+        ..Default::default()
+    }
+}
+
+/// The pool, its volume `v`, and its members (for crash images).
+pub(crate) fn sim_pool() -> (Pool, Volume, Vec<Arc<SimMember>>) {
+    let sims: Vec<Arc<SimMember>> = (0..3)
+        .map(|i| Arc::new(SimMember::new(&format!("sim{i}"), 8 << 20)))
+        .collect();
+    let members: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as _).collect();
+    let create = CreateOptions {
+        name: "t".into(),
+        parity: 1,
+        chunk_bytes: 16 * 1024,
+        segment_bytes: Some(64 * 1024),
+        force: true,
+        initial_volume: Some(("v".into(), 1 << 20)),
+    };
+    let pool = create_pool(members, &create, options()).expect("create pool");
+    let vol = pool.volume("v").expect("volume v");
+    (pool, vol, sims)
+}
