@@ -182,56 +182,33 @@ fn try_read_now(
     options: ReplyOptions,
     buffers: &PayloadBuffers,
 ) -> Option<Vec<u8>> {
-    let sparse = options.structured_replies
-        && options.sparse_reads
-        && !df
-        && length >= SPARSE_READ_MIN_LEN;
     // The export is called with whole sectors only (`sectors::read` widens the others).
     if length == 0
         || length > NOW_READ_MAX_BYTES
-        || sparse
+        || reads_sparse(options, df, offset, length)
         || !sectors::is_aligned(offset, u64::from(length))
     {
         return None;
     }
-    let mut header = Vec::with_capacity(STRUCTURED_REPLY_HEADER_LEN + 8);
-    if options.structured_replies {
-        put_chunk_header(
-            &mut header,
-            cookie,
-            NBD_REPLY_FLAG_DONE,
-            NBD_REPLY_TYPE_OFFSET_DATA,
-            8 + length,
-        );
-        header.extend_from_slice(&offset.to_be_bytes());
-    } else {
-        put_simple_reply(&mut header, cookie, 0);
-    }
-    let mut out = buffers.take(header.len() + length as usize);
-    out.extend_from_slice(&header);
-    out.resize(header.len() + length as usize, 0);
-    let data = &mut out[header.len()..];
-    let error = match catch_unwind(AssertUnwindSafe(|| export.try_read_now(offset, data))) {
-        Ok(Some(Ok(()))) => return Some(out),
-        Ok(None) => {
-            buffers.give_back(out);
-            return None;
-        }
-        Ok(Some(Err(error))) => error,
-        Err(_) => {
-            buffers.give_back(out);
-            return Some(panicked_reply(export, cookie, NBD_CMD_READ, options));
-        }
-    };
-    buffers.give_back(out);
-    tracing::debug!(export = export.name(), offset, length, %error, "read failed");
-    Some(error_reply(
+    let (out, read) = data_reply(
         cookie,
-        NBD_CMD_READ,
-        nbd_error_from_io(&error, false),
-        &error.to_string(),
-        options,
-    ))
+        offset,
+        length,
+        options.structured_replies,
+        buffers,
+        |data| catch_unwind(AssertUnwindSafe(|| export.try_read_now(offset, data))),
+    );
+    if let Ok(Some(Ok(()))) = read {
+        return Some(out);
+    }
+    buffers.give_back(out);
+    match read {
+        Ok(Some(Err(error))) => Some(read_error_reply(
+            export, cookie, offset, length, &error, options,
+        )),
+        Err(_) => Some(panicked_reply(export, cookie, NBD_CMD_READ, options)),
+        Ok(_) => None,
+    }
 }
 
 fn command_code(command: Command) -> u16 {
@@ -416,16 +393,8 @@ fn read_reply(
     options: ReplyOptions,
     buffers: &PayloadBuffers,
 ) -> Vec<u8> {
-    let read_error = |error: std::io::Error| {
-        tracing::debug!(export = export.name(), offset, length, %error, "read failed");
-        error_reply(
-            cookie,
-            NBD_CMD_READ,
-            nbd_error_from_io(&error, false),
-            &error.to_string(),
-            options,
-        )
-    };
+    let read_error =
+        |error: std::io::Error| read_error_reply(export, cookie, offset, length, &error, options);
     if !options.structured_replies {
         return simple_read_reply(export, cookie, offset, length, buffers)
             .unwrap_or_else(read_error);
@@ -435,9 +404,7 @@ fn read_reply(
         put_done_chunk(&mut out, cookie);
         return out;
     }
-    // Sparse reads ask the export for block status at the read's offset: only when aligned.
-    let aligned = offset % u64::from(MIN_BLOCK_SIZE) == 0 && length % MIN_BLOCK_SIZE == 0;
-    let pieces = if options.sparse_reads && !df && length >= SPARSE_READ_MIN_LEN && aligned {
+    let pieces = if reads_sparse(options, df, offset, length) {
         plan_read(
             offset,
             u64::from(length),
@@ -461,16 +428,78 @@ fn simple_read_reply(
     length: u32,
     buffers: &PayloadBuffers,
 ) -> std::io::Result<Vec<u8>> {
-    let len = length as usize;
-    let mut out = buffers.take(SIMPLE_REPLY_HEADER_LEN + len);
-    out.resize(SIMPLE_REPLY_HEADER_LEN + len, 0);
-    if len > 0 {
-        sectors::read(export, offset, &mut out[SIMPLE_REPLY_HEADER_LEN..])?;
+    let (out, read) = data_reply(cookie, offset, length, false, buffers, |data| {
+        if data.is_empty() {
+            return Ok(());
+        }
+        sectors::read(export, offset, data)
+    });
+    read.map(|()| out)
+}
+
+/// A reply carrying the `length` bytes at `offset` in one piece: a simple reply, or with
+/// `structured` one data chunk flagged done. `fill` puts the bytes in place; what it returns
+/// comes back with the reply (whose data is unspecified unless `fill` succeeded).
+fn data_reply<R>(
+    cookie: u64,
+    offset: u64,
+    length: u32,
+    structured: bool,
+    buffers: &PayloadBuffers,
+    fill: impl FnOnce(&mut [u8]) -> R,
+) -> (Vec<u8>, R) {
+    let header_len = if structured {
+        STRUCTURED_REPLY_HEADER_LEN + 8
+    } else {
+        SIMPLE_REPLY_HEADER_LEN
+    };
+    let mut out = buffers.take(header_len + length as usize);
+    if structured {
+        put_chunk_header(
+            &mut out,
+            cookie,
+            NBD_REPLY_FLAG_DONE,
+            NBD_REPLY_TYPE_OFFSET_DATA,
+            8 + length,
+        );
+        out.extend_from_slice(&offset.to_be_bytes());
+    } else {
+        put_simple_reply(&mut out, cookie, 0);
     }
-    let mut header = Vec::with_capacity(SIMPLE_REPLY_HEADER_LEN);
-    put_simple_reply(&mut header, cookie, 0);
-    out[..SIMPLE_REPLY_HEADER_LEN].copy_from_slice(&header);
-    Ok(out)
+    out.resize(header_len + length as usize, 0);
+    let filled = fill(&mut out[header_len..]);
+    (out, filled)
+}
+
+/// Whether a READ is answered as a sparse read (holes sent as hole chunks): structured
+/// replies with sparse reads on, no DF flag, long enough, and aligned (the export is asked
+/// for block status at the read's offset).
+fn reads_sparse(options: ReplyOptions, df: bool, offset: u64, length: u32) -> bool {
+    options.structured_replies
+        && options.sparse_reads
+        && !df
+        && length >= SPARSE_READ_MIN_LEN
+        && offset % u64::from(MIN_BLOCK_SIZE) == 0
+        && length % MIN_BLOCK_SIZE == 0
+}
+
+/// The error reply to a READ whose export call failed.
+fn read_error_reply(
+    export: &dyn Export,
+    cookie: u64,
+    offset: u64,
+    length: u32,
+    error: &std::io::Error,
+    options: ReplyOptions,
+) -> Vec<u8> {
+    tracing::debug!(export = export.name(), offset, length, %error, "read failed");
+    error_reply(
+        cookie,
+        NBD_CMD_READ,
+        nbd_error_from_io(error, false),
+        &error.to_string(),
+        options,
+    )
 }
 
 /// One structured reply chunk per piece (a hole chunk, or a data chunk with the bytes read),
