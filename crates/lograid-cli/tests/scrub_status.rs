@@ -119,7 +119,9 @@ fn scrub_repairs_a_damaged_member_and_status_sees_a_served_pool() {
         .open(&pool.drives[2])
         .unwrap();
     // Where the member holds most data: the log's layout decides where rows go.
-    other.write_all_at(&garbage, fullest_4m_window(&pool.drives[2])).unwrap();
+    other
+        .write_all_at(&garbage, fullest_4m_window(&pool.drives[2]))
+        .unwrap();
     other.sync_all().unwrap();
     let fixed = scrub_json(&pool, &[]);
     assert!(

@@ -15,8 +15,8 @@
 
 #[cfg(not(feature = "shuttle"))]
 mod real {
-    pub use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
     use lograid_latency::stripe::{stripe, CacheLines, STRIPES};
+    pub use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
     /// A read-write lock (no data) for readers on every request and a rare
     /// writer: a reader takes the stripe of the CPU it runs on

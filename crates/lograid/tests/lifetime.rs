@@ -383,7 +383,10 @@ fn power_cuts_during_moves_to_the_cold_head_lose_nothing() {
             "power cut after {budget} member I/Os: the volume changed"
         );
     }
-    assert!(cuts_in_passes > 5, "setup: {cuts_in_passes} cuts after moves to the cold head");
+    assert!(
+        cuts_in_passes > 5,
+        "setup: {cuts_in_passes} cuts after moves to the cold head"
+    );
 }
 
 /// Random 4 KiB overwrites of a volume filled whole, flushed every 64,
@@ -398,7 +401,9 @@ fn overwrite_nearly_full(segments: u64, fill: f64, hot: bool, seed: u64) -> Resu
     for b in (0..blocks).step_by(16) {
         let n = 16.min(blocks - b);
         let d = model.write(b * BLOCK, n * BLOCK);
-        p.volume().write(b * BLOCK, &d).map_err(|e| format!("fill: {e}"))?;
+        p.volume()
+            .write(b * BLOCK, &d)
+            .map_err(|e| format!("fill: {e}"))?;
     }
     for i in 0..6 * blocks {
         let b = if hot && rng.below(10) < 9 {
@@ -409,7 +414,11 @@ fn overwrite_nearly_full(segments: u64, fill: f64, hot: bool, seed: u64) -> Resu
         let d = model.write(b * BLOCK, BLOCK);
         p.volume().write(b * BLOCK, &d).map_err(|e| {
             let st = p.pool().status();
-            format!("overwrite {i} of {}: {e} ({} segments free)", 6 * blocks, st.segments_free)
+            format!(
+                "overwrite {i} of {}: {e} ({} segments free)",
+                6 * blocks,
+                st.segments_free
+            )
         })?;
         if i % 64 == 63 {
             p.volume().flush().map_err(|e| e.to_string())?;

@@ -9,7 +9,6 @@
 //! opens every member uncached, so its members' reads always wait).
 
 #![cfg(target_os = "linux")]
-
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 
 mod common;

@@ -27,11 +27,11 @@ pub mod uring;
 mod write_cache;
 
 pub use aligned::{is_aligned, AlignedBuf};
-pub use io_pool::{IoJob, IoPool};
 pub use file::{
     is_gone_error, is_mount_point, is_mounted, probe_signature, signature_in, FileMember, OpenMode,
     LOGRAID_SIGNATURE,
 };
+pub use io_pool::{IoJob, IoPool};
 pub use record::{IoLog, Record, RecordingMember};
 pub use sim::{CrashMode, Hold, PowerCut, SimMember, SimRng};
 
@@ -320,9 +320,7 @@ impl Device {
             return Err(io::Error::other("not rebuilt onto this member yet"));
         }
         self.counters.reads.add(1);
-        self.counters
-            .bytes_read
-            .add(buf.len() as u64);
+        self.counters.bytes_read.add(buf.len() as u64);
         let started = Instant::now();
         let result = self.member.read_at(buf, offset);
         let took = started.elapsed();
@@ -366,9 +364,7 @@ impl Device {
     }
     pub fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.counters.writes.add(1);
-        self.counters
-            .bytes_written
-            .add(buf.len() as u64);
+        self.counters.bytes_written.add(buf.len() as u64);
         let started = Instant::now();
         let result = self.member.write_at(buf, offset);
         self.latency.writes.record(started.elapsed());

@@ -88,9 +88,7 @@ pub fn write_columns(columns: &[ColumnWrite<'_>]) -> Option<Vec<io::Result<()>>>
                     // Counted as `Device::write_at` counts an attempt.
                     let counters = &c.device.counters;
                     counters.writes.add(1);
-                    counters
-                        .bytes_written
-                        .add(c.bytes.len() as u64);
+                    counters.bytes_written.add(c.bytes.len() as u64);
                     c.device.latency.writes.record(took);
                     c.device.completed(&r);
                     r
@@ -298,10 +296,7 @@ mod tests {
         for d in &devices {
             assert_eq!(d.counters.writes.get(), 30);
             assert_eq!(d.latency.writes.values().count(), 30);
-            assert_eq!(
-                d.counters.bytes_written.get(),
-                30 * (64 << 10)
-            );
+            assert_eq!(d.counters.bytes_written.get(), 30 * (64 << 10));
             assert_eq!(d.counters.io_errors.load(Ordering::Relaxed), 0);
         }
     }
@@ -374,11 +369,7 @@ mod tests {
             },
         ]);
         assert!(none.is_none());
-        assert_eq!(
-            file.counters.writes.get(),
-            0,
-            "nothing written"
-        );
+        assert_eq!(file.counters.writes.get(), 0, "nothing written");
         assert!(write_columns(&[]).is_none());
     }
 }

@@ -108,7 +108,12 @@ pub enum HeadId {
 }
 
 impl HeadId {
-    pub const ALL: [HeadId; 4] = [HeadId::User, HeadId::Cleaner, HeadId::Checkpoint, HeadId::Cold];
+    pub const ALL: [HeadId; 4] = [
+        HeadId::User,
+        HeadId::Cleaner,
+        HeadId::Checkpoint,
+        HeadId::Cold,
+    ];
     /// The heads that write data rows (followed by recovery, sealed by a flush).
     pub const DATA: [HeadId; 3] = [HeadId::User, HeadId::Cleaner, HeadId::Cold];
     pub fn from_code(c: u8) -> Result<HeadId, FormatError> {

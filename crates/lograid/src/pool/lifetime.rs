@@ -238,7 +238,10 @@ mod tests {
         // A user write follows the block into the cold head; a trim goes to
         // the user head.
         vol.write(0, &[0x22u8; BLOCK_SIZE]).unwrap();
-        assert_eq!(pool.status().cleaner.cold_written_bytes, 2 * BLOCK_SIZE as u64);
+        assert_eq!(
+            pool.status().cleaner.cold_written_bytes,
+            2 * BLOCK_SIZE as u64
+        );
         vol.trim(0, BLOCK_SIZE as u64).unwrap();
         vol.flush().unwrap();
         {

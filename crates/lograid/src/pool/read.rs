@@ -16,8 +16,8 @@ use crate::layout::Pba;
 use crate::map::Loc;
 use smallvec::SmallVec;
 use std::ops::Range;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 impl Engine {
@@ -98,7 +98,9 @@ impl Engine {
             within_size(name, asked, ledger.volume(id)?.size_bytes).ok()?;
             self.look_up_blocks(&ledger, id, name, lba, out, &mut blocks)
                 .ok()?;
-            ledger.overlays.copies(id, lba, (out.len() / BLOCK_SIZE) as u64)
+            ledger
+                .overlays
+                .copies(id, lba, (out.len() / BLOCK_SIZE) as u64)
         };
         let plan = ReadPlan::new(name, lba, blocks);
         let mut bounce = None;
@@ -116,9 +118,9 @@ impl Engine {
                 took.is_some()
             });
             taken.push((dev, bytes, took?));
-            let checked = plan.blocks[run.clone()].iter().all(|&(i, _, crc)| {
-                crc32c(&out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]) == crc
-            });
+            let checked = plan.blocks[run.clone()]
+                .iter()
+                .all(|&(i, _, crc)| crc32c(&out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]) == crc);
             if !checked {
                 return None;
             }

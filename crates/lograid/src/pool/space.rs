@@ -93,7 +93,11 @@ impl Ledger {
         // Reserve: two segments per head (the cold head's where the pool is
         // large enough to have one), two for the cleaner, 5% slack, and a
         // checkpoint.
-        let cold_head = if segment_count as usize >= COLD_HEAD_MIN_SEGMENTS { 2 } else { 0 };
+        let cold_head = if segment_count as usize >= COLD_HEAD_MIN_SEGMENTS {
+            2
+        } else {
+            0
+        };
         let reserve_segments = 8 + cold_head + (segment_count as u64).div_ceil(20);
         self.capacity_blocks = capacity_blocks;
         self.usable_blocks =

@@ -340,7 +340,11 @@ pub fn collect(engine: &Engine) -> PoolStatus {
         health,
         health_reasons,
         lost_blocks_seen,
-        memory: MemoryUse::of(&ledger, map_memory_bytes, engine.column_buffers.kept_bytes()),
+        memory: MemoryUse::of(
+            &ledger,
+            map_memory_bytes,
+            engine.column_buffers.kept_bytes(),
+        ),
     }
 }
 

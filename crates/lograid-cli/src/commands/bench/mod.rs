@@ -707,9 +707,7 @@ fn raw_rand(
         qd,
         secs,
         u64::MAX,
-        Arc::new(move |i| {
-            with_read_buffer(4096, |buf| m.read_at(buf, (mix(i) % blocks) * 4096))
-        }),
+        Arc::new(move |i| with_read_buffer(4096, |buf| m.read_at(buf, (mix(i) % blocks) * 4096))),
     )?;
     results.add(measure("raw", "rand-read-4K", ops, t, &lat, 4096, None).with_cpu(cpu));
     Ok(())

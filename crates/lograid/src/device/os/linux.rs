@@ -238,7 +238,10 @@ mod tests {
         assert_eq!(read_wait(&file_in("/dev/shm", false).1), ReadWait::Never);
         assert_eq!(read_wait(&file_in("/dev/shm", true).1), ReadWait::Never);
         assert_eq!(read_wait(&file_in("/var/tmp", true).1), ReadWait::Always);
-        assert_eq!(read_wait(&file_in("/var/tmp", false).1), ReadWait::UnlessCached);
+        assert_eq!(
+            read_wait(&file_in("/var/tmp", false).1),
+            ReadWait::UnlessCached
+        );
     }
 
     #[test]
