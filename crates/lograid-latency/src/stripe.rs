@@ -74,9 +74,9 @@ impl<T> Striped<T> {
     pub fn all(&self) -> impl Iterator<Item = &T> {
         self.stripes.iter().map(|s| &s.0)
     }
-    /// The first copy (where a value set as a whole is put).
-    pub fn first(&self) -> &T {
-        &self.stripes[0].0
+    /// `f` of each copy, in stripe order.
+    pub fn each<'a, R>(&'a self, mut f: impl FnMut(&'a T) -> R) -> [R; STRIPES] {
+        std::array::from_fn(|i| f(&self.stripes[i].0))
     }
 }
 

@@ -15,7 +15,7 @@
 
 #[cfg(not(feature = "shuttle"))]
 mod real {
-    use lograid_latency::stripe::{stripe, CacheLines, STRIPES};
+    use lograid_latency::stripe::{Striped, STRIPES};
     pub use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
     /// A read-write lock (no data) for readers on every request and a rare
@@ -25,32 +25,23 @@ mod real {
     /// waits for one stripe's readers, those it has taken admit no new
     /// readers and the later ones still do: its wait is the sum of the
     /// longest reads on each).
-    pub struct ReadMostlyLock {
-        stripes: Box<[CacheLines<RwLock<()>>; STRIPES]>,
-    }
+    #[derive(Default)]
+    pub struct ReadMostlyLock(Striped<RwLock<()>>);
 
     /// A reader's hold on one stripe.
     pub type ReadMostlyReadGuard<'a> = parking_lot::RwLockReadGuard<'a, ()>;
     /// A writer's hold on every stripe.
     pub type ReadMostlyWriteGuard<'a> = [parking_lot::RwLockWriteGuard<'a, ()>; STRIPES];
 
-    impl Default for ReadMostlyLock {
-        fn default() -> Self {
-            ReadMostlyLock {
-                stripes: Box::new(std::array::from_fn(|_| CacheLines::default())),
-            }
-        }
-    }
-
     impl ReadMostlyLock {
         pub fn read(&self) -> ReadMostlyReadGuard<'_> {
-            self.stripes[stripe()].0.read()
+            self.0.local().read()
         }
         pub fn try_read(&self) -> Option<ReadMostlyReadGuard<'_>> {
-            self.stripes[stripe()].0.try_read()
+            self.0.local().try_read()
         }
         pub fn write(&self) -> ReadMostlyWriteGuard<'_> {
-            std::array::from_fn(|i| self.stripes[i].0.write())
+            self.0.each(RwLock::write)
         }
     }
 
