@@ -44,14 +44,20 @@ fn pool_with_hot_and_cold_options(member_bytes: u64, options: PoolOptions) -> Si
 /// blocks live.
 fn hot_rounds(p: &SimPool) {
     for round in 0..24u8 {
-        for b in 0..HOT_BLOCKS {
-            p.volume()
-                .write(b * BLOCK, &pattern(2 + round, 1))
-                .expect("hot write");
-        }
-        p.volume().flush().expect("flush");
-        p.pool().clean(1).expect("clean");
+        hot_round(p, 2 + round, 1);
     }
+}
+
+/// Overwrites the first `HOT_BLOCKS` blocks with `tag`, flushes, and has
+/// the cleaner empty up to `segments` segments.
+fn hot_round(p: &SimPool, tag: u8, segments: usize) {
+    for b in 0..HOT_BLOCKS {
+        p.volume()
+            .write(b * BLOCK, &pattern(tag, 1))
+            .expect("hot write");
+    }
+    p.volume().flush().expect("flush");
+    p.pool().clean(segments).expect("clean");
 }
 
 fn long_lived_blocks(p: &SimPool) -> u64 {
@@ -277,13 +283,7 @@ fn clean_until_moved_again(p: &SimPool) {
         if cold_written_blocks(p) > 0 {
             return;
         }
-        for b in 0..HOT_BLOCKS {
-            p.volume()
-                .write(b * BLOCK, &pattern(100 + round, 1))
-                .expect("hot write");
-        }
-        p.volume().flush().expect("flush");
-        p.pool().clean(4).expect("clean");
+        hot_round(p, 100 + round, 4);
     }
     panic!("setup: nothing was moved to the cold head");
 }
