@@ -84,11 +84,16 @@ impl Ledger {
         let seg_blocks = shape.geometry.segment_blocks;
         let h = &self.heads[head.index()];
         if h.segment != NO_SEGMENT && h.offset + chunk <= seg_blocks {
+            if h.next_segment == NO_SEGMENT && head != HeadId::Checkpoint {
+                // Rows from here on name where the head goes next.
+                self.reserve_next_segment(head, shape, floor);
+            }
             return Ok(());
         }
         // Need to move: to the reserved next segment (or a fresh one), and
         // reserve the one after it first so the chain never dangles.
         let fresh = h.next_segment == NO_SEGMENT;
+        let chain_break = fresh && h.segment != NO_SEGMENT && head != HeadId::Checkpoint;
         let current = if fresh {
             self.take_free_segment_above(head, shape, floor)
                 .ok_or(AppendError::NeedSegment)?
@@ -104,6 +109,15 @@ impl Ledger {
                 return Err(AppendError::NeedSegment);
             }
         };
+        if chain_break {
+            // No row of the segment the head leaves names this one: only a
+            // checkpoint can lead recovery here.
+            tracing::warn!(
+                "log head {head:?} moves to segment {current}, which no row names; \
+                 a checkpoint follows"
+            );
+            self.checkpoint_wanted = true;
+        }
         let seq = self.next_seq;
         let h = &mut self.heads[head.index()];
         let old = h.segment;
@@ -196,6 +210,41 @@ impl Ledger {
         }
         h.offset = shape.geometry.segment_blocks;
         self.ensure_head_room(head, shape, None)
+    }
+
+    /// Reserves the segment `head` moves to next, if a free one is above
+    /// its floor; whether it has one now.
+    fn reserve_next_segment(&mut self, head: HeadId, shape: &Shape, floor: Option<usize>) -> bool {
+        if self.heads[head.index()].next_segment != NO_SEGMENT {
+            return true;
+        }
+        let Some(next) = self.take_free_segment_above(head, shape, floor) else {
+            return false;
+        };
+        self.heads[head.index()].next_segment = next;
+        true
+    }
+
+    /// After recovery: every data head in a segment gets its next one
+    /// reserved (recovery may have left it without one), so that the rows
+    /// it writes name where it goes. Whether any head got one: the caller
+    /// checkpoints, so that recovery finds the reservation too.
+    pub fn rechain_heads(&mut self, shape: &Shape) -> bool {
+        let mut rechained = false;
+        for head in HeadId::DATA {
+            let h = &self.heads[head.index()];
+            if h.segment == NO_SEGMENT || h.next_segment != NO_SEGMENT {
+                continue;
+            }
+            if self.reserve_next_segment(head, shape, None) {
+                rechained = true;
+            } else {
+                tracing::warn!(
+                    "recovery: log head {head:?} has no next segment and no free one to reserve"
+                );
+            }
+        }
+        rechained
     }
 
     /// Gives a head its first segment and the reserved next one (at creation).

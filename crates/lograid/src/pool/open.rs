@@ -486,8 +486,14 @@ impl Engine {
             }
             // A pool made before the cold head existed (or too full for it
             // then) gets it now, recorded by the checkpoint below.
-            let cold_head = self.ledger.lock().prime_cold_head(&self.shape);
-            if rows > 0 || !missing.is_empty() || joining || cold_head {
+            let (cold_head, rechained) = {
+                let mut ledger = self.ledger.lock();
+                (
+                    ledger.prime_cold_head(&self.shape),
+                    ledger.rechain_heads(&self.shape),
+                )
+            };
+            if rows > 0 || !missing.is_empty() || joining || cold_head || rechained {
                 self.checkpoint_log()?;
             }
         }
