@@ -274,6 +274,7 @@ impl Engine {
             next_seq: 1,
             next_volume_id: 1,
             inflight: Vec::new(),
+            inflight_bytes: 0,
             user_appends: 0,
             counters: Default::default(),
             log_blocks_since_checkpoint: 0,

@@ -219,6 +219,8 @@ pub struct Ledger {
     pub next_seq: u64,
     pub next_volume_id: u32,
     pub inflight: Vec<Arc<SealedRow>>,
+    /// The bytes of the rows in `inflight` (their buffers' lengths).
+    pub inflight_bytes: usize,
     /// User blocks and trim/zero records appended since the pool opened (in
     /// memory only): what `SpaceStalls` watches to tell a full pool from
     /// one that moves.
@@ -411,6 +413,13 @@ impl Ledger {
                     h.id, h.next_segment, self.segments[h.next_segment as usize].state
                 ));
             }
+        }
+        let inflight_bytes: usize = self.inflight.iter().map(|r| r.buf.len()).sum();
+        if inflight_bytes != self.inflight_bytes {
+            return Err(format!(
+                "rows in flight hold {inflight_bytes} bytes, counted {}",
+                self.inflight_bytes
+            ));
         }
         let mut live = vec![0u32; self.segments.len()];
         let mut stored = 0u64;

@@ -342,18 +342,30 @@ impl Ledger {
         block: &[u8],
         shape: &Shape,
     ) -> Result<Option<Arc<SealedRow>>, AppendError> {
+        let (now, _) = self
+            .volumes
+            .get(&entry.volume)
+            .map_or((Loc::Unmapped, 0), |v| v.map.get(entry.lba));
+        self.append_block_over(head, entry, now, block, shape)
+    }
+
+    /// `append_block` for a block the map shows at `now` (looked up under
+    /// this hold of the ledger).
+    pub fn append_block_over(
+        &mut self,
+        head: HeadId,
+        entry: Entry,
+        now: Loc,
+        block: &[u8],
+        shape: &Shape,
+    ) -> Result<Option<Arc<SealedRow>>, AppendError> {
         debug_assert!(entry.kind.owns_slot());
         debug_assert_eq!(block.len(), BLOCK_SIZE);
         if head == HeadId::User {
-            let (loc, _) = self
-                .volumes
-                .get(&entry.volume)
-                .map(|v| v.map.get(entry.lba))
-                .unwrap_or((Loc::Unmapped, 0));
             if let Loc::Open {
                 head: HeadId::User,
                 slot,
-            } = loc
+            } = now
             {
                 let row = self.heads[head.index()]
                     .open
@@ -366,7 +378,7 @@ impl Ledger {
                     .get_mut(&entry.volume)
                     .expect("volume")
                     .map
-                    .set(entry.lba, loc, entry.crc);
+                    .set(entry.lba, now, entry.crc);
                 self.user_appends += 1;
                 return Ok(None);
             }
@@ -505,6 +517,7 @@ impl Ledger {
             buf: row.buf,
             start_block,
         });
+        self.inflight_bytes += sealed.buf.len();
         self.inflight.push(sealed.clone());
         Some(sealed)
     }

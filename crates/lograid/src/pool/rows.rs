@@ -191,7 +191,8 @@ impl Engine {
             .iter()
             .position(|r| Arc::ptr_eq(r, row))
             .expect("row in flight");
-        ledger.inflight.swap_remove(i);
+        let done = ledger.inflight.swap_remove(i);
+        ledger.inflight_bytes -= done.buf.len();
         self.progress.notify_all();
         error.map_or(Ok(()), Err)
     }

@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::format::row::{Entry, EntryKind};
 use crate::format::{crc32c, BLOCK_BYTES, BLOCK_SIZE};
 use crate::map::Loc;
+use smallvec::SmallVec;
 use std::sync::Arc;
 
 impl Engine {
@@ -34,7 +35,8 @@ impl Engine {
         cond: Option<Cond>,
     ) -> Result<bool> {
         let n = data.len() / BLOCK_SIZE;
-        let crcs: Vec<u32> = data.chunks_exact(BLOCK_SIZE).map(crc32c).collect();
+        // Checksums before the lock (no allocation for a request of a few blocks).
+        let crcs: SmallVec<[u32; 8]> = data.chunks_exact(BLOCK_SIZE).map(crc32c).collect();
         let mut i = 0;
         let mut stalls = SpaceStalls::default();
         while i < n {
@@ -145,7 +147,7 @@ impl Engine {
             source: 0,
         };
         let head = ledger.head_for_user_block(old, room, &self.shape);
-        let row = match ledger.append_block(head, entry, block, &self.shape) {
+        let row = match ledger.append_block_over(head, entry, old, block, &self.shape) {
             Ok(row) => row,
             Err(AppendError::NeedSegment) => return Ok(Appended::NeedSegment),
         };
@@ -213,8 +215,7 @@ impl Engine {
     /// Whether another row may be sealed: rows in flight are below both limits.
     fn inflight_room(&self, ledger: &Ledger) -> bool {
         ledger.inflight.len() < self.options.max_inflight_rows
-            && ledger.inflight.iter().map(|r| r.buf.len()).sum::<usize>()
-                < self.options.max_inflight_bytes
+            && ledger.inflight_bytes < self.options.max_inflight_bytes
     }
 }
 
