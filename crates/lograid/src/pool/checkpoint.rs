@@ -39,7 +39,7 @@ impl Engine {
 
     /// Writes a checkpoint; the caller holds `maintenance`.
     pub(crate) fn checkpoint_log_locked(&self) -> Result<()> {
-        let (sealed, target_seq, gen, blob, checkpoint_id) = {
+        let (sealed, target_seq, gen, blob, checkpoint_id, unrecorded) = {
             let mut ledger = self.ledger.lock();
             check_writable(&ledger)?;
             ledger.checkpoint_wanted = false;
@@ -65,7 +65,19 @@ impl Engine {
                 "checkpoint {checkpoint_id} does not decode to what it records"
             );
             ledger.log_blocks_since_checkpoint = 0;
-            (sealed, ledger.next_seq, gen, blob, checkpoint_id)
+            // Next segments this checkpoint records for heads that wait for it.
+            let unrecorded = ledger
+                .heads
+                .each_ref()
+                .map(|h| h.next_unrecorded.then_some(h.next_segment));
+            (
+                sealed,
+                ledger.next_seq,
+                gen,
+                blob,
+                checkpoint_id,
+                unrecorded,
+            )
         };
         self.write_rows(sealed)?;
         let (pointer, visited) = self.write_checkpoint_rows(checkpoint_id, &blob)?;
@@ -86,6 +98,11 @@ impl Engine {
             }
             ledger.checkpoint = pointer;
             ledger.checkpoint_next_seq = target_seq;
+            for (h, recorded) in ledger.heads.iter_mut().zip(unrecorded) {
+                if recorded == Some(h.next_segment) {
+                    h.next_unrecorded = false;
+                }
+            }
         }
         self.after_checkpoint(gen);
         self.debug_check("checkpoint");

@@ -122,7 +122,7 @@ impl Engine {
                     .iter()
                     .any(|s| matches!(s.state, SegState::PendingFree { .. }))
         };
-        if short_and_waiting {
+        if short_and_waiting || self.ledger.lock().heads_wait_for_checkpoint() {
             self.checkpoint_log_locked()?;
         }
         Ok(Cleaned { cleaned, stop })
@@ -153,6 +153,11 @@ impl Engine {
     /// emptied segments) or clean in the foreground, by the pool's policy
     /// (see `pick_victim`), or report the pool full.
     pub(crate) fn make_space(&self) -> Result<()> {
+        // A head recovery left in a full segment with no next one moves
+        // there once a checkpoint records the one it reserved.
+        if self.ledger.lock().heads_wait_for_checkpoint() {
+            self.checkpoint_log()?;
+        }
         if self.space_shortfall() == 0 {
             return Ok(());
         }

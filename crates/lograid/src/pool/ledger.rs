@@ -168,6 +168,10 @@ pub struct Head {
     /// Move to a new segment once the open row is sealed (the member set
     /// changed under it).
     pub leave_segment: bool,
+    /// `next_segment` was reserved when no row of the head's segment could
+    /// name it any more (after recovery): only a checkpoint records it, and
+    /// the head moves there once one has (`Engine::record_reserved_segments`).
+    pub next_unrecorded: bool,
 }
 
 impl Head {
@@ -181,6 +185,7 @@ impl Head {
             last_seq: 0,
             open: None,
             leave_segment: false,
+            next_unrecorded: false,
         }
     }
 }
@@ -404,6 +409,9 @@ impl Ledger {
                     "head {:?} is in segment {} which is {:?}",
                     h.id, h.segment, self.segments[h.segment as usize].state
                 ));
+            }
+            if h.next_unrecorded && h.next_segment == NO_SEGMENT {
+                return Err(format!("head {:?} waits to record no segment", h.id));
             }
             if h.next_segment != NO_SEGMENT
                 && self.segments[h.next_segment as usize].state != SegState::Reserved(h.id)

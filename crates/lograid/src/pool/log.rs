@@ -83,17 +83,25 @@ impl Ledger {
         let chunk = shape.geometry.chunk_blocks;
         let seg_blocks = shape.geometry.segment_blocks;
         let h = &self.heads[head.index()];
+        // A data head in a segment has its next one reserved, except after
+        // a recovery that could not reserve it: see `chain_head_room`.
+        if head != HeadId::Checkpoint
+            && h.segment != NO_SEGMENT
+            && (h.next_segment == NO_SEGMENT || h.next_unrecorded)
+        {
+            return self.chain_head_room(head, shape, floor);
+        }
         if h.segment != NO_SEGMENT && h.offset + chunk <= seg_blocks {
-            if h.next_segment == NO_SEGMENT && head != HeadId::Checkpoint {
-                // Rows from here on name where the head goes next.
-                self.reserve_next_segment(head, shape, floor);
-            }
             return Ok(());
         }
-        // Need to move: to the reserved next segment (or a fresh one), and
-        // reserve the one after it first so the chain never dangles.
+        // Need to move: to the reserved next segment (or a fresh one: a
+        // head's first, or the checkpoint's), and reserve the one after it
+        // first so the chain never dangles.
         let fresh = h.next_segment == NO_SEGMENT;
-        let chain_break = fresh && h.segment != NO_SEGMENT && head != HeadId::Checkpoint;
+        debug_assert!(
+            !fresh || h.segment == NO_SEGMENT || head == HeadId::Checkpoint,
+            "log head {head:?} would move to a segment no row names"
+        );
         let current = if fresh {
             self.take_free_segment_above(head, shape, floor)
                 .ok_or(AppendError::NeedSegment)?
@@ -109,15 +117,6 @@ impl Ledger {
                 return Err(AppendError::NeedSegment);
             }
         };
-        if chain_break {
-            // No row of the segment the head leaves names this one: only a
-            // checkpoint can lead recovery here.
-            tracing::warn!(
-                "log head {head:?} moves to segment {current}, which no row names; \
-                 a checkpoint follows"
-            );
-            self.checkpoint_wanted = true;
-        }
         let seq = self.next_seq;
         let h = &mut self.heads[head.index()];
         let old = h.segment;
@@ -212,6 +211,44 @@ impl Ledger {
         self.ensure_head_room(head, shape, None)
     }
 
+    /// `ensure_head_room` for a data head in a segment without a recorded
+    /// next one (recovery left it so). Recovery finds where a head went on
+    /// only from its segment's last row or from a checkpoint, so: with room
+    /// left, the next segment is reserved if one is free (the rows from here
+    /// on name it), and the segment's last row waits for one; with the
+    /// segment full, one is reserved and the head waits for a checkpoint to
+    /// record it (`checkpoint_wanted`; writers that get `NeedSegment`
+    /// checkpoint in `make_space`).
+    fn chain_head_room(
+        &mut self,
+        head: HeadId,
+        shape: &Shape,
+        floor: Option<usize>,
+    ) -> Result<(), AppendError> {
+        let chunk = shape.geometry.chunk_blocks;
+        let seg_blocks = shape.geometry.segment_blocks;
+        let h = &self.heads[head.index()];
+        if h.next_unrecorded {
+            return Err(AppendError::NeedSegment);
+        }
+        let room = h.offset + chunk <= seg_blocks;
+        let last_row = h.offset + 2 * chunk > seg_blocks;
+        let reserved = self.reserve_next_segment(head, shape, floor);
+        if room && (reserved || !last_row) {
+            return Ok(());
+        }
+        if !room && reserved {
+            self.heads[head.index()].next_unrecorded = true;
+            self.checkpoint_wanted = true;
+        }
+        Err(AppendError::NeedSegment)
+    }
+
+    /// Whether a head waits for a checkpoint to record its next segment.
+    pub fn heads_wait_for_checkpoint(&self) -> bool {
+        self.heads.iter().any(|h| h.next_unrecorded)
+    }
+
     /// Reserves the segment `head` moves to next, if a free one is above
     /// its floor; whether it has one now.
     fn reserve_next_segment(&mut self, head: HeadId, shape: &Shape, floor: Option<usize>) -> bool {
@@ -237,6 +274,8 @@ impl Ledger {
                 continue;
             }
             if self.reserve_next_segment(head, shape, None) {
+                // Recorded by the checkpoint the opening writes next.
+                self.heads[head.index()].next_unrecorded = true;
                 rechained = true;
             } else {
                 tracing::warn!(

@@ -816,8 +816,8 @@ mod tests {
     /// power cut loses what was flushed there. With the head's segment
     /// `full` or with room left; `recovered`: the state comes from a
     /// checkpoint and a recovery (which reserves a next segment), else the
-    /// running pool meets it (rows name a next segment reserved late, or a
-    /// checkpoint follows the move).
+    /// running pool meets it (rows name a next segment reserved late, or
+    /// the head waits for a checkpoint to record the one it reserved).
     fn flushed_writes_survive_a_head_without_its_next_segment(full: bool, recovered: bool) {
         let (pool, _vol, sims) = crate::pool::test_pool::sim_pool();
         let options = crate::pool::test_pool::options();
@@ -855,6 +855,11 @@ mod tests {
                 checkpoint_id(),
                 before,
                 "the chain held without a checkpoint"
+            );
+        } else {
+            assert!(
+                checkpoint_id() > before,
+                "a checkpoint recorded the next segment"
             );
         }
         drop(vol);
