@@ -193,12 +193,9 @@ impl Ledger {
 
 #[cfg(test)]
 mod tests {
-    use crate::device::{CrashMode, Member, SimMember, SimRng};
     use crate::format::row::{Entry, EntryKind, HeadId};
     use crate::format::{crc32c, BLOCK_SIZE};
     use crate::map::Loc;
-    use crate::pool::api::open_members;
-    use std::sync::Arc;
 
     /// A user write of a block whose current version is in the cold head's
     /// open row goes there too (rows are numbered when sealed); a trim after
@@ -252,19 +249,8 @@ mod tests {
                 "the cold row is sealed before the trim's"
             );
         }
-        let mut rng = SimRng(3);
-        let images: Vec<Vec<u8>> = sims
-            .iter()
-            .map(|s| s.crash_image(CrashMode::DropAll, &mut rng))
-            .collect();
         drop(vol);
-        drop(pool);
-        let members: Vec<Arc<dyn Member>> = images
-            .into_iter()
-            .enumerate()
-            .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)) as _)
-            .collect();
-        let pool = open_members(members, options, false).unwrap();
+        let (pool, _) = crate::pool::test_pool::power_cut(pool, &sims, options);
         let mut got = vec![0xffu8; BLOCK_SIZE];
         pool.volume("v").unwrap().read(0, &mut got).unwrap();
         assert_eq!(got, vec![0u8; BLOCK_SIZE], "the block stays trimmed");

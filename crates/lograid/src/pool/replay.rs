@@ -779,36 +779,10 @@ fn submasks_up_to(mask: u32, bits: u32) -> Vec<u32> {
 
 #[cfg(test)]
 mod tests {
-    use crate::device::{CrashMode, Member, SimMember, SimRng};
     use crate::format::row::HeadId;
     use crate::format::BLOCK_SIZE;
-    use crate::pool::api::open_members;
     use crate::pool::ledger::{SegState, NO_SEGMENT};
-    use crate::pool::{Pool, PoolOptions};
-    use std::sync::Arc;
-
-    /// The members as a power cut now would leave them (unflushed writes
-    /// lost), opened again.
-    fn power_cut(
-        pool: Pool,
-        sims: &[Arc<SimMember>],
-        options: PoolOptions,
-    ) -> (Pool, Vec<Arc<SimMember>>) {
-        let mut rng = SimRng(7);
-        let images: Vec<Vec<u8>> = sims
-            .iter()
-            .map(|s| s.crash_image(CrashMode::DropAll, &mut rng))
-            .collect();
-        drop(pool);
-        let sims: Vec<Arc<SimMember>> = images
-            .into_iter()
-            .enumerate()
-            .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)))
-            .collect();
-        let members: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as _).collect();
-        let pool = open_members(members, options, false).expect("reopen after the power cut");
-        (pool, sims)
-    }
+    use crate::pool::test_pool::power_cut;
 
     /// The user head in a segment with no next one reserved (what recovery
     /// leaves when the segment a head's last row names is gone): the head

@@ -2,7 +2,8 @@
 //! chunks, parity 1, about 112 segments: enough for a cold head), a 1 MiB
 //! volume `v`, no background threads. Owns nothing outside tests.
 
-use crate::device::{Member, SimMember};
+use crate::device::{CrashMode, Member, SimMember, SimRng};
+use crate::pool::api::open_members;
 use crate::pool::create::create_pool;
 use crate::pool::{CreateOptions, Pool, PoolOptions, Volume};
 use std::sync::Arc;
@@ -34,4 +35,27 @@ pub(crate) fn sim_pool() -> (Pool, Volume, Vec<Arc<SimMember>>) {
     let pool = create_pool(members, &create, options()).expect("create pool");
     let vol = pool.volume("v").expect("volume v");
     (pool, vol, sims)
+}
+
+/// The members as a power cut now would leave them (every write no flush
+/// covered lost), opened again with `options`; with the new members.
+pub(crate) fn power_cut(
+    pool: Pool,
+    sims: &[Arc<SimMember>],
+    options: PoolOptions,
+) -> (Pool, Vec<Arc<SimMember>>) {
+    let mut rng = SimRng(7);
+    let images: Vec<Vec<u8>> = sims
+        .iter()
+        .map(|s| s.crash_image(CrashMode::DropAll, &mut rng))
+        .collect();
+    drop(pool);
+    let sims: Vec<Arc<SimMember>> = images
+        .into_iter()
+        .enumerate()
+        .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)))
+        .collect();
+    let members: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as _).collect();
+    let pool = open_members(members, options, false).expect("reopen after the power cut");
+    (pool, sims)
 }
