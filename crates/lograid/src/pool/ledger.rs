@@ -170,7 +170,7 @@ pub struct Head {
     pub leave_segment: bool,
     /// `next_segment` was reserved when no row of the head's segment could
     /// name it any more (after recovery): only a checkpoint records it, and
-    /// the head moves there once one has (`Engine::record_reserved_segments`).
+    /// the head moves there once one has (cleared by `checkpoint_log_locked`).
     pub next_unrecorded: bool,
 }
 

@@ -229,6 +229,8 @@ impl Ledger {
         let seg_blocks = shape.geometry.segment_blocks;
         let h = &self.heads[head.index()];
         if h.next_unrecorded {
+            // Asked again: the checkpoint that cleared the wish may have failed.
+            self.checkpoint_wanted = true;
             return Err(AppendError::NeedSegment);
         }
         let room = h.offset + chunk <= seg_blocks;
