@@ -153,16 +153,7 @@ impl Engine {
     /// emptied segments) or clean in the foreground, by the pool's policy
     /// (see `pick_victim`), or report the pool full.
     pub(crate) fn make_space(&self) -> Result<()> {
-        // A head recovery left in a full segment with no next one moves
-        // there once a checkpoint records the one it reserved.
-        if self.ledger.lock().heads_wait_for_checkpoint() {
-            // Without room for the checkpoint's own rows, cleaning comes
-            // first (its pass ends with one).
-            match self.checkpoint_log() {
-                Ok(()) | Err(Error::NoSpace) => {}
-                Err(e) => return Err(e),
-            }
-        }
+        self.record_waiting_heads()?;
         if self.space_shortfall() == 0 {
             return Ok(());
         }
@@ -197,6 +188,22 @@ impl Engine {
             stats.cleaner_state = CleanerState::Background;
         }
         result
+    }
+
+    /// A head recovery left in a full segment with no next one moves there
+    /// once a checkpoint records the one it reserved (`chain_head_room`):
+    /// writes that checkpoint if a head waits; whether it did. Without room
+    /// for the checkpoint's own rows, cleaning comes first (its pass ends
+    /// with one).
+    pub(crate) fn record_waiting_heads(&self) -> Result<bool> {
+        if !self.ledger.lock().heads_wait_for_checkpoint() {
+            return Ok(false);
+        }
+        match self.checkpoint_log() {
+            Ok(()) => Ok(true),
+            Err(Error::NoSpace) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Free segments a writer lacks: a head that takes user data (the
@@ -538,7 +545,7 @@ impl Engine {
                     count: 1,
                     source: pba.encode(),
                 };
-                match ledger.append_block(head, entry, bytes, &self.shape) {
+                match ledger.append_block(head, entry, Loc::Disk(*pba), bytes, &self.shape) {
                     Ok(row) => {
                         ledger.counters.relocated_blocks += 1;
                         sealed.extend(row);

@@ -228,7 +228,13 @@ mod tests {
                 source: pba.encode(),
             };
             let sealed = ledger
-                .append_block(HeadId::Cold, entry, &first, &pool.engine.shape)
+                .append_block(
+                    HeadId::Cold,
+                    entry,
+                    Loc::Disk(pba),
+                    &first,
+                    &pool.engine.shape,
+                )
                 .unwrap();
             assert!(sealed.is_none());
         }

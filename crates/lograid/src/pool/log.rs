@@ -83,15 +83,17 @@ impl Ledger {
         let chunk = shape.geometry.chunk_blocks;
         let seg_blocks = shape.geometry.segment_blocks;
         let h = &self.heads[head.index()];
+        let room = h.segment != NO_SEGMENT && h.offset + chunk <= seg_blocks;
         // A data head in a segment has its next one reserved, except after
         // a recovery that could not reserve it: see `chain_head_room`.
         if head != HeadId::Checkpoint
             && h.segment != NO_SEGMENT
             && (h.next_segment == NO_SEGMENT || h.next_unrecorded)
         {
-            return self.chain_head_room(head, shape, floor);
+            let last_row = h.offset + 2 * chunk > seg_blocks;
+            return self.chain_head_room(head, shape, floor, (room, last_row));
         }
-        if h.segment != NO_SEGMENT && h.offset + chunk <= seg_blocks {
+        if room {
             return Ok(());
         }
         // Need to move: to the reserved next segment (or a fresh one: a
@@ -219,22 +221,20 @@ impl Ledger {
     /// segment full, one is reserved and the head waits for a checkpoint to
     /// record it (`checkpoint_wanted`; writers that get `NeedSegment`
     /// checkpoint in `make_space`).
+    /// (`room`: a row fits in the head's segment; `last_row`: no other
+    /// would fit after it.)
     fn chain_head_room(
         &mut self,
         head: HeadId,
         shape: &Shape,
         floor: Option<usize>,
+        (room, last_row): (bool, bool),
     ) -> Result<(), AppendError> {
-        let chunk = shape.geometry.chunk_blocks;
-        let seg_blocks = shape.geometry.segment_blocks;
-        let h = &self.heads[head.index()];
-        if h.next_unrecorded {
+        if self.heads[head.index()].next_unrecorded {
             // Asked again: the checkpoint that cleared the wish may have failed.
             self.checkpoint_wanted = true;
             return Err(AppendError::NeedSegment);
         }
-        let room = h.offset + chunk <= seg_blocks;
-        let last_row = h.offset + 2 * chunk > seg_blocks;
         let reserved = self.reserve_next_segment(head, shape, floor);
         if room && (reserved || !last_row) {
             return Ok(());
@@ -373,26 +373,12 @@ impl Ledger {
         Ok(self.heads[head.index()].open.as_mut().expect("open row"))
     }
 
-    /// Appends one block to `head`'s open row and points the map at it. For
-    /// a user write to a block already in this open row, overwrites it in
-    /// place. Returns a sealed row when the row filled up.
+    /// Appends one block to `head`'s open row and points the map at it;
+    /// `now` is where the map shows the block (the caller looked it up under
+    /// this hold of the ledger). For a user write to a block already in this
+    /// open row, overwrites it in place. Returns a sealed row when the row
+    /// filled up.
     pub fn append_block(
-        &mut self,
-        head: HeadId,
-        entry: Entry,
-        block: &[u8],
-        shape: &Shape,
-    ) -> Result<Option<Arc<SealedRow>>, AppendError> {
-        let (now, _) = self
-            .volumes
-            .get(&entry.volume)
-            .map_or((Loc::Unmapped, 0), |v| v.map.get(entry.lba));
-        self.append_block_over(head, entry, now, block, shape)
-    }
-
-    /// `append_block` for a block the map shows at `now` (looked up under
-    /// this hold of the ledger).
-    pub fn append_block_over(
         &mut self,
         head: HeadId,
         entry: Entry,

@@ -111,9 +111,8 @@ impl Engine {
     /// at a fixed point, the records may use its reserve; if even that is
     /// full, the pool is.
     fn make_room_for_records(&self, room: &mut RecordRoom) -> Result<()> {
-        if self.ledger.lock().heads_wait_for_checkpoint() {
-            // The head moves on once a checkpoint records where (`chain_head_room`).
-            return self.checkpoint_log();
+        if self.record_waiting_heads()? {
+            return Ok(());
         }
         if room.relief {
             return Err(Error::NoSpace);

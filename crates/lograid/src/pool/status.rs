@@ -167,7 +167,7 @@ impl MemoryUse {
             .filter_map(|h| h.open.as_ref())
             .map(|r| len(&r.buf))
             .sum();
-        let in_flight_row_bytes = ledger.inflight.iter().map(|r| len(&r.buf)).sum();
+        let in_flight_row_bytes = ledger.inflight_bytes as u64;
         let kept_row_bytes = ledger.spare_buffers.iter().map(len).sum();
         let held_write_bytes = ledger.overlays.len() as u64 * crate::format::BLOCK_BYTES;
         MemoryUse {

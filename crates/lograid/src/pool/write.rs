@@ -147,7 +147,7 @@ impl Engine {
             source: 0,
         };
         let head = ledger.head_for_user_block(old, room, &self.shape);
-        let row = match ledger.append_block_over(head, entry, old, block, &self.shape) {
+        let row = match ledger.append_block(head, entry, old, block, &self.shape) {
             Ok(row) => row,
             Err(AppendError::NeedSegment) => return Ok(Appended::NeedSegment),
         };
