@@ -396,15 +396,16 @@ impl Engine {
     }
 
     /// Follows each head's chain from its checkpointed position, then applies
-    /// the rows found in global sequence order. Returns (rows, blocks).
+    /// the rows found in global sequence order; with `!read_only`, erases
+    /// the torn rows the chains end at (`erase_torn_rows`). Returns (rows,
+    /// blocks).
     pub(crate) fn roll_forward(&self, read_only: bool) -> Result<(u64, u64)> {
         let mut found: Vec<(HeadId, FoundRow)> = Vec::new();
+        let mut torn: Vec<(HeadId, RowGeom)> = Vec::new();
         for head in HeadId::DATA {
-            found.extend(
-                self.follow_chain(head, read_only)
-                    .into_iter()
-                    .map(|r| (head, r)),
-            );
+            let (rows, end) = self.follow_chain(head, read_only);
+            found.extend(rows.into_iter().map(|r| (head, r)));
+            torn.extend(end.map(|geom| (head, geom)));
         }
         found.sort_by_key(|(_, r)| r.header.seq);
         let mut blocks = 0u64;
@@ -426,14 +427,25 @@ impl Engine {
             self.apply_row(&mut ledger, head, row)?;
         }
         self.settle_after_replay(&mut ledger);
+        // Only where the head writes next: its own segment past its last
+        // row, or the next segment it still holds reserved.
+        torn.retain(|&(head, geom)| {
+            let h = &ledger.heads[head.index()];
+            geom.segment == h.segment || geom.segment == h.next_segment
+        });
+        drop(ledger);
+        if !read_only {
+            self.erase_torn_rows(&torn)?;
+        }
         Ok((rows, blocks))
     }
 
     /// The rows of `head`'s chain written after the checkpoint, in order, up
     /// to the first one that is missing, does not continue the chain, or is
-    /// torn (incomplete and not proved flushed by a later row). With
-    /// `!read_only`, what parity can repair in them is rewritten.
-    fn follow_chain(&self, head: HeadId, read_only: bool) -> Vec<FoundRow> {
+    /// torn (incomplete and not proved flushed by a later row); and the torn
+    /// row it ends at, if that is why. With `!read_only`, what parity can
+    /// repair in them is rewritten.
+    fn follow_chain(&self, head: HeadId, read_only: bool) -> (Vec<FoundRow>, Option<RowGeom>) {
         let geometry = &self.shape.geometry;
         let (mut seg, mut off, mut last_crc, mut last_seq, mut next) = {
             let ledger = self.ledger.lock();
@@ -460,7 +472,7 @@ impl Engine {
             };
             (seg, off) = at;
             if !self.row_belongs_to_the_log(head, &row, seg, off, read_only) {
-                break;
+                return (found, Some(row.geom));
             }
             last_crc = row.crc;
             last_seq = row.header.seq;
@@ -468,7 +480,41 @@ impl Engine {
             off += row.geom.height as u32;
             found.push(row);
         }
-        found
+        (found, None)
+    }
+
+    /// Erases the first block of every column of each torn row a chain
+    /// ended at, durably before anything is written after it (the opening
+    /// syncs the members next). The head writes its next row in that place;
+    /// if a power cut then keeps some of the new row's columns and not
+    /// others, the torn row's header, still chaining onto the same last row,
+    /// would otherwise be taken for the next row again, completed by the
+    /// new columns wherever they hold the same blocks (the cleaner moving
+    /// the same blocks again does that): a row this opening discarded,
+    /// with its stale `next_segment`, back in the log.
+    fn erase_torn_rows(&self, torn: &[(HeadId, RowGeom)]) -> Result<()> {
+        let geometry = &self.shape.geometry;
+        let zero = crate::device::AlignedBuf::zeroed(crate::format::BLOCK_SIZE);
+        for (head, geom) in torn {
+            for col in 0..geom.width() {
+                let pba = geom.pba(geometry, col, 0);
+                let Some(dev) = self.device(pba.member_index()) else {
+                    continue; // missing: never read again before it is rebuilt
+                };
+                let written =
+                    super::faults::with_retries(|| dev.write_at(&zero, pba.byte_offset()));
+                if let Err(e) = written {
+                    self.fault_member(pba.member_index(), "erasing a torn row", e)?;
+                }
+            }
+            tracing::info!(
+                "recovery: erased the torn row {} of head {head:?} at segment {} offset {}",
+                geom.seq,
+                geom.segment,
+                geom.offset
+            );
+        }
+        Ok(())
     }
 
     /// Whether a row found on the chain is part of the log: complete (what
@@ -511,6 +557,21 @@ impl Engine {
         for head in HeadId::DATA {
             let n = ledger.heads[head.index()].next_segment;
             if n == NO_SEGMENT || n as usize >= ledger.segments.len() {
+                ledger.heads[head.index()].next_segment = NO_SEGMENT;
+                continue;
+            }
+            // The image records the checkpoint's own segments as free; no
+            // row written after it can name one (they were not free then).
+            let named_checkpoint = ledger.checkpoint_segments.contains(&n);
+            debug_assert!(
+                !named_checkpoint,
+                "recovery: head {head:?} names the checkpoint's segment {n} as its next"
+            );
+            if named_checkpoint {
+                tracing::error!(
+                    "recovery: head {head:?} names the checkpoint's segment {n} as its next; \
+                     another is reserved"
+                );
                 ledger.heads[head.index()].next_segment = NO_SEGMENT;
                 continue;
             }
@@ -779,10 +840,13 @@ fn submasks_up_to(mask: u32, bits: u32) -> Vec<u32> {
 
 #[cfg(test)]
 mod tests {
+    use crate::device::{CrashMode, Member, SimMember, SimRng};
     use crate::format::row::HeadId;
     use crate::format::BLOCK_SIZE;
+    use crate::pool::api::open_members;
     use crate::pool::ledger::{SegState, NO_SEGMENT};
     use crate::pool::test_pool::power_cut;
+    use std::sync::Arc;
 
     /// The user head in a segment with no next one reserved (what recovery
     /// leaves when the segment a head's last row names is gone): the head
@@ -863,5 +927,90 @@ mod tests {
     #[test]
     fn flushed_writes_survive_a_head_with_room_running_without_its_next_segment() {
         flushed_writes_survive_a_head_without_its_next_segment(false, false);
+    }
+
+    /// A torn row (only its header's column reached the members) ends the
+    /// log at the next opening, which writes a row with the same blocks in
+    /// the same place; a power cut then keeps that row's columns but its
+    /// header's. Recovery must find the new row there (its header rebuilt
+    /// from parity), never the torn one completed by the new columns: that
+    /// row was discarded, and its header names what the old run had
+    /// reserved (the cleaner, moving the same blocks again after a cut,
+    /// does exactly this).
+    #[test]
+    fn a_torn_row_is_not_taken_back_when_a_later_row_in_its_place_holds_its_blocks() {
+        let (pool, vol, sims) = crate::pool::test_pool::sim_pool();
+        let options = crate::pool::test_pool::options();
+        let data: Vec<u8> = (0..7 * BLOCK_SIZE).map(|i| (i % 253) as u8).collect();
+        let write_row = |pool: &crate::pool::Pool| {
+            let vol = pool.volume("v").unwrap();
+            vol.write(0, &data).unwrap();
+            // The row's columns reach the members on the I/O threads.
+            let written = || pool.engine.ledger.lock().inflight.is_empty();
+            let waited = std::time::Instant::now();
+            while !written() {
+                assert!(waited.elapsed().as_secs() < 10, "the row was never written");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let ledger = pool.engine.ledger.lock();
+            let h = &ledger.heads[HeadId::User.index()];
+            let geom = *ledger.segments[h.segment as usize].rows.last().unwrap();
+            assert_eq!(
+                h.open.as_ref().map(|r| r.slots()),
+                None,
+                "setup: one full row"
+            );
+            (geom, h.last_crc)
+        };
+        vol.flush().unwrap();
+        drop(vol);
+        let (torn, _) = write_row(&pool);
+        let header_member = torn.column_member(0) as usize;
+        // Each member keeps all or none of its unflushed writes.
+        let cut =
+            |pool: crate::pool::Pool, sims: &[Arc<SimMember>], keep: &dyn Fn(usize) -> bool| {
+                let mut rng = SimRng(1);
+                let images: Vec<Vec<u8>> = sims
+                    .iter()
+                    .enumerate()
+                    .map(|(m, s)| {
+                        assert!(
+                            s.pending_writes() == 1,
+                            "setup: only the row's column unflushed"
+                        );
+                        let mode = if keep(m) {
+                            CrashMode::KeepAll
+                        } else {
+                            CrashMode::DropAll
+                        };
+                        s.crash_image(mode, &mut rng)
+                    })
+                    .collect();
+                drop(pool);
+                let sims: Vec<Arc<SimMember>> = images
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)))
+                    .collect();
+                let members = sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect();
+                (open_members(members, options.clone(), false).unwrap(), sims)
+            };
+        let (pool, sims) = cut(pool, &sims, &|m| m == header_member);
+        let (again, crc) = write_row(&pool);
+        assert_eq!(
+            (again.segment, again.offset, again.members_mask),
+            (torn.segment, torn.offset, torn.members_mask),
+            "setup: the new row in the torn one's place"
+        );
+        let (pool, _) = cut(pool, &sims, &|m| m != header_member);
+        let ledger = pool.engine.ledger.lock();
+        let h = &ledger.heads[HeadId::User.index()];
+        assert_eq!(
+            (h.last_seq, h.last_crc),
+            (again.seq, crc),
+            "recovery took the torn row back"
+        );
+        drop(ledger);
+        pool.check_invariants().unwrap();
     }
 }
