@@ -307,7 +307,8 @@ impl Engine {
 
     /// The next row of a chain: at (segment, offset), or, if nothing there
     /// continues it, at offset 0 of `next` (a head leaves a segment early
-    /// when the member set changes, `member_set_changed`). With where it was.
+    /// when the member set changes, `member_set_changed`, even one it has
+    /// written nothing in). With where it was.
     fn find_chain_row(
         &self,
         seg: u32,
@@ -319,7 +320,7 @@ impl Engine {
             return Some((row, (seg, off)));
         }
         let count = self.shape.geometry.segment_count();
-        (off > 0 && next != NO_SEGMENT && next < count)
+        (next != NO_SEGMENT && next < count)
             .then(|| self.find_row(next, 0, &accept).map(|r| (r, (next, 0))))
             .flatten()
     }
@@ -906,6 +907,35 @@ mod tests {
         pool.volume("v").unwrap().read(0, &mut got).unwrap();
         let first_bad = got.iter().zip(&data).position(|(a, b)| a != b);
         assert_eq!(first_bad, None, "flushed data lost (first bad byte)");
+        pool.check_invariants().unwrap();
+    }
+
+    /// A head that leaves the segment the checkpoint records it at, at
+    /// offset 0 (nothing written there), for its reserved next segment
+    /// (as `member_set_changed` makes it): recovery looks for its rows
+    /// there.
+    #[test]
+    fn flushed_writes_survive_a_head_that_left_an_empty_segment_early() {
+        let (pool, vol, sims) = crate::pool::test_pool::sim_pool();
+        let options = crate::pool::test_pool::options();
+        {
+            let mut ledger = pool.engine.ledger.lock();
+            let h = &mut ledger.heads[HeadId::User.index()];
+            assert_eq!(
+                h.offset, 0,
+                "setup: nothing written in the user head's segment"
+            );
+            assert_ne!(h.next_segment, NO_SEGMENT, "setup: a next segment reserved");
+            h.offset = pool.engine.shape.geometry.segment_blocks;
+        }
+        let data = vec![0x5au8; 8 * BLOCK_SIZE];
+        vol.write(0, &data).unwrap();
+        vol.flush().unwrap();
+        drop(vol);
+        let (pool, _) = power_cut(pool, &sims, options);
+        let mut got = vec![0u8; data.len()];
+        pool.volume("v").unwrap().read(0, &mut got).unwrap();
+        assert!(got == data, "flushed data lost");
         pool.check_invariants().unwrap();
     }
 
