@@ -493,6 +493,9 @@ impl Engine {
                     ledger.rechain_heads(&self.shape),
                 )
             };
+            // Durable before any row is written where the log goes on.
+            self.clear_next_row_places()?;
+            self.sync_members()?;
             if rows > 0 || !missing.is_empty() || joining || cold_head || rechained {
                 self.checkpoint_log()?;
             }

@@ -320,7 +320,7 @@ impl Engine {
             return Some((row, (seg, off)));
         }
         let count = self.shape.geometry.segment_count();
-        (next != NO_SEGMENT && next < count)
+        (next != seg && next != NO_SEGMENT && next < count)
             .then(|| self.find_row(next, 0, &accept).map(|r| (r, (next, 0))))
             .flatten()
     }
@@ -397,16 +397,15 @@ impl Engine {
     }
 
     /// Follows each head's chain from its checkpointed position, then applies
-    /// the rows found in global sequence order; with `!read_only`, erases
-    /// the torn rows the chains end at (`erase_torn_rows`). Returns (rows,
-    /// blocks).
+    /// the rows found in global sequence order. Returns (rows, blocks).
     pub(crate) fn roll_forward(&self, read_only: bool) -> Result<(u64, u64)> {
         let mut found: Vec<(HeadId, FoundRow)> = Vec::new();
-        let mut torn: Vec<(HeadId, RowGeom)> = Vec::new();
         for head in HeadId::DATA {
-            let (rows, end) = self.follow_chain(head, read_only);
-            found.extend(rows.into_iter().map(|r| (head, r)));
-            torn.extend(end.map(|geom| (head, geom)));
+            found.extend(
+                self.follow_chain(head, read_only)
+                    .into_iter()
+                    .map(|r| (head, r)),
+            );
         }
         found.sort_by_key(|(_, r)| r.header.seq);
         let mut blocks = 0u64;
@@ -428,25 +427,14 @@ impl Engine {
             self.apply_row(&mut ledger, head, row)?;
         }
         self.settle_after_replay(&mut ledger);
-        // Only where the head writes next: its own segment past its last
-        // row, or the next segment it still holds reserved.
-        torn.retain(|&(head, geom)| {
-            let h = &ledger.heads[head.index()];
-            geom.segment == h.segment || geom.segment == h.next_segment
-        });
-        drop(ledger);
-        if !read_only {
-            self.erase_torn_rows(&torn)?;
-        }
         Ok((rows, blocks))
     }
 
     /// The rows of `head`'s chain written after the checkpoint, in order, up
     /// to the first one that is missing, does not continue the chain, or is
-    /// torn (incomplete and not proved flushed by a later row); and the torn
-    /// row it ends at, if that is why. With `!read_only`, what parity can
-    /// repair in them is rewritten.
-    fn follow_chain(&self, head: HeadId, read_only: bool) -> (Vec<FoundRow>, Option<RowGeom>) {
+    /// torn (incomplete and not proved flushed by a later row). With
+    /// `!read_only`, what parity can repair in them is rewritten.
+    fn follow_chain(&self, head: HeadId, read_only: bool) -> Vec<FoundRow> {
         let geometry = &self.shape.geometry;
         let (mut seg, mut off, mut last_crc, mut last_seq, mut next) = {
             let ledger = self.ledger.lock();
@@ -473,7 +461,7 @@ impl Engine {
             };
             (seg, off) = at;
             if !self.row_belongs_to_the_log(head, &row, seg, off, read_only) {
-                return (found, Some(row.geom));
+                break;
             }
             last_crc = row.crc;
             last_seq = row.header.seq;
@@ -481,39 +469,51 @@ impl Engine {
             off += row.geom.height as u32;
             found.push(row);
         }
-        (found, None)
+        found
     }
 
-    /// Erases the first block of every column of each torn row a chain
-    /// ended at, durably before anything is written after it (the opening
-    /// syncs the members next). The head writes its next row in that place;
-    /// if a power cut then keeps some of the new row's columns and not
-    /// others, the torn row's header, still chaining onto the same last row,
-    /// would otherwise be taken for the next row again, completed by the
-    /// new columns wherever they hold the same blocks (the cleaner moving
-    /// the same blocks again does that): a row this opening discarded,
-    /// with its stale `next_segment`, back in the log.
-    fn erase_torn_rows(&self, torn: &[(HeadId, RowGeom)]) -> Result<()> {
+    /// Before a writable opening writes anything: zeroes, on every member
+    /// holding the segment, the first block of each place a data head
+    /// writes its next row (its segment past its last row, and offset 0 of
+    /// its reserved next segment); past the log's end, so nothing there is
+    /// live. The opening syncs the members next. Whatever a discarded run
+    /// left there (a torn row that ended the log, or a header recovery
+    /// could not read) would otherwise still chain onto the head's last
+    /// row: if a power cut then kept some of the new row's columns but not
+    /// its header's, the old header would verify again wherever the new
+    /// columns hold the same blocks (the cleaner moving the same blocks
+    /// again after a cut does that), and a row that run never finished,
+    /// naming the segment it had reserved, would be taken into the log.
+    pub(crate) fn clear_next_row_places(&self) -> Result<()> {
         let geometry = &self.shape.geometry;
+        let places: Vec<(u32, u32)> = {
+            let ledger = self.ledger.lock();
+            HeadId::DATA
+                .iter()
+                .map(|h| &ledger.heads[h.index()])
+                .flat_map(|h| {
+                    let room = h.segment != NO_SEGMENT
+                        && h.offset + geometry.chunk_blocks <= geometry.segment_blocks;
+                    let here = room.then_some((h.segment, h.offset));
+                    let next = (h.next_segment != NO_SEGMENT).then_some((h.next_segment, 0));
+                    here.into_iter().chain(next)
+                })
+                .collect()
+        };
         let zero = crate::device::AlignedBuf::zeroed(crate::format::BLOCK_SIZE);
-        for (head, geom) in torn {
-            for col in 0..geom.width() {
-                let pba = geom.pba(geometry, col, 0);
-                let Some(dev) = self.device(pba.member_index()) else {
-                    continue; // missing: never read again before it is rebuilt
-                };
+        for (m, dev) in self.open_devices() {
+            for &(segment, offset) in &places {
+                if segment >= geometry.member_segments(m.0) {
+                    continue;
+                }
+                let block = geometry.segment_base(segment) + offset as u64;
                 let written =
-                    super::faults::with_retries(|| dev.write_at(&zero, pba.byte_offset()));
+                    super::faults::with_retries(|| dev.write_at(&zero, block * BLOCK_BYTES));
                 if let Err(e) = written {
-                    self.fault_member(pba.member_index(), "erasing a torn row", e)?;
+                    self.fault_member(m, "clearing where the log goes on", e)?;
+                    break;
                 }
             }
-            tracing::info!(
-                "recovery: erased the torn row {} of head {head:?} at segment {} offset {}",
-                geom.seq,
-                geom.segment,
-                geom.offset
-            );
         }
         Ok(())
     }
@@ -1042,5 +1042,81 @@ mod tests {
         );
         drop(ledger);
         pool.check_invariants().unwrap();
+    }
+
+    /// A writable opening with more members lost than the parity (one
+    /// recorded faulted, one missing) opens read-only: the last flushed row
+    /// looks torn to it, and it must leave it as it is, so that the opening
+    /// after it, with the missing member back, reads what was flushed.
+    #[test]
+    fn an_opening_that_ends_read_only_leaves_a_row_that_looks_torn_as_it_is() {
+        use crate::layout::MemberIndex;
+        use crate::pool::create::create_pool;
+        use crate::pool::CreateOptions;
+        let sims: Vec<Arc<SimMember>> = (0..4)
+            .map(|i| Arc::new(SimMember::new(&format!("sim{i}"), 8 << 20)))
+            .collect();
+        let members: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as _).collect();
+        let create = CreateOptions {
+            name: "t".into(),
+            parity: 1,
+            chunk_bytes: 16 * 1024,
+            segment_bytes: Some(64 * 1024),
+            force: true,
+            initial_volume: Some(("v".into(), 1 << 20)),
+        };
+        let options = crate::pool::test_pool::options();
+        let pool = create_pool(members, &create, options.clone()).unwrap();
+        let vol = pool.volume("v").unwrap();
+        let data: Vec<u8> = (0..11 * BLOCK_SIZE).map(|i| (i % 251) as u8).collect();
+        vol.write(0, &data).unwrap();
+        vol.flush().unwrap();
+        drop(vol);
+        let geom = {
+            let ledger = pool.engine.ledger.lock();
+            let h = &ledger.heads[HeadId::User.index()];
+            *ledger.segments[h.segment as usize].rows.last().unwrap()
+        };
+        assert_eq!(geom.data_columns, 3, "setup: a row over every data column");
+        let faulted = geom.column_member(1) as usize;
+        let missing = geom.column_member(2) as usize;
+        pool.engine
+            .fault_member(
+                MemberIndex(faulted),
+                "a test",
+                std::io::Error::other("test"),
+            )
+            .unwrap();
+        pool.engine.record_faults().unwrap();
+        let mut rng = SimRng(3);
+        let sims: Vec<Arc<SimMember>> = sims
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let image = s.crash_image(CrashMode::DropAll, &mut rng);
+                Arc::new(SimMember::from_image(&format!("sim{i}"), image))
+            })
+            .collect();
+        drop(pool);
+        let open = |present: &dyn Fn(usize) -> bool| {
+            let members = (0..sims.len())
+                .filter(|&i| present(i))
+                .map(|i| sims[i].clone() as Arc<dyn Member>)
+                .collect();
+            open_members(members, options.clone(), false).unwrap()
+        };
+        let degraded = open(&|i| i != missing);
+        assert!(
+            degraded.status().read_only,
+            "setup: more members lost than the parity"
+        );
+        drop(degraded);
+        let pool = open(&|_| true);
+        let mut got = vec![0u8; data.len()];
+        let read = pool.volume("v").unwrap().read(0, &mut got);
+        assert!(
+            read.is_ok() && got == data,
+            "flushed data lost once member {missing} came back: {read:?}"
+        );
     }
 }
