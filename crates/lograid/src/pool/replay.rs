@@ -492,6 +492,15 @@ impl Engine {
                 .iter()
                 .map(|h| &ledger.heads[h.index()])
                 .flat_map(|h| {
+                    debug_assert!(
+                        h.segment == NO_SEGMENT
+                            || ledger.segments[h.segment as usize].state == SegState::Open(h.id)
+                    );
+                    debug_assert!(
+                        h.next_segment == NO_SEGMENT
+                            || ledger.segments[h.next_segment as usize].state
+                                == SegState::Reserved(h.id)
+                    );
                     let room = h.segment != NO_SEGMENT
                         && h.offset + geometry.chunk_blocks <= geometry.segment_blocks;
                     let here = room.then_some((h.segment, h.offset));
