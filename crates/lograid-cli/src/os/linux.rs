@@ -119,6 +119,40 @@ pub fn pin_allocator_thresholds() {
     }
 }
 
+/// Time the hypervisor ran something else on the CPUs this thread may run on (steal time,
+/// `/proc/stat`), in seconds since boot, and how many CPUs that is; None where the kernel
+/// does not say.
+pub fn stolen_seconds() -> Option<(f64, usize)> {
+    // SAFETY: a zeroed cpu_set_t is an empty set, filled by sched_getaffinity.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the set is a valid cpu_set_t of the size given; pid 0 is the calling thread.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0
+    {
+        return None;
+    }
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let (mut ticks, mut cpus) = (0u64, 0usize);
+    for line in stat.lines() {
+        let mut fields = line.split_ascii_whitespace();
+        let Some(cpu) = fields.next().and_then(|f| f.strip_prefix("cpu")) else {
+            continue;
+        };
+        let Ok(cpu) = cpu.parse::<usize>() else {
+            continue; // the line of all CPUs
+        };
+        // SAFETY: CPU_ISSET reads within the set for cpu < CPU_SETSIZE.
+        if cpu >= libc::CPU_SETSIZE as usize || !unsafe { libc::CPU_ISSET(cpu, &set) } {
+            continue;
+        }
+        // user nice system idle iowait irq softirq steal
+        ticks += fields.nth(7)?.parse::<u64>().ok()?;
+        cpus += 1;
+    }
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (cpus > 0 && per_second > 0).then(|| (ticks as f64 / per_second as f64, cpus))
+}
+
 /// Keeps this process (the calling thread, and every thread started after) on CPUs 0..n.
 pub fn run_on_first_cpus(n: usize) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
@@ -142,6 +176,17 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use std::os::unix::net::UnixDatagram;
+
+    /// Steal time comes from /proc/stat for the CPUs this thread may run on.
+    #[test]
+    fn steal_time_is_read_for_the_cpus_this_thread_may_use() {
+        let (stolen_s, cpus) = stolen_seconds().expect("/proc/stat has steal time");
+        assert!(stolen_s >= 0.0, "{stolen_s}");
+        assert!(
+            (1..=libc::CPU_SETSIZE as usize).contains(&cpus),
+            "{cpus} CPUs"
+        );
+    }
 
     /// The loop-device half of attaching a volume's file from an NFS mount, on a local file
     /// (this kernel has no NFS client): attached with direct I/O, its file found behind it,

@@ -85,6 +85,11 @@ pub fn abstract_socket(_name: &[u8]) -> io::Result<UnixSocketAddr> {
 /// Nothing to set: macOS's allocator returns large blocks to the system by itself.
 pub fn pin_allocator_thresholds() {}
 
+/// Steal time: macOS does not report it.
+pub fn stolen_seconds() -> Option<(f64, usize)> {
+    None
+}
+
 pub fn run_on_first_cpus(_n: usize) -> Result<()> {
     bail!("macOS has no CPU affinity to set (thread affinity tags are only hints)")
 }

@@ -22,6 +22,8 @@
 //!   so that freed large buffers go back to the system; nothing to set on macOS.
 //! - Keeping the process on the first N CPUs (`run_on_first_cpus`, for `bench --cpus`):
 //!   Linux's CPU affinity; macOS has none to set, and says so.
+//! - The hypervisor's steal time on the CPUs the process may run on (`stolen_seconds`, for
+//!   `bench`): Linux's `/proc/stat`; macOS does not report it.
 //!
 //! Must never: decide anything the commands decide on both systems.
 
@@ -46,5 +48,5 @@ mod tool;
 pub use sys::{
     abstract_socket, attach_image, attach_supported, detach_image, format_hint, image_backing,
     is_fuse_mount_point, mount_files, mount_nfs, pin_allocator_thresholds, run_on_first_cpus,
-    unmount, unmount_files, FilesMount, RUN_DIR,
+    stolen_seconds, unmount, unmount_files, FilesMount, RUN_DIR,
 };

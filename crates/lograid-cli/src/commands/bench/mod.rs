@@ -114,6 +114,15 @@ pub struct Measure {
     pub cpu_system_us_per_op: f64,
     /// CPU seconds per GB moved (user + system).
     pub cpu_s_per_gb: f64,
+    /// Context switches of the whole process per operation (voluntary:
+    /// a thread waited for a lock, a condition or I/O; involuntary: the
+    /// scheduler took its core).
+    pub voluntary_switches_per_op: f64,
+    pub involuntary_switches_per_op: f64,
+    /// Share of the CPUs' time the hypervisor gave to others meanwhile
+    /// (steal time of the CPUs the benchmark runs on), where known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stolen_share: Option<f64>,
 }
 
 impl Measure {
@@ -122,6 +131,12 @@ impl Measure {
         self.cpu_user_us_per_op = cpu.user_s * 1e6 / ops;
         self.cpu_system_us_per_op = cpu.system_s * 1e6 / ops;
         self.cpu_s_per_gb = (cpu.user_s + cpu.system_s) / (self.bytes.max(1) as f64 / 1e9);
+        self.voluntary_switches_per_op = cpu.voluntary_switches as f64 / ops;
+        self.involuntary_switches_per_op = cpu.involuntary_switches as f64 / ops;
+        let elapsed_s = ops / self.iops.max(f64::MIN_POSITIVE);
+        self.stolen_share = cpu
+            .stolen
+            .map(|(stolen_s, cpus)| stolen_s / (elapsed_s * cpus as f64));
         self
     }
 }
@@ -178,11 +193,15 @@ fn drive(
 }
 
 /// CPU time in seconds, user and system, of every thread of this process
-/// (the issuing threads and the engine's own).
+/// (the issuing threads and the engine's own), and its context switches.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuTime {
     pub user_s: f64,
     pub system_s: f64,
+    pub voluntary_switches: i64,
+    pub involuntary_switches: i64,
+    /// Steal time of the CPUs it may run on, in seconds, and their number.
+    pub stolen: Option<(f64, usize)>,
 }
 
 impl CpuTime {
@@ -196,12 +215,21 @@ impl CpuTime {
         CpuTime {
             user_s: secs(usage.ru_utime),
             system_s: secs(usage.ru_stime),
+            voluntary_switches: usage.ru_nvcsw,
+            involuntary_switches: usage.ru_nivcsw,
+            stolen: crate::os::stolen_seconds(),
         }
     }
     fn since(self, earlier: CpuTime) -> CpuTime {
         CpuTime {
             user_s: self.user_s - earlier.user_s,
             system_s: self.system_s - earlier.system_s,
+            voluntary_switches: self.voluntary_switches - earlier.voluntary_switches,
+            involuntary_switches: self.involuntary_switches - earlier.involuntary_switches,
+            stolen: self
+                .stolen
+                .zip(earlier.stolen)
+                .map(|((now, cpus), (before, _))| (now - before, cpus)),
         }
     }
 }
@@ -254,6 +282,9 @@ fn measure(
         cpu_user_us_per_op: 0.0,
         cpu_system_us_per_op: 0.0,
         cpu_s_per_gb: 0.0,
+        voluntary_switches_per_op: 0.0,
+        involuntary_switches_per_op: 0.0,
+        stolen_share: None,
     }
 }
 
@@ -511,7 +542,7 @@ impl Results {
 /// One measure as a progress line on stderr.
 fn show(m: &Measure) {
     eprintln!(
-        "  {:<8} {:<22} {:>9.1} MB/s {:>9.0} IOPS  p50 {:>7.1} us  p99 {:>8.1} us  p99.9 {:>8.1} us  CPU {:>6.2} us/op{}",
+        "  {:<8} {:<22} {:>9.1} MB/s {:>9.0} IOPS  p50 {:>7.1} us  p99 {:>8.1} us  p99.9 {:>8.1} us  CPU {:>6.2} us/op  switches {:.3}+{:.3}/op{}{}",
         m.target,
         m.workload,
         m.mb_per_s,
@@ -520,6 +551,11 @@ fn show(m: &Measure) {
         m.p99_us,
         m.p999_us,
         m.cpu_user_us_per_op + m.cpu_system_us_per_op,
+        m.voluntary_switches_per_op,
+        m.involuntary_switches_per_op,
+        m.stolen_share
+            .map(|s| format!("  stolen {:.1}%", s * 100.0))
+            .unwrap_or_default(),
         m.write_amplification.map(|w| format!("  WA {w:.3}")).unwrap_or_default()
     );
 }
