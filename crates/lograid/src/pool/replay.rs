@@ -850,12 +850,12 @@ fn submasks_up_to(mask: u32, bits: u32) -> Vec<u32> {
 
 #[cfg(test)]
 mod tests {
-    use crate::device::{CrashMode, Member, SimMember, SimRng};
+    use crate::device::{Member, SimMember};
     use crate::format::row::HeadId;
     use crate::format::BLOCK_SIZE;
     use crate::pool::api::open_members;
     use crate::pool::ledger::{SegState, NO_SEGMENT};
-    use crate::pool::test_pool::power_cut;
+    use crate::pool::test_pool::{crash_images, power_cut, power_cut_keeping};
     use std::sync::Arc;
 
     /// The user head in a segment with no next one reserved (what recovery
@@ -1008,31 +1008,14 @@ mod tests {
         // Each member keeps all or none of its unflushed writes.
         let cut =
             |pool: crate::pool::Pool, sims: &[Arc<SimMember>], keep: &dyn Fn(usize) -> bool| {
-                let mut rng = SimRng(1);
-                let images: Vec<Vec<u8>> = sims
-                    .iter()
-                    .enumerate()
-                    .map(|(m, s)| {
-                        assert!(
-                            s.pending_writes() == 1,
-                            "setup: only the row's column unflushed"
-                        );
-                        let mode = if keep(m) {
-                            CrashMode::KeepAll
-                        } else {
-                            CrashMode::DropAll
-                        };
-                        s.crash_image(mode, &mut rng)
-                    })
-                    .collect();
-                drop(pool);
-                let sims: Vec<Arc<SimMember>> = images
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)))
-                    .collect();
-                let members = sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect();
-                (open_members(members, options.clone(), false).unwrap(), sims)
+                for s in sims {
+                    assert_eq!(
+                        s.pending_writes(),
+                        1,
+                        "setup: only the row's column unflushed"
+                    );
+                }
+                power_cut_keeping(pool, sims, options.clone(), keep)
             };
         let (pool, sims) = cut(pool, &sims, &|m| m == header_member);
         let (again, crc) = write_row(&pool);
@@ -1060,23 +1043,8 @@ mod tests {
     #[test]
     fn an_opening_that_ends_read_only_leaves_a_row_that_looks_torn_as_it_is() {
         use crate::layout::MemberIndex;
-        use crate::pool::create::create_pool;
-        use crate::pool::CreateOptions;
-        let sims: Vec<Arc<SimMember>> = (0..4)
-            .map(|i| Arc::new(SimMember::new(&format!("sim{i}"), 8 << 20)))
-            .collect();
-        let members: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as _).collect();
-        let create = CreateOptions {
-            name: "t".into(),
-            parity: 1,
-            chunk_bytes: 16 * 1024,
-            segment_bytes: Some(64 * 1024),
-            force: true,
-            initial_volume: Some(("v".into(), 1 << 20)),
-        };
+        let (pool, vol, sims) = crate::pool::test_pool::sim_pool_of(4);
         let options = crate::pool::test_pool::options();
-        let pool = create_pool(members, &create, options.clone()).unwrap();
-        let vol = pool.volume("v").unwrap();
         let data: Vec<u8> = (0..11 * BLOCK_SIZE).map(|i| (i % 251) as u8).collect();
         vol.write(0, &data).unwrap();
         vol.flush().unwrap();
@@ -1097,15 +1065,7 @@ mod tests {
             )
             .unwrap();
         pool.engine.record_faults().unwrap();
-        let mut rng = SimRng(3);
-        let sims: Vec<Arc<SimMember>> = sims
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let image = s.crash_image(CrashMode::DropAll, &mut rng);
-                Arc::new(SimMember::from_image(&format!("sim{i}"), image))
-            })
-            .collect();
+        let sims = crash_images(&sims, &|_| false);
         drop(pool);
         let open = |present: &dyn Fn(usize) -> bool| {
             let members = (0..sims.len())

@@ -20,7 +20,12 @@ pub(crate) fn options() -> PoolOptions {
 
 /// The pool, its volume `v`, and its members (for crash images).
 pub(crate) fn sim_pool() -> (Pool, Volume, Vec<Arc<SimMember>>) {
-    let sims: Vec<Arc<SimMember>> = (0..3)
+    sim_pool_of(3)
+}
+
+/// `sim_pool` with `members` members.
+pub(crate) fn sim_pool_of(members: usize) -> (Pool, Volume, Vec<Arc<SimMember>>) {
+    let sims: Vec<Arc<SimMember>> = (0..members)
         .map(|i| Arc::new(SimMember::new(&format!("sim{i}"), 8 << 20)))
         .collect();
     let members: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as _).collect();
@@ -44,18 +49,41 @@ pub(crate) fn power_cut(
     sims: &[Arc<SimMember>],
     options: PoolOptions,
 ) -> (Pool, Vec<Arc<SimMember>>) {
-    let mut rng = SimRng(7);
-    let images: Vec<Vec<u8>> = sims
-        .iter()
-        .map(|s| s.crash_image(CrashMode::DropAll, &mut rng))
-        .collect();
+    power_cut_keeping(pool, sims, options, &|_| false)
+}
+
+/// `power_cut`, where the members `keep` names keep all their unflushed
+/// writes (the others none).
+pub(crate) fn power_cut_keeping(
+    pool: Pool,
+    sims: &[Arc<SimMember>],
+    options: PoolOptions,
+    keep: &dyn Fn(usize) -> bool,
+) -> (Pool, Vec<Arc<SimMember>>) {
+    let sims = crash_images(sims, keep);
     drop(pool);
-    let sims: Vec<Arc<SimMember>> = images
-        .into_iter()
-        .enumerate()
-        .map(|(i, img)| Arc::new(SimMember::from_image(&format!("sim{i}"), img)))
-        .collect();
     let members: Vec<Arc<dyn Member>> = sims.iter().map(|s| s.clone() as _).collect();
     let pool = open_members(members, options, false).expect("reopen after the power cut");
     (pool, sims)
+}
+
+/// New members holding what a power cut now would leave of `sims`: the
+/// members `keep` names keep all their unflushed writes, the others none.
+pub(crate) fn crash_images(
+    sims: &[Arc<SimMember>],
+    keep: &dyn Fn(usize) -> bool,
+) -> Vec<Arc<SimMember>> {
+    let mut rng = SimRng(7);
+    sims.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mode = if keep(i) {
+                CrashMode::KeepAll
+            } else {
+                CrashMode::DropAll
+            };
+            let image = s.crash_image(mode, &mut rng);
+            Arc::new(SimMember::from_image(&format!("sim{i}"), image))
+        })
+        .collect()
 }
