@@ -968,6 +968,49 @@ mod tests {
         flushed_writes_survive_a_head_without_its_next_segment(false, false);
     }
 
+    /// A trim recorded by the user head while it waits, in a full segment,
+    /// for a checkpoint to record the next one it reserved (what recovery
+    /// leaves when it could not reserve one): the trim's record takes that
+    /// checkpoint, and a power cut after its flush keeps the trim and the
+    /// data around it.
+    #[test]
+    fn a_trim_while_the_head_waits_for_its_next_segment_is_recorded_and_survives() {
+        let (pool, vol, sims) = crate::pool::test_pool::sim_pool();
+        let options = crate::pool::test_pool::options();
+        let data: Vec<u8> = (0..16 * BLOCK_SIZE).map(|i| (i % 249 + 1) as u8).collect();
+        vol.write(0, &data).unwrap();
+        vol.flush().unwrap();
+        {
+            let mut ledger = pool.engine.ledger.lock();
+            let segment_blocks = pool.engine.shape.geometry.segment_blocks;
+            let h = &mut ledger.heads[HeadId::User.index()];
+            assert!(h.open.is_none(), "setup: no open row");
+            let next = std::mem::replace(&mut h.next_segment, NO_SEGMENT);
+            h.offset = segment_blocks;
+            assert_ne!(next, NO_SEGMENT, "setup: the head had a next segment");
+            ledger.segments[next as usize].state = SegState::Free;
+            ledger.free.push_front(next);
+        }
+        let checkpoint_id = || pool.engine.ledger.lock().checkpoint.checkpoint_id;
+        let before = checkpoint_id();
+        vol.trim(4 * BLOCK_SIZE as u64, 4 * BLOCK_SIZE as u64)
+            .unwrap();
+        assert!(
+            checkpoint_id() > before,
+            "the trim's record took a checkpoint recording the head's next segment"
+        );
+        vol.flush().unwrap();
+        drop(vol);
+        let (pool, _) = power_cut(pool, &sims, options);
+        let mut expected = data.clone();
+        expected[4 * BLOCK_SIZE..8 * BLOCK_SIZE].fill(0);
+        let mut got = vec![0u8; data.len()];
+        pool.volume("v").unwrap().read(0, &mut got).unwrap();
+        let first_bad = got.iter().zip(&expected).position(|(a, b)| a != b);
+        assert_eq!(first_bad, None, "trim or data lost (first bad byte)");
+        pool.check_invariants().unwrap();
+    }
+
     /// A torn row (only its header's column reached the members) ends the
     /// log at the next opening, which writes a row with the same blocks in
     /// the same place; a power cut then keeps that row's columns but its
