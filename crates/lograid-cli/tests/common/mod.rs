@@ -824,7 +824,9 @@ pub fn elapsed_note(name: &str, started: Instant) {
 // ---------------------------------------------------------------------------------------------
 // A small NFS client (tests/nfs/nfs_probe.c, on libnfs's RPC layer)
 
-/// Compiles the C client once per test process.
+/// Compiles the C client once per test process, into the build's directory for test files
+/// (each process builds its own copy, then renames it over the one before: nothing is left
+/// behind in /tmp, and a copy another test runs is not touched).
 pub fn probe_binary() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
@@ -834,18 +836,16 @@ pub fn probe_binary() -> PathBuf {
                 Path::new("/usr/include/nfsc/libnfs-raw.h").exists(),
                 "libnfs-dev is missing (scripts/test-all.sh installs it)"
             );
-            let dir = tempfile::Builder::new()
-                .prefix("nfs-probe-")
-                .tempdir()
-                .unwrap()
-                .keep();
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
             let out = dir.join("nfs_probe");
+            let building = dir.join(format!("nfs_probe.{}", std::process::id()));
             let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nfs/nfs_probe.c");
             run(Command::new("cc")
                 .args(["-O2", "-Wall", "-o"])
-                .arg(&out)
+                .arg(&building)
                 .arg(&source)
                 .arg("-lnfs"));
+            std::fs::rename(&building, &out).unwrap();
             out
         })
         .clone()
