@@ -858,6 +858,39 @@ mod tests {
     use crate::pool::test_pool::{crash_images, power_cut, power_cut_keeping};
     use std::sync::Arc;
 
+    /// After a power cut, volume `v` reads `expected` from its start (else
+    /// fails with `what` and the first bad byte) and the bookkeeping holds.
+    fn reads_back_after_a_power_cut(
+        pool: crate::pool::Pool,
+        sims: &[Arc<SimMember>],
+        options: crate::pool::PoolOptions,
+        expected: &[u8],
+        what: &str,
+    ) {
+        let (pool, _) = power_cut(pool, sims, options);
+        let mut got = vec![0u8; expected.len()];
+        pool.volume("v").unwrap().read(0, &mut got).unwrap();
+        let first_bad = got.iter().zip(expected).position(|(a, b)| a != b);
+        assert_eq!(first_bad, None, "{what} (first bad byte)");
+        pool.check_invariants().unwrap();
+    }
+
+    /// Leaves the user head without its reserved next segment (freed), as
+    /// recovery does when the segment its last row names is gone; `full`:
+    /// with no room left in its segment either.
+    fn take_the_user_heads_next_segment(pool: &crate::pool::Pool, full: bool) {
+        let mut ledger = pool.engine.ledger.lock();
+        let segment_blocks = pool.engine.shape.geometry.segment_blocks;
+        let h = &mut ledger.heads[HeadId::User.index()];
+        let next = std::mem::replace(&mut h.next_segment, NO_SEGMENT);
+        if full {
+            h.offset = segment_blocks;
+        }
+        assert_ne!(next, NO_SEGMENT, "setup: the head had a next segment");
+        ledger.segments[next as usize].state = SegState::Free;
+        ledger.free.push_front(next);
+    }
+
     /// The user head in a segment with no next one reserved (what recovery
     /// leaves when the segment a head's last row names is gone): the head
     /// must not move on to a segment no row and no checkpoint names, or a
@@ -869,18 +902,7 @@ mod tests {
     fn flushed_writes_survive_a_head_without_its_next_segment(full: bool, recovered: bool) {
         let (pool, _vol, sims) = crate::pool::test_pool::sim_pool();
         let options = crate::pool::test_pool::options();
-        {
-            let mut ledger = pool.engine.ledger.lock();
-            let segment_blocks = pool.engine.shape.geometry.segment_blocks;
-            let h = &mut ledger.heads[HeadId::User.index()];
-            let next = std::mem::replace(&mut h.next_segment, NO_SEGMENT);
-            if full {
-                h.offset = segment_blocks;
-            }
-            assert_ne!(next, NO_SEGMENT, "setup: the head had a next segment");
-            ledger.segments[next as usize].state = SegState::Free;
-            ledger.free.push_front(next);
-        }
+        take_the_user_heads_next_segment(&pool, full);
         let (pool, sims) = if recovered {
             pool.engine.checkpoint_log().unwrap();
             power_cut(pool, &sims, options.clone())
@@ -911,12 +933,7 @@ mod tests {
             );
         }
         drop(vol);
-        let (pool, _) = power_cut(pool, &sims, options);
-        let mut got = vec![0u8; data.len()];
-        pool.volume("v").unwrap().read(0, &mut got).unwrap();
-        let first_bad = got.iter().zip(&data).position(|(a, b)| a != b);
-        assert_eq!(first_bad, None, "flushed data lost (first bad byte)");
-        pool.check_invariants().unwrap();
+        reads_back_after_a_power_cut(pool, &sims, options, &data, "flushed data lost");
     }
 
     /// A head that leaves the segment the checkpoint records it at, at
@@ -941,11 +958,7 @@ mod tests {
         vol.write(0, &data).unwrap();
         vol.flush().unwrap();
         drop(vol);
-        let (pool, _) = power_cut(pool, &sims, options);
-        let mut got = vec![0u8; data.len()];
-        pool.volume("v").unwrap().read(0, &mut got).unwrap();
-        assert!(got == data, "flushed data lost");
-        pool.check_invariants().unwrap();
+        reads_back_after_a_power_cut(pool, &sims, options, &data, "flushed data lost");
     }
 
     #[test]
@@ -980,17 +993,13 @@ mod tests {
         let data: Vec<u8> = (0..16 * BLOCK_SIZE).map(|i| (i % 249 + 1) as u8).collect();
         vol.write(0, &data).unwrap();
         vol.flush().unwrap();
-        {
-            let mut ledger = pool.engine.ledger.lock();
-            let segment_blocks = pool.engine.shape.geometry.segment_blocks;
-            let h = &mut ledger.heads[HeadId::User.index()];
-            assert!(h.open.is_none(), "setup: no open row");
-            let next = std::mem::replace(&mut h.next_segment, NO_SEGMENT);
-            h.offset = segment_blocks;
-            assert_ne!(next, NO_SEGMENT, "setup: the head had a next segment");
-            ledger.segments[next as usize].state = SegState::Free;
-            ledger.free.push_front(next);
-        }
+        assert!(
+            pool.engine.ledger.lock().heads[HeadId::User.index()]
+                .open
+                .is_none(),
+            "setup: no open row"
+        );
+        take_the_user_heads_next_segment(&pool, true);
         let checkpoint_id = || pool.engine.ledger.lock().checkpoint.checkpoint_id;
         let before = checkpoint_id();
         vol.trim(4 * BLOCK_SIZE as u64, 4 * BLOCK_SIZE as u64)
@@ -1001,14 +1010,9 @@ mod tests {
         );
         vol.flush().unwrap();
         drop(vol);
-        let (pool, _) = power_cut(pool, &sims, options);
         let mut expected = data.clone();
         expected[4 * BLOCK_SIZE..8 * BLOCK_SIZE].fill(0);
-        let mut got = vec![0u8; data.len()];
-        pool.volume("v").unwrap().read(0, &mut got).unwrap();
-        let first_bad = got.iter().zip(&expected).position(|(a, b)| a != b);
-        assert_eq!(first_bad, None, "trim or data lost (first bad byte)");
-        pool.check_invariants().unwrap();
+        reads_back_after_a_power_cut(pool, &sims, options, &expected, "trim or data lost");
     }
 
     /// A torn row (only its header's column reached the members) ends the
