@@ -50,6 +50,12 @@ mod real {
         pub use std::thread::{scope, sleep, yield_now, Builder, JoinHandle};
     }
 
+    /// Where a protocol acts on what it decided without a lock of this
+    /// module held: nothing here; under shuttle, a point where the
+    /// scheduler may run another thread.
+    #[inline(always)]
+    pub fn schedule_point() {}
+
     /// Multi-producer, multi-consumer channels: crossbeam's.
     pub mod channel {
         pub use crossbeam_channel::{bounded, unbounded, Receiver, SendError, Sender};
@@ -206,6 +212,11 @@ mod scheduled {
     /// Threads: shuttle's (a sleep is a yield to the scheduler).
     pub mod thread {
         pub use shuttle::thread::{scope, sleep, yield_now, Builder, JoinHandle};
+    }
+
+    /// A point where the scheduler may run another thread.
+    pub fn schedule_point() {
+        shuttle::thread::yield_now();
     }
 
     /// Channels with crossbeam's interface over shuttle's: any number of

@@ -51,7 +51,7 @@ impl Engine {
             // Pages rewritten in order since the last checkpoint go back to
             // runs (the map's memory for sequential data).
             for v in ledger.volumes.values_mut() {
-                v.map.compact();
+                v.map_mut().compact();
             }
             let blob = self.snapshot(&ledger, checkpoint_id);
             // Paired with `load_image`'s checks when it is read back.
@@ -131,7 +131,7 @@ impl Engine {
             ledger
                 .volumes
                 .values()
-                .map(|v| 64 + v.name.len() + 24 * v.map.mapped_blocks() as usize)
+                .map(|v| 64 + v.name.len() + 24 * v.map().mapped_blocks() as usize)
                 .sum(),
         );
         for v in ledger.volumes.values() {
@@ -140,7 +140,7 @@ impl Engine {
                 &v.name,
                 v.recording_size_bytes.unwrap_or(v.size_bytes),
                 v.created_unix,
-                v.map.iter_from(0).map(|(lba, loc, crc)| {
+                v.map().iter_from(0).map(|(lba, loc, crc)| {
                     debug_assert!(
                         !matches!(loc, crate::map::Loc::Open { .. }),
                         "open slot in a checkpoint"

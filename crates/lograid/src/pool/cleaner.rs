@@ -477,7 +477,7 @@ impl Engine {
         for (slot, e) in slots.enumerate() {
             let pba = geom.slot_pba(&self.shape.geometry, slot as u32);
             if let Some(v) = ledger.volume(e.volume) {
-                let (loc, crc) = v.map.get(e.lba);
+                let (loc, crc) = v.map().get(e.lba);
                 if loc == Loc::Disk(pba) {
                     live.push((e.volume, e.lba, pba, crc));
                 }
@@ -533,7 +533,7 @@ impl Engine {
             for (volume, lba, pba, crc, bytes) in blocks {
                 let still = ledger
                     .volume(*volume)
-                    .is_some_and(|v| v.map.get(*lba).0 == Loc::Disk(*pba));
+                    .is_some_and(|v| v.map().get(*lba).0 == Loc::Disk(*pba));
                 if !still {
                     continue;
                 }

@@ -66,10 +66,13 @@ pub(crate) struct Engine {
     pub column_buffers: super::column_buffers::ColumnBuffers,
     pub options: PoolOptions,
     pub closed: AtomicBool,
-    /// User bytes read by `try_read_blocks_now` (on an event loop), counted
+    /// User bytes read without the ledger lock (looked up through
+    /// `read_index`, or by `try_read_blocks_now` on an event loop), counted
     /// here so that those reads take no lock to count; `counters` adds
     /// them to the ledger's.
     pub user_bytes_read_now: StripedCounter,
+    /// What reads look up without the ledger lock (the ledger's, shared).
+    pub read_index: Arc<super::read_index::ReadIndex>,
     pub recovery_report: Mutex<Option<stats::RecoveryReport>>,
     /// Counters and samples kept while the pool is open (not persisted).
     pub stats: Mutex<stats::RuntimeStats>,
@@ -261,6 +264,8 @@ impl Engine {
     ) -> Engine {
         let segment_count = shape.geometry.segment_count();
         let segments: Vec<Segment> = (0..segment_count).map(|_| Segment::free()).collect();
+        let overlays = super::overlay_table::OverlayTable::new(options.max_overlays);
+        let read_index = Arc::new(super::read_index::ReadIndex::new(overlays.held()));
         let mut ledger = Ledger {
             volumes: BTreeMap::new(),
             segments,
@@ -275,6 +280,7 @@ impl Engine {
             next_volume_id: 1,
             inflight: Vec::new(),
             inflight_bytes: 0,
+            read_index: read_index.clone(),
             user_appends: 0,
             counters: Default::default(),
             log_blocks_since_checkpoint: 0,
@@ -295,7 +301,7 @@ impl Engine {
             stored_blocks: 0,
             spare_buffers: Vec::new(),
             checkpoint_wanted: false,
-            overlays: super::overlay_table::OverlayTable::new(options.max_overlays),
+            overlays,
             lifetime_threshold: None,
             long_lived_appends: 0,
             cold_appends: 0,
@@ -327,6 +333,7 @@ impl Engine {
             options,
             closed: AtomicBool::new(false),
             user_bytes_read_now: StripedCounter::default(),
+            read_index,
             recovery_report: Mutex::new(None),
             stats: Mutex::new(Default::default()),
             reshape: Mutex::new(Default::default()),

@@ -1,8 +1,10 @@
 //! The pool's in-memory state, guarded by one mutex (`Ledger`): volumes and
-//! their maps, the segment table, the log heads with their open rows, rows in
+//! their maps (changed only under it; each map also has its own lock, for
+//! reads without this one: `read_index`), the segment table, the log heads with their open rows, rows in
 //! flight, and counters. Everything here is bookkeeping; no I/O happens while
 //! the lock is held except copying into row buffers.
 
+use super::read_index::{ReadIndex, VolumeView};
 use crate::device::AlignedBuf;
 use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
@@ -12,6 +14,7 @@ use crate::format::superblock::{CheckpointPointer, MemberRecord, MemberState};
 use crate::format::BLOCK_SIZE;
 use crate::layout::{Pba, RowGeom, SegmentIndex};
 use crate::map::VolumeMap;
+use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
@@ -204,15 +207,111 @@ pub struct VolumeState {
     /// A checkpoint under way records the volume's creation: until it is
     /// durable the volume is not handed out (nothing written to it could
     /// be lost with it).
-    pub being_created: bool,
+    being_created: bool,
     pub created_unix: u64,
-    pub map: VolumeMap,
+    /// Its map and the size reads may use, shared with its handles.
+    pub view: Arc<VolumeView>,
 }
 
 impl VolumeState {
+    /// A volume a checkpoint records, with its map.
+    pub fn recorded(
+        (id, name): (u32, String),
+        size_bytes: u64,
+        created_unix: u64,
+        map: VolumeMap,
+    ) -> VolumeState {
+        VolumeState::with((id, name), size_bytes, created_unix, map, false)
+    }
+
+    /// A new volume, handed out once a checkpoint records it (`mark_created`).
+    pub fn being_created(
+        (id, name): (u32, String),
+        size_bytes: u64,
+        created_unix: u64,
+    ) -> VolumeState {
+        VolumeState::with(
+            (id, name),
+            size_bytes,
+            created_unix,
+            VolumeMap::default(),
+            true,
+        )
+    }
+
+    fn with(
+        (id, name): (u32, String),
+        size_bytes: u64,
+        created_unix: u64,
+        map: VolumeMap,
+        being_created: bool,
+    ) -> VolumeState {
+        let v = VolumeState {
+            id,
+            name,
+            size_bytes,
+            recording_size_bytes: None,
+            being_created,
+            created_unix,
+            view: Arc::new(VolumeView::new(map)),
+        };
+        v.publish();
+        v
+    }
+
     /// Created, as far as users can tell (its creation is durable).
     pub fn exists(&self) -> bool {
         !self.being_created
+    }
+
+    /// Its creation is durable: reads and writes may use it.
+    pub fn mark_created(&mut self) {
+        self.being_created = false;
+        self.publish();
+    }
+
+    /// Its new size is durable.
+    pub fn grow_to(&mut self, size_bytes: u64) {
+        self.size_bytes = size_bytes;
+        self.publish();
+    }
+
+    pub fn map(&self) -> RwLockReadGuard<'_, VolumeMap> {
+        self.view.map()
+    }
+
+    pub fn map_mut(&mut self) -> RwLockWriteGuard<'_, VolumeMap> {
+        self.view.map_mut()
+    }
+
+    /// The size reads may use: its size once it exists, else 0.
+    pub fn readable_bytes(&self) -> u64 {
+        if self.exists() {
+            self.size_bytes
+        } else {
+            0
+        }
+    }
+
+    /// Publishes `readable_bytes` to the view.
+    fn publish(&self) {
+        self.view.publish_readable_bytes(self.readable_bytes());
+    }
+
+    /// It is being deleted: no read without the ledger lock takes it from
+    /// here on (before its overlays go: see `read_index`).
+    pub fn withdraw(&self) {
+        self.view.publish_readable_bytes(0);
+    }
+}
+
+impl Drop for VolumeState {
+    /// A volume taken out of the ledger (deleted, or its creation undone)
+    /// is read by no handle without the lock any more, and its map is
+    /// freed (handles keep the view).
+    fn drop(&mut self) {
+        self.withdraw();
+        *self.view.map_mut() = VolumeMap::default();
     }
 }
 
@@ -226,6 +325,8 @@ pub struct Ledger {
     pub inflight: Vec<Arc<SealedRow>>,
     /// The bytes of the rows in `inflight` (their buffers' lengths).
     pub inflight_bytes: usize,
+    /// What reads look up without this lock (published under it).
+    pub read_index: Arc<ReadIndex>,
     /// User blocks and trim/zero records appended since the pool opened (in
     /// memory only): what `SpaceStalls` watches to tell a full pool from
     /// one that moves.
@@ -343,6 +444,43 @@ impl Ledger {
         self.volumes.get(&id)
     }
 
+    /// What reads without the lock look up agrees with the ledger: the
+    /// rows in flight, the overlays held, each volume's readable size.
+    fn check_read_index(&self) -> std::result::Result<(), String> {
+        let published = self.read_index.rows_in_flight();
+        if published.len() != self.inflight.len()
+            || !self.inflight.iter().all(|r| published.contains(&r.geom))
+        {
+            return Err(format!(
+                "{} rows in flight, {} published for reads",
+                self.inflight.len(),
+                published.len()
+            ));
+        }
+        if self.read_index.overlays_held() != (self.overlays.len() > 0) {
+            return Err(format!(
+                "{} overlays held, published as {}",
+                self.overlays.len(),
+                if self.read_index.overlays_held() {
+                    "some"
+                } else {
+                    "none"
+                }
+            ));
+        }
+        for v in self.volumes.values() {
+            if v.view.readable_bytes() != v.readable_bytes() {
+                return Err(format!(
+                    "volume {} reads {} bytes, published {}",
+                    v.id,
+                    v.readable_bytes(),
+                    v.view.readable_bytes()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Data held in memory for `pba` (a row in flight), if any.
     pub fn inflight_block(&self, geometry: &crate::layout::Geometry, pba: Pba) -> Option<&[u8]> {
         for row in &self.inflight {
@@ -429,10 +567,11 @@ impl Ledger {
                 self.inflight_bytes
             ));
         }
+        self.check_read_index()?;
         let mut live = vec![0u32; self.segments.len()];
         let mut stored = 0u64;
         for v in self.volumes.values() {
-            for (lba, loc, _) in v.map.iter_from(0) {
+            for (lba, loc, _) in v.map().iter_from(0) {
                 if loc.is_stored() {
                     stored += 1;
                 }
@@ -473,7 +612,7 @@ impl Ledger {
             ));
         }
         self.overlays
-            .check(|vol, lba| self.volume(vol).map(|v| v.map.get(lba).0.is_stored()))
+            .check(|vol, lba| self.volume(vol).map(|v| v.map().get(lba).0.is_stored()))
     }
 }
 

@@ -216,7 +216,7 @@ mod tests {
         // The cleaner moves block 0 a second time: into the cold head's open row.
         {
             let mut ledger = pool.engine.ledger.lock();
-            let (Loc::Disk(pba), crc) = ledger.volume(vol.id()).unwrap().map.get(0) else {
+            let (Loc::Disk(pba), crc) = ledger.volume(vol.id()).unwrap().map().get(0) else {
                 panic!("setup: block 0 is on the members");
             };
             let entry = Entry {

@@ -404,7 +404,7 @@ impl Ledger {
                 self.volumes
                     .get_mut(&entry.volume)
                     .expect("volume")
-                    .map
+                    .map_mut()
                     .set(entry.lba, now, entry.crc);
                 self.user_appends += 1;
                 return Ok(None);
@@ -436,7 +436,7 @@ impl Ledger {
             .volumes
             .get_mut(&entry.volume)
             .expect("volume exists")
-            .map
+            .map_mut()
             .set(entry.lba, Loc::Open { head, slot }, entry.crc);
         self.release_loc(old.0, shape);
         if !old.0.is_stored() {
@@ -484,7 +484,7 @@ impl Ledger {
                 .volumes
                 .get_mut(&volume)
                 .expect("volume")
-                .map
+                .map_mut()
                 .set(b, new, 0);
             self.release_loc(old.0, shape);
             if old.0.is_stored() {
@@ -533,6 +533,10 @@ impl Ledger {
         let hb = geom.header_blocks as usize;
         row.buf[start_block * BLOCK_SIZE..(start_block + hb) * BLOCK_SIZE].copy_from_slice(&bytes);
         self.advance_head(head, &geom, crc, shape);
+        // Reads without the ledger lock see the row in flight before the
+        // map names its blocks (`read_index`).
+        let rows = self.inflight.iter().map(|r| r.geom).chain([geom]);
+        self.read_index.publish_rows_in_flight(rows);
         let live = match row.kind {
             RowKind::Data => self.map_slots_to_disk(head, &row, &header, &geom, shape),
             _ => 0,
@@ -609,16 +613,26 @@ impl Ledger {
         shape: &Shape,
     ) -> u32 {
         let mut live = 0u32;
+        // One hold of a volume's map for each run of its slots (a row's
+        // slots are mostly one volume's).
+        let mut held = None;
         for (slot, &e) in row.slot_entry.iter().enumerate() {
             let entry = &header.entries[e as usize];
-            let Some(vol) = self.volumes.get_mut(&entry.volume) else {
-                continue;
+            let map = match &mut held {
+                Some((id, map)) if *id == entry.volume => map,
+                _ => {
+                    held = None;
+                    let Some(vol) = self.volumes.get_mut(&entry.volume) else {
+                        continue;
+                    };
+                    &mut held.insert((entry.volume, vol.map_mut())).1
+                }
             };
             let slot = slot as u32;
-            let (loc, crc) = vol.map.get(entry.lba);
+            let (loc, crc) = map.get(entry.lba);
             if loc == (Loc::Open { head, slot }) {
                 let pba = geom.slot_pba(&shape.geometry, slot);
-                vol.map.set(entry.lba, Loc::Disk(pba), crc);
+                map.set(entry.lba, Loc::Disk(pba), crc);
                 live += 1;
             }
         }

@@ -11,9 +11,13 @@
 //! - `shape`: what never changes while open (geometry, parity, identity).
 //! - `options`: run-time knobs (`PoolOptions`, cleaner policy).
 //! - `overlay_table`: sub-block writes held in memory, as a table.
+//! - `read_index`: what reads look up without the ledger lock (each
+//!   volume's map behind its own lock, its size, overlays held, rows in
+//!   flight), published by ledger holders.
 //! - `stats`: counters and reports (runtime, cleaner, reshape, recovery).
 //! - `ledger`: `Ledger`, all mutable bookkeeping behind one mutex
-//!   (segments, heads, volume maps, rows in flight, read-only reason).
+//!   (segments, heads, volumes and their maps' views, rows in flight,
+//!   read-only reason).
 //! - `log`: the log heads: opening, appending to and sealing rows.
 //! - `lifetime`: which head a user block goes to (hot and cold data apart).
 //! - `space`: capacity, the cleaner's floors, stall detection.
@@ -73,7 +77,9 @@
 //! (checkpoint.rs: a checkpoint if enough log was written since the last).
 //!
 //! Locking: one mutex (`Ledger`) guards all bookkeeping and is never held
-//! across member I/O. `reuse` is a read-write lock that readers hold while
+//! across member I/O; each volume's map has its own read-write lock, taken
+//! after the ledger by writers and alone by reads that need nothing else
+//! (`read_index`). `reuse` is a read-write lock that readers hold while
 //! reading member blocks, so that a segment freed by the cleaner is never
 //! rewritten under a reader. `maintenance` serialises checkpoints, cleaning
 //! passes, member and volume changes and the reshape; flushes never wait
@@ -99,6 +105,7 @@ mod overlay;
 mod overlay_table;
 mod range;
 mod read;
+mod read_index;
 mod rebuild;
 mod replay;
 mod row_check;

@@ -465,7 +465,11 @@ impl Engine {
                 read_only = true;
             }
             ledger.checkpoint = ptr;
-            ledger.stored_blocks = ledger.volumes.values().map(|v| v.map.stored_blocks()).sum();
+            ledger.stored_blocks = ledger
+                .volumes
+                .values()
+                .map(|v| v.map().stored_blocks())
+                .sum();
         }
         self.debug_check("roll forward");
         if !read_only {

@@ -2,8 +2,10 @@
 //! blocks later ("resolving"), so that a write covering a 4 KiB block only
 //! partly does not wait for a read of the old block.
 //!
-//! Owns: the overlay table (in `Ledger`, under the same lock as the volume
-//! maps, so a reader's map lookup and overlay copies are one snapshot), its
+//! Owns: the overlay table (in `Ledger`, under the lock the volume maps
+//! are changed under, so a locked reader's map lookup and overlay copies
+//! are one snapshot; a read without that lock goes ahead only while the
+//! table is empty: `read_index`), its
 //! bound (`PoolOptions::max_overlays`) and space accounting, resolving
 //! overlays (read the base outside the lock, merge, append with a
 //! compare-and-write that the overlay is still the one merged), the
@@ -12,7 +14,8 @@
 //!
 //! Rules the rest of the pool keeps: whatever replaces a block (a whole-block
 //! write, a trim or zero record, deleting the volume) drops its overlay in
-//! the same lock section that changes the map; reads apply the overlays
+//! the same lock section that changes the map, after the map changed (a
+//! deletion withdraws the volume's size first); reads apply the overlays
 //! copied with their map lookup; an overlay is either in the table or its
 //! bytes are in the log (it leaves the table in the lock section of the
 //! append that carries it), so a flush that resolved every overlay older
@@ -178,7 +181,7 @@ impl Engine {
             };
             let mut block = vec![0u8; BLOCK_SIZE];
             let snapshot = self.read_base(vol, &name, lba, &mut block, |ledger| {
-                let entry = ledger.volume(vol).map(|v| v.map.get(lba));
+                let entry = ledger.volume(vol).map(|v| v.map().get(lba));
                 Ok(entry.zip(ledger.overlays.copy(vol, lba)))
             });
             let (entry, overlay) = match snapshot {
@@ -243,7 +246,7 @@ impl Engine {
                 let mut ledger = self.ledger.lock();
                 check_writable(&ledger)?;
                 let vol = ledger.volume(id).ok_or_else(|| gone(name))?;
-                let base_stored = vol.map.get(lba).0.is_stored();
+                let base_stored = vol.map().get(lba).0.is_stored();
                 let (stored, usable) = (ledger.stored_blocks, ledger.usable_blocks);
                 ledger
                     .overlays
@@ -302,7 +305,7 @@ impl Engine {
     ) -> Result<bool> {
         let mut block = vec![0u8; BLOCK_SIZE];
         let (entry, overlays) = self.read_base(id, name, lba, &mut block, |ledger| {
-            let entry = ledger.volume(id).map(|v| v.map.get(lba));
+            let entry = ledger.volume(id).map(|v| v.map().get(lba));
             Ok((entry, ledger.overlays.copies(id, lba, 1)))
         })?;
         let entry = entry.ok_or_else(|| gone(name))?;
@@ -409,7 +412,7 @@ mod tests {
             .unwrap();
         let (entry, copy) = {
             let ledger = pool.engine.ledger.lock();
-            let entry = ledger.volume(vol.id()).unwrap().map.get(0);
+            let entry = ledger.volume(vol.id()).unwrap().map().get(0);
             (entry, ledger.overlays.copy(vol.id(), 0).unwrap())
         };
         let mut merged = vec![0u8; BLOCK_SIZE];
@@ -442,7 +445,7 @@ mod tests {
         vol.write(0, &[0x22; SECTOR_BYTES]).unwrap();
         let (entry, copy) = {
             let ledger = pool.engine.ledger.lock();
-            let entry = ledger.volume(vol.id()).unwrap().map.get(0);
+            let entry = ledger.volume(vol.id()).unwrap().map().get(0);
             (entry, ledger.overlays.copy(vol.id(), 0).unwrap())
         };
         let mut merged = vec![0x11u8; BLOCK_SIZE];

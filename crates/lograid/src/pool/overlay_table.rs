@@ -9,6 +9,8 @@ use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE;
 use crate::map::Loc;
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// 512-byte sectors in a block: one bit each in a mask.
 pub(crate) const SECTOR_BYTES: usize = crate::format::SECTOR_BYTES as usize;
@@ -122,6 +124,10 @@ pub struct OverlayTable {
     unstored: u64,
     /// Overlays merged into their blocks since the pool was opened.
     pub resolved: u64,
+    /// The table's size, published for reads without the ledger lock
+    /// (`read_index`): raised when an overlay is inserted, lowered once it
+    /// is removed.
+    held: Arc<AtomicUsize>,
 }
 
 impl OverlayTable {
@@ -132,11 +138,17 @@ impl OverlayTable {
             tick: 0,
             unstored: 0,
             resolved: 0,
+            held: Arc::default(),
         }
     }
 
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+
+    /// The table's size as published (for `ReadIndex`).
+    pub fn held(&self) -> Arc<AtomicUsize> {
+        self.held.clone()
     }
 
     /// Overlays whose blocks are not stored yet: blocks reserved.
@@ -229,6 +241,7 @@ impl OverlayTable {
             },
         );
         self.unstored += u64::from(!base_stored);
+        self.held.store(self.map.len(), Ordering::Release);
         assert!(self.map.len() <= self.limit, "overlay table over its limit");
         Ok(Written::Held {
             wake: self.map.len() > self.low_watermark(),
@@ -290,6 +303,7 @@ impl OverlayTable {
         }
         if let Some(o) = self.map.remove(&(vol, lba)) {
             self.unstored -= u64::from(o.unstored);
+            self.held.store(self.map.len(), Ordering::Release);
         }
     }
 

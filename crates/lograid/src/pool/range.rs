@@ -78,7 +78,7 @@ impl Engine {
             self.wait_for_inflight_room(&mut ledger);
             check_writable(&ledger)?;
             let vol = ledger.volume(id).ok_or_else(|| gone(name))?;
-            let Some((run, kind)) = next_record(&vol.map, blocks.clone(), op) else {
+            let Some((run, kind)) = next_record(&vol.map(), blocks.clone(), op) else {
                 // The rest is unmapped: only overlays to drop.
                 ledger.overlays.remove_range(id, blocks.start, blocks.end);
                 return Ok(RecordStep::Done);

@@ -1,13 +1,15 @@
-//! The read path: a volume's blocks looked up in its map (the range checked
-//! in the same lock section), read from the members (consecutive blocks of
-//! one member in one read, straight into the caller's buffer where it is
-//! 4 KiB-aligned), every block checked in place against its checksum, and a
+//! The read path: a volume's blocks looked up in its map (without the
+//! ledger lock where `read_index` allows, else under it; the range checked
+//! against the size as of the lookup), read from the members (consecutive
+//! blocks of one member in one read, straight into the caller's buffer
+//! where it is 4 KiB-aligned), every block checked in place against its checksum, and a
 //! bad or unreadable one rebuilt from the rest of its row (`stripe`),
 //! returned and rewritten. Blocks still in memory (open rows, rows in
 //! flight) are copied from there. Never returns bytes it could not verify.
 
 use super::engine::open_device;
 use super::ledger::Ledger;
+use super::read_index::{ReadIndex, VolumeView};
 use super::Engine;
 use crate::device::{is_aligned, AlignedBuf, Device};
 use crate::error::{Error, Result};
@@ -24,16 +26,25 @@ impl Engine {
     /// Reads whole blocks from `lba` into `out`, verifying every checksum,
     /// with their overlays applied. `asked` (the caller's request: byte
     /// offset and length, within the blocks) is checked against the
-    /// volume's size in the same lock section as the map lookup.
+    /// volume's size as of the map lookup. Looked up without the ledger
+    /// lock where `look_up_unlocked` can, under it otherwise.
     pub(crate) fn read_blocks(
         &self,
-        id: u32,
-        name: &str,
+        vol: ReadTarget<'_>,
         lba: u64,
         out: &mut [u8],
         asked: (u64, u64),
     ) -> Result<()> {
+        let ReadTarget { id, name, view } = vol;
         let (n, bytes) = ((out.len() / BLOCK_SIZE) as u64, asked.1);
+        {
+            let _guard = self.reuse.read();
+            let mut blocks = PlanBlocks::new();
+            if self.look_up_unlocked(view, lba, out, asked, &mut blocks) {
+                self.user_bytes_read_now.add(bytes);
+                return self.read_plan(&ReadPlan::new(name, lba, blocks), out);
+            }
+        }
         let overlays = self.read_base(id, name, lba, out, |ledger| {
             let size = ledger.volume(id).ok_or_else(|| gone(name))?.size_bytes;
             within_size(name, asked, size)?;
@@ -44,6 +55,65 @@ impl Engine {
             o.apply(&mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
         }
         Ok(())
+    }
+
+    /// Looks the blocks of `out` up without the ledger lock, if that
+    /// settles them, checking in the order `read_index` publishes: no
+    /// overlay held in the pool, `asked` within the size the view
+    /// publishes, every block a hole, zeroes, or on a member (in one hold
+    /// of the map's lock), no row in flight over those, and the size still
+    /// there (a deletion empties the map after it withdraws the size).
+    /// Fills holes and zeroes in `out` and lists the others in `to_read`;
+    /// `false` if the ledger must be asked (`to_read` then holds nothing
+    /// to use). The caller holds `reuse` from before the call until the
+    /// member reads are done.
+    fn look_up_unlocked(
+        &self,
+        view: &VolumeView,
+        lba: u64,
+        out: &mut [u8],
+        asked: (u64, u64),
+        to_read: &mut PlanBlocks,
+    ) -> bool {
+        use crate::sync::schedule_point;
+        if self.read_index.overlays_held() {
+            return false;
+        }
+        schedule_point();
+        if !fits(asked, view.readable_bytes()) {
+            return false;
+        }
+        schedule_point();
+        let mut zeroes: SmallVec<[usize; 8]> = SmallVec::new();
+        {
+            let map = view.map();
+            for i in 0..out.len() / BLOCK_SIZE {
+                match map.get(lba + i as u64) {
+                    (Loc::Unmapped | Loc::Zero, _) => zeroes.push(i),
+                    (Loc::Disk(pba), crc) => to_read.push((i, pba, crc)),
+                    (Loc::Open { .. }, _) => return false,
+                }
+            }
+        }
+        schedule_point();
+        if !to_read.is_empty() {
+            let rows = self.read_index.rows_in_flight();
+            let geometry = &self.shape.geometry;
+            if to_read
+                .iter()
+                .any(|&(_, pba, _)| ReadIndex::in_flight(&rows, geometry, pba))
+            {
+                return false;
+            }
+            schedule_point();
+        }
+        if !fits(asked, view.readable_bytes()) {
+            return false;
+        }
+        for i in zeroes {
+            out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE].fill(0);
+        }
+        true
     }
 
     /// Reads whole blocks from `lba` into `out` as stored (no overlays),
@@ -66,15 +136,20 @@ impl Engine {
             self.look_up_blocks(&ledger, id, name, lba, out, &mut blocks)?;
             snap
         };
-        let plan = ReadPlan::new(name, lba, blocks);
-        // Each run is read and settled at once. The runs of a member that
-        // is gone or failing are rebuilt after.
-        let read_ok = self.read_runs(&plan, out)?;
+        self.read_plan(&ReadPlan::new(name, lba, blocks), out)?;
+        Ok(snap)
+    }
+
+    /// Reads the member blocks of `plan` into `out`: each run read and
+    /// settled at once, the runs of a member that is gone or failing
+    /// rebuilt after. The caller holds `reuse`.
+    fn read_plan(&self, plan: &ReadPlan, out: &mut [u8]) -> Result<()> {
+        let read_ok = self.read_runs(plan, out)?;
         if read_ok.iter().any(|ok| !ok) {
             self.check_read_health();
-            self.rebuild_failed_runs(&plan, &read_ok, out)?;
+            self.rebuild_failed_runs(plan, &read_ok, out)?;
         }
-        Ok(snap)
+        Ok(())
     }
 
     /// Reads whole blocks from `lba` into `out` at once, if that needs no
@@ -85,15 +160,18 @@ impl Engine {
     /// error, a read that waits, a repair).
     pub(crate) fn try_read_blocks_now(
         &self,
-        id: u32,
-        name: &str,
+        vol: ReadTarget<'_>,
         lba: u64,
         out: &mut [u8],
         asked: (u64, u64),
     ) -> Option<()> {
+        let ReadTarget { id, name, view } = vol;
         let _guard = self.reuse.try_read()?;
         let mut blocks = PlanBlocks::new();
-        let overlays = {
+        let overlays = if self.look_up_unlocked(view, lba, out, asked, &mut blocks) {
+            Vec::new()
+        } else {
+            blocks.clear();
             let ledger = self.ledger.try_lock()?;
             within_size(name, asked, ledger.volume(id)?.size_bytes).ok()?;
             self.look_up_blocks(&ledger, id, name, lba, out, &mut blocks)
@@ -147,8 +225,9 @@ impl Engine {
         to_read: &mut PlanBlocks,
     ) -> Result<()> {
         let vol = ledger.volume(id).ok_or_else(|| gone(name))?;
+        let map = vol.map();
         for (i, block) in out.chunks_exact_mut(BLOCK_SIZE).enumerate() {
-            let (loc, crc) = vol.map.get(lba + i as u64);
+            let (loc, crc) = map.get(lba + i as u64);
             match loc {
                 Loc::Unmapped | Loc::Zero => block.fill(0),
                 Loc::Open { head, slot } => {
@@ -303,10 +382,11 @@ impl Engine {
         let mut out: Vec<(u64, Allocation)> = Vec::new();
         let end = offset + length;
         let mut pos = offset;
+        let map = vol.map();
         while pos < end {
             let lba = pos / BLOCK_BYTES;
             let next = ((lba + 1) * BLOCK_BYTES).min(end);
-            let state = match vol.map.get(lba).0 {
+            let state = match map.get(lba).0 {
                 _ if ledger.overlays.contains(id, lba) => Allocation::Data,
                 Loc::Unmapped => Allocation::Hole,
                 Loc::Zero => Allocation::Zero,
@@ -420,9 +500,22 @@ impl<'a> ReadPlan<'a> {
 
 /// Whether a request of `asked` (byte offset, length) lies within a volume
 /// of `size` bytes.
+/// The volume a read is for: its id and name (looked up in the ledger, and
+/// named in errors) and its view (looked up without the ledger lock).
+pub(crate) struct ReadTarget<'a> {
+    pub id: u32,
+    pub name: &'a str,
+    pub view: &'a VolumeView,
+}
+
+/// Whether a request (byte offset and length) lies within `size` bytes.
+pub(crate) fn fits((offset, length): (u64, u64), size: u64) -> bool {
+    offset.checked_add(length).is_some_and(|end| end <= size)
+}
+
 pub(crate) fn within_size(name: &str, asked: (u64, u64), size: u64) -> Result<()> {
     let (offset, length) = asked;
-    if offset.checked_add(length).is_none_or(|end| end > size) {
+    if !fits(asked, size) {
         return Err(Error::OutOfRange {
             volume: name.to_string(),
             offset,

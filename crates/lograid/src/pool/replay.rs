@@ -236,15 +236,12 @@ impl Engine {
             }
             map.set(lba, loc, crc);
         }
-        Ok(VolumeState {
-            id: v.id,
-            name: v.name,
-            size_bytes: v.size_bytes,
-            recording_size_bytes: None,
-            being_created: false,
-            created_unix: v.created_unix,
+        Ok(VolumeState::recorded(
+            (v.id, v.name),
+            v.size_bytes,
+            v.created_unix,
             map,
-        })
+        ))
     }
 
     /// The user and cleaner heads where the checkpoint left them.
@@ -732,11 +729,11 @@ impl Engine {
             return;
         }
         if e.kind == EntryKind::Relocated
-            && vol.map.get(e.lba).0 != Loc::Disk(Pba::decode(e.source))
+            && vol.map().get(e.lba).0 != Loc::Disk(Pba::decode(e.source))
         {
             return;
         }
-        let (old, _) = vol.map.set(e.lba, Loc::Disk(pba), e.crc);
+        let (old, _) = vol.map_mut().set(e.lba, Loc::Disk(pba), e.crc);
         ledger.release_loc(old, &self.shape);
         ledger.segment_mut(s).live_blocks += 1;
     }
@@ -757,7 +754,7 @@ impl Engine {
         let blocks: Vec<u64> = if e.kind == EntryKind::Zero {
             (e.lba.min(end)..end).collect()
         } else {
-            vol.map
+            vol.map()
                 .iter_from(e.lba)
                 .map(|x| x.0)
                 .take_while(|&b| b < end)
@@ -768,7 +765,7 @@ impl Engine {
                 .volumes
                 .get_mut(&e.volume)
                 .expect("the volume looked up above")
-                .map
+                .map_mut()
                 .set(b, new, 0);
             ledger.release_loc(old, &self.shape);
         }

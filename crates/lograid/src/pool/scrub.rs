@@ -250,8 +250,8 @@ impl Engine {
         let pba = geom.pba(&self.shape.geometry, col, blk);
         let ledger = self.ledger.lock();
         let v = ledger.volume(entry.volume)?;
-        (v.map.get(entry.lba).0 == Loc::Disk(pba))
-            .then(|| (v.name.clone(), entry.lba * BLOCK_BYTES))
+        let here = v.map().get(entry.lba).0 == Loc::Disk(pba);
+        here.then(|| (v.name.clone(), entry.lba * BLOCK_BYTES))
     }
 
     fn scrub_row(&self, geom: &RowGeom, repair: bool, report: &mut ScrubReport) {

@@ -425,11 +425,14 @@ fn volume_statuses(ledger: &Ledger) -> Vec<VolumeStatus> {
         .volumes
         .values()
         .filter(|v| v.exists())
-        .map(|v| VolumeStatus {
-            name: v.name.clone(),
-            size_bytes: v.size_bytes,
-            stored_bytes: v.map.stored_blocks() * BLOCK_BYTES,
-            map_memory_bytes: v.map.memory_bytes(),
+        .map(|v| {
+            let map = v.map();
+            VolumeStatus {
+                name: v.name.clone(),
+                size_bytes: v.size_bytes,
+                stored_bytes: map.stored_blocks() * BLOCK_BYTES,
+                map_memory_bytes: map.memory_bytes(),
+            }
         })
         .collect()
 }

@@ -62,7 +62,7 @@ impl Engine {
                     // meanwhile holds the same bytes (same checksum): not a
                     // change (in a full pool the cleaner may move it every
                     // time, and the write would never get through).
-                    let now = vol.map.get(lba);
+                    let now = vol.map().get(lba);
                     let stored = |l: Loc| matches!(l, Loc::Disk(_) | Loc::Open { .. });
                     if now != exp && !(now.1 == exp.1 && stored(now.0) && stored(exp.0)) {
                         return Ok(false);
@@ -123,7 +123,7 @@ impl Engine {
         let (old, _) = ledger
             .volume(id)
             .ok_or_else(|| Error::NotFound(format!("volume {id} was deleted")))?
-            .map
+            .map()
             .get(lba);
         // A new block: room for it beyond the blocks reserved for overlays
         // (its own overlay's reservation is its). An overlay merged into its

@@ -78,6 +78,7 @@ impl Pool {
                 engine: self.engine.clone(),
                 id: v.id,
                 name: v.name.clone(),
+                view: v.view.clone(),
             })
             .collect()
     }
@@ -113,34 +114,28 @@ impl Pool {
             ledger.next_volume_id += 1;
             ledger.volumes.insert(
                 id,
-                ledger::VolumeState {
-                    id,
-                    name: name.to_string(),
-                    size_bytes,
-                    recording_size_bytes: None,
-                    being_created: true,
-                    created_unix: now_unix(),
-                    map: Default::default(),
-                },
+                ledger::VolumeState::being_created((id, name.to_string()), size_bytes, now_unix()),
             );
             id
         };
         let recorded = self.engine.checkpoint_log_locked();
         let mut ledger = self.engine.ledger.lock();
-        match recorded {
+        let view = match recorded {
             Ok(()) => {
                 let v = ledger.volumes.get_mut(&id).expect("volume being created");
-                v.being_created = false;
+                v.mark_created();
+                v.view.clone()
             }
             Err(e) => {
                 ledger.volumes.remove(&id);
                 return Err(e);
             }
-        }
+        };
         Ok(Volume {
             engine: self.engine.clone(),
             id,
             name: name.to_string(),
+            view,
         })
     }
 
@@ -179,7 +174,7 @@ impl Pool {
         let v = ledger.volumes.get_mut(&id).expect("volume being grown");
         v.recording_size_bytes = None;
         if recorded.is_ok() {
-            v.size_bytes = size_bytes;
+            v.grow_to(size_bytes);
         }
         recorded
     }
@@ -206,9 +201,10 @@ impl Pool {
                 .ok_or_else(|| Error::NotFound(format!("volume '{name}'")))?;
             // Seal first so no open slot refers to the volume.
             let sealed = self.engine.seal_open_rows(&mut ledger);
-            ledger.overlays.remove_volume(id);
             let vol = ledger.volumes.remove(&id).expect("volume");
-            for (_, loc, _) in vol.map.iter_from(0) {
+            vol.withdraw();
+            ledger.overlays.remove_volume(id);
+            for (_, loc, _) in vol.map().iter_from(0) {
                 ledger.release_loc(loc, &self.engine.shape);
                 if loc.is_stored() {
                     ledger.stored_blocks -= 1;

@@ -3,7 +3,8 @@
 //! guarded (a panic stops the pool writing), and hands it to the engine.
 
 use super::super::range::{self};
-use super::super::read::{gone, within_size, Allocation};
+use super::super::read::{fits, gone, within_size, Allocation, ReadTarget};
+use super::super::read_index::VolumeView;
 use super::super::Engine;
 use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
@@ -18,6 +19,8 @@ pub struct Volume {
     pub(crate) engine: Arc<Engine>,
     pub(super) id: u32,
     pub(super) name: String,
+    /// Its map and readable size, looked up without the ledger lock.
+    pub(super) view: Arc<VolumeView>,
 }
 
 impl Volume {
@@ -27,13 +30,18 @@ impl Volume {
     pub fn id(&self) -> u32 {
         self.id
     }
+    /// The size reads and writes may use (0 once the volume is deleted).
     pub fn size_bytes(&self) -> u64 {
-        self.engine
-            .ledger
-            .lock()
-            .volume(self.id)
-            .map(|v| v.size_bytes)
-            .unwrap_or(0)
+        self.view.readable_bytes()
+    }
+
+    /// What the engine's reads need of this handle.
+    fn target(&self) -> ReadTarget<'_> {
+        ReadTarget {
+            id: self.id,
+            name: &self.name,
+            view: &self.view,
+        }
     }
 
     /// Checks that the pool is open, alignment, and range.
@@ -42,9 +50,15 @@ impl Volume {
         self.check_range(offset, length)
     }
 
-    /// Checks the range against the volume's size (which needs the lock;
-    /// a deleted volume says so first).
+    /// Checks the range against the volume's size: the size published to
+    /// the view, without the lock; a range past it is checked under the lock
+    /// (a deleted volume says so first).
     fn check_range(&self, offset: u64, length: u64) -> Result<()> {
+        // (A deleted volume's size is 0: an empty request there asks the ledger.)
+        let readable = self.view.readable_bytes();
+        if readable > 0 && fits((offset, length), readable) {
+            return Ok(());
+        }
         let size = self
             .engine
             .ledger
@@ -71,7 +85,7 @@ impl Volume {
     /// does not match; a block that cannot be repaired fails the read.
     /// After an error the contents of `buf` are unspecified.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        // The range is checked with the map lookup (one lock section).
+        // The range is checked with the map lookup (against the size as of it).
         let asked = (offset, buf.len() as u64);
         self.check_open_and_aligned(offset, asked.1)?;
         if buf.is_empty() || offset.checked_add(asked.1).is_none() {
@@ -84,13 +98,11 @@ impl Volume {
         let head = (offset % bs) as usize;
         self.engine.guarded("read", || {
             if head == 0 && buf.len().is_multiple_of(BLOCK_SIZE) {
-                return self
-                    .engine
-                    .read_blocks(self.id, &self.name, first, buf, asked);
+                return self.engine.read_blocks(self.target(), first, buf, asked);
             }
             let mut tmp = vec![0u8; count * BLOCK_SIZE];
             self.engine
-                .read_blocks(self.id, &self.name, first, &mut tmp, asked)?;
+                .read_blocks(self.target(), first, &mut tmp, asked)?;
             buf.copy_from_slice(&tmp[head..head + buf.len()]);
             Ok(())
         })
@@ -115,13 +127,9 @@ impl Volume {
         let lba = offset / BLOCK_SIZE as u64;
         self.engine
             .guarded("read", || {
-                let done = self.engine.try_read_blocks_now(
-                    self.id,
-                    &self.name,
-                    lba,
-                    buf,
-                    (offset, length),
-                );
+                let done =
+                    self.engine
+                        .try_read_blocks_now(self.target(), lba, buf, (offset, length));
                 Ok(done.map(Ok))
             })
             .unwrap_or_else(|e| Some(Err(e)))
