@@ -687,21 +687,44 @@ fn pct_schedules_of_sub_block_merges() {
 /// Blocks of volume "a" the reads-without-the-lock scenario writes.
 const UNLOCKED_BLOCKS: u64 = 8;
 
+/// Whole-block tags of that scenario, oldest first.
+const WHOLE_TAGS: [u8; 3] = [0x10, 0x20, 0x30];
+
+/// The sub-block write's tag (sector 0 of block `SUB_BLOCK`).
+const SUB_TAG: u8 = 0x44;
+const SUB_BLOCK: u64 = 5;
+
+/// Reads without the ledger lock, over all schedules of the scenario.
+static UNLOCKED_READS: AtomicU64 = AtomicU64::new(0);
+
+/// What the scenario's threads tell each other: per block of "a", the
+/// newest whole-block tag acknowledged (its rank in `WHOLE_TAGS`); whether
+/// the sub-block write was acknowledged; whether block 5's last whole write
+/// began after that.
+#[derive(Default)]
+struct Acked {
+    rank: [std::sync::atomic::AtomicUsize; UNLOCKED_BLOCKS as usize],
+    sub_done: std::sync::atomic::AtomicBool,
+    last_after_sub: std::sync::atomic::AtomicBool,
+}
+
 /// Reads that look blocks up without the ledger lock (`read_index`), beside
 /// writes that fill rows (sealed, in flight, then written) and a sub-block
 /// write. Blocks 0..8 hold 0x10 (flushed) when the threads start; one thread
 /// writes them 0x20 then 0x30 (each pass fills a row); one writes sector 0
 /// of block 5 (0x44) and reads it back; two read them, a block at a time
 /// and all at once. Volume "b", holding a sub-block write, is deleted while
-/// it is read: each read fails or holds that write. Every sector read is one some write put there (never
-/// unwritten member blocks of a row still in flight, which would fail
-/// their checksums), and the sub-block write is seen once acknowledged
-/// unless a whole-block write replaced it.
+/// it is read: each read fails as deleted or holds that write. Every sector
+/// read is one some write put there, no older than what was acknowledged
+/// before the read began (never unwritten member blocks of a row still in
+/// flight: no checksum error, no repair, in the whole run), and the
+/// sub-block write is seen once acknowledged unless a later whole-block
+/// write replaced it.
 fn run_unlocked_reads() {
     let (_sims, pool) = new_pool(1, options());
     let a = pool.volume("a").unwrap();
     let blocks = UNLOCKED_BLOCKS as usize;
-    a.write(0, &vec![0x10; blocks * BLOCK]).unwrap();
+    a.write(0, &vec![WHOLE_TAGS[0]; blocks * BLOCK]).unwrap();
     a.flush().unwrap();
     // Volume "b": block 0 flushed as 0x10, then sector 0 written 0x55 (held
     // as an overlay: the resolver is off), while "b" is deleted and read.
@@ -709,6 +732,7 @@ fn run_unlocked_reads() {
     b.write(0, &[0x10; BLOCK]).unwrap();
     b.flush().unwrap();
     b.write(0, &[0x55; 512]).unwrap();
+    let acked = Arc::new(Acked::default());
     let mut threads = Vec::new();
     {
         let pool = pool.clone();
@@ -716,71 +740,68 @@ fn run_unlocked_reads() {
             pool.delete_volume("b").unwrap();
         }));
     }
+    threads.push(spawn_reads_of_deleted(&b));
     {
-        let b = b.clone();
+        let (a, acked) = (a.clone(), acked.clone());
         threads.push(shuttle::thread::spawn(move || {
-            let mut got = vec![0u8; BLOCK];
-            for _ in 0..2 {
-                let read = match b.try_read_now(0, &mut got) {
-                    Some(r) => r,
-                    None => b.read(0, &mut got),
-                };
-                // Gone, or whole with its acknowledged sub-block write.
-                if read.is_ok() {
-                    assert!(
-                        got[..512].iter().all(|&x| x == 0x55)
-                            && got[512..].iter().all(|&x| x == 0x10),
-                        "a read of a volume being deleted missed its sub-block write"
-                    );
-                }
-            }
-        }));
-    }
-    {
-        let a = a.clone();
-        threads.push(shuttle::thread::spawn(move || {
-            for tag in [0x20u8, 0x30] {
+            for (rank, &tag) in WHOLE_TAGS.iter().enumerate().skip(1) {
                 for b in 0..UNLOCKED_BLOCKS {
+                    if b == SUB_BLOCK && acked.sub_done.load(Ordering::SeqCst) {
+                        acked.last_after_sub.store(true, Ordering::SeqCst);
+                    }
                     a.write(b * BLOCK as u64, &vec![tag; BLOCK]).unwrap();
+                    acked.rank[b as usize].store(rank, Ordering::SeqCst);
                 }
             }
             a.flush().unwrap();
         }));
     }
+    let sub_before = Arc::new(AtomicU64::new(0));
     {
-        let a = a.clone();
+        let (a, acked, sub_before) = (a.clone(), acked.clone(), sub_before.clone());
         threads.push(shuttle::thread::spawn(move || {
-            a.write(5 * BLOCK as u64, &[0x44; 512]).unwrap();
+            let before = acked.rank[SUB_BLOCK as usize].load(Ordering::SeqCst);
+            sub_before.store(before as u64, Ordering::SeqCst);
+            a.write(SUB_BLOCK * BLOCK as u64, &[SUB_TAG; 512]).unwrap();
+            acked.sub_done.store(true, Ordering::SeqCst);
+            let floor = acked.rank[SUB_BLOCK as usize].load(Ordering::SeqCst);
             let mut got = vec![0u8; BLOCK];
-            a.read(5 * BLOCK as u64, &mut got).unwrap();
-            let sector0 = check_sectors(&got, 5, "the sub-block writer's read");
-            assert_ne!(
-                sector0, 0x10,
+            a.read(SUB_BLOCK * BLOCK as u64, &mut got).unwrap();
+            let sector0 = check_sectors(&got, SUB_BLOCK, floor, "the sub-block writer's read");
+            assert!(
+                sector0 == SUB_TAG || rank_of(sector0) > before,
                 "block 5 sector 0 read back older than the sub-block write acknowledged"
             );
         }));
     }
     {
-        let a = a.clone();
+        let (a, acked) = (a.clone(), acked.clone());
         threads.push(shuttle::thread::spawn(move || {
             let mut got = vec![0u8; BLOCK];
             for b in (0..UNLOCKED_BLOCKS).rev() {
+                let floor = acked.rank[b as usize].load(Ordering::SeqCst);
                 a.read(b * BLOCK as u64, &mut got).unwrap();
-                check_sectors(&got, b, "a read of one block");
+                check_sectors(&got, b, floor, "a read of one block");
             }
         }));
     }
     {
-        let a = a.clone();
+        let (a, acked) = (a.clone(), acked.clone());
         threads.push(shuttle::thread::spawn(move || {
             let mut got = vec![0u8; blocks * BLOCK];
             for _ in 0..2 {
+                let floors: Vec<usize> = acked
+                    .rank
+                    .iter()
+                    .map(|r| r.load(Ordering::SeqCst))
+                    .collect();
                 match a.try_read_now(0, &mut got) {
                     Some(r) => r.unwrap(),
                     None => a.read(0, &mut got).unwrap(),
                 }
                 for (b, block) in got.chunks(BLOCK).enumerate() {
-                    check_sectors(block, b as u64, "a read of every block");
+                    let floor = floors[b];
+                    check_sectors(block, b as u64, floor, "a read of every block");
                 }
             }
         }));
@@ -790,33 +811,90 @@ fn run_unlocked_reads() {
     }
     let mut got = vec![0u8; blocks * BLOCK];
     a.read(0, &mut got).unwrap();
+    let last = WHOLE_TAGS.len() - 1;
     for (b, block) in got.chunks(BLOCK).enumerate() {
-        let first = check_sectors(block, b as u64, "the read after the threads");
-        let rest_last = block[512..].iter().all(|&x| x == 0x30);
+        let first = check_sectors(block, b as u64, last, "the read after the threads");
+        let sub_may_be_last = !acked.last_after_sub.load(Ordering::SeqCst);
+        let sub_must_be_last = sub_before.load(Ordering::SeqCst) as usize == last;
+        let ok = match (b as u64 == SUB_BLOCK, first) {
+            (true, SUB_TAG) => sub_may_be_last,
+            (true, 0x30) => !sub_must_be_last,
+            (false, 0x30) => true,
+            _ => false,
+        };
         assert!(
-            rest_last && (first == 0x30 || (b == 5 && first == 0x44)),
-            "block {b} does not hold the last writes"
+            ok,
+            "block {b} does not hold the last writes (sector 0: {first:#x})"
         );
     }
+    let status = pool.status();
+    assert_eq!(
+        (status.checksum_errors, status.repaired_blocks),
+        (0, 0),
+        "a read found a block that did not match its checksum"
+    );
+    UNLOCKED_READS.fetch_add(status.reads_without_ledger_lock, Ordering::Relaxed);
+}
+
+/// Reads block 0 of volume "b" (being deleted) twice: each fails as
+/// deleted, or holds its acknowledged sub-block write (0x55 on 0x10).
+fn spawn_reads_of_deleted(b: &lograid::Volume) -> shuttle::thread::JoinHandle<()> {
+    let b = b.clone();
+    shuttle::thread::spawn(move || {
+        let mut got = vec![0u8; BLOCK];
+        for _ in 0..2 {
+            let read = match b.try_read_now(0, &mut got) {
+                Some(r) => r,
+                None => b.read(0, &mut got),
+            };
+            match read {
+                Ok(()) => assert!(
+                    got[..512].iter().all(|&x| x == 0x55) && got[512..].iter().all(|&x| x == 0x10),
+                    "a read of a volume being deleted missed its sub-block write"
+                ),
+                Err(lograid::Error::NotFound(_)) => {}
+                Err(e) => panic!("a read of a volume being deleted failed otherwise: {e}"),
+            }
+        }
+    })
+}
+
+fn rank_of(tag: u8) -> usize {
+    WHOLE_TAGS
+        .iter()
+        .position(|&t| t == tag)
+        .unwrap_or(usize::MAX)
 }
 
 /// Checks that every sector of `block` (block `b` of the scenario) is
-/// whole and holds a tag some write put there; returns sector 0's.
-fn check_sectors(block: &[u8], b: u64, what: &str) -> u8 {
+/// whole and holds a tag some write put there, no older than rank `floor`
+/// (acknowledged before the read began; sector 0 of block 5 may hold the
+/// sub-block write's tag instead); returns sector 0's.
+fn check_sectors(block: &[u8], b: u64, floor: usize, what: &str) -> u8 {
     for (s, sector) in block.chunks(512).enumerate() {
         let tag = sector[0];
-        let known = [0x10, 0x20, 0x30].contains(&tag) || (b == 5 && s == 0 && tag == 0x44);
+        let sub = b == SUB_BLOCK && s == 0 && tag == SUB_TAG;
         assert!(
-            known && sector.iter().all(|&x| x == tag),
+            (sub || rank_of(tag) != usize::MAX) && sector.iter().all(|&x| x == tag),
             "{what}: block {b} sector {s} holds bytes no write put there"
+        );
+        assert!(
+            sub || rank_of(tag) >= floor,
+            "{what}: block {b} sector {s} holds {tag:#x}, older than a write acknowledged before the read"
         );
     }
     block[0]
 }
 
 fn explore_unlocked_reads(kind: &str, n: usize, seed: u64, scheduler: impl Scheduler + 'static) {
+    let before = UNLOCKED_READS.load(Ordering::Relaxed);
     shuttle::Runner::new(scheduler, config()).run(run_unlocked_reads);
-    eprintln!("{kind}: {n} schedules of reads without the ledger lock from seed {seed:#x}");
+    let reads = UNLOCKED_READS.load(Ordering::Relaxed) - before;
+    eprintln!("{kind}: {n} schedules of reads without the ledger lock from seed {seed:#x}: {reads} such reads");
+    assert!(
+        reads > 0,
+        "no read looked its blocks up without the ledger lock"
+    );
 }
 
 #[test]

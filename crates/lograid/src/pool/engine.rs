@@ -73,6 +73,8 @@ pub(crate) struct Engine {
     pub user_bytes_read_now: StripedCounter,
     /// What reads look up without the ledger lock (the ledger's, shared).
     pub read_index: Arc<super::read_index::ReadIndex>,
+    /// Reads that looked their blocks up that way.
+    pub reads_without_ledger_lock: StripedCounter,
     pub recovery_report: Mutex<Option<stats::RecoveryReport>>,
     /// Counters and samples kept while the pool is open (not persisted).
     pub stats: Mutex<stats::RuntimeStats>,
@@ -334,6 +336,7 @@ impl Engine {
             closed: AtomicBool::new(false),
             user_bytes_read_now: StripedCounter::default(),
             read_index,
+            reads_without_ledger_lock: StripedCounter::default(),
             recovery_report: Mutex::new(None),
             stats: Mutex::new(Default::default()),
             reshape: Mutex::new(Default::default()),

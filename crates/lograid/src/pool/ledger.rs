@@ -300,7 +300,7 @@ impl VolumeState {
 
     /// It is being deleted: no read without the ledger lock takes it from
     /// here on (before its overlays go: see `read_index`).
-    pub fn withdraw(&self) {
+    pub(super) fn withdraw(&self) {
         self.view.publish_readable_bytes(0);
     }
 }
@@ -311,7 +311,8 @@ impl Drop for VolumeState {
     /// freed (handles keep the view).
     fn drop(&mut self) {
         self.withdraw();
-        *self.view.map_mut() = VolumeMap::default();
+        let map = std::mem::take(&mut *self.view.map_mut());
+        drop(map);
     }
 }
 
@@ -444,6 +445,14 @@ impl Ledger {
         self.volumes.get(&id)
     }
 
+    /// Publishes the rows in flight for reads without this lock, with
+    /// `sealing` (a row about to be pushed: published before the map names
+    /// its blocks).
+    pub fn publish_rows_in_flight(&self, sealing: Option<RowGeom>) {
+        let rows = self.inflight.iter().map(|r| r.geom).chain(sealing);
+        self.read_index.publish_rows_in_flight(rows);
+    }
+
     /// What reads without the lock look up agrees with the ledger: the
     /// rows in flight, the overlays held, each volume's readable size.
     fn check_read_index(&self) -> std::result::Result<(), String> {
@@ -457,15 +466,11 @@ impl Ledger {
                 published.len()
             ));
         }
-        if self.read_index.overlays_held() != (self.overlays.len() > 0) {
+        if self.read_index.overlays_count() != self.overlays.len() {
             return Err(format!(
                 "{} overlays held, published as {}",
                 self.overlays.len(),
-                if self.read_index.overlays_held() {
-                    "some"
-                } else {
-                    "none"
-                }
+                self.read_index.overlays_count()
             ));
         }
         for v in self.volumes.values() {

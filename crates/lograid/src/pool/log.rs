@@ -479,13 +479,12 @@ impl Ledger {
         } else {
             Loc::Unmapped
         };
+        // One hold of the map for the record (through the view, so the
+        // ledger's segments can be updated meanwhile).
+        let view = self.volumes.get(&volume).expect("volume").view.clone();
+        let mut map = view.map_mut();
         for b in lba..lba + count as u64 {
-            let old = self
-                .volumes
-                .get_mut(&volume)
-                .expect("volume")
-                .map_mut()
-                .set(b, new, 0);
+            let old = map.set(b, new, 0);
             self.release_loc(old.0, shape);
             if old.0.is_stored() {
                 self.stored_blocks -= 1;
@@ -535,8 +534,8 @@ impl Ledger {
         self.advance_head(head, &geom, crc, shape);
         // Reads without the ledger lock see the row in flight before the
         // map names its blocks (`read_index`).
-        let rows = self.inflight.iter().map(|r| r.geom).chain([geom]);
-        self.read_index.publish_rows_in_flight(rows);
+        self.publish_rows_in_flight(Some(geom));
+        crate::sync::schedule_point();
         let live = match row.kind {
             RowKind::Data => self.map_slots_to_disk(head, &row, &header, &geom, shape),
             _ => 0,

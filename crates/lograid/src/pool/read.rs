@@ -40,7 +40,7 @@ impl Engine {
         {
             let _guard = self.reuse.read();
             let mut blocks = PlanBlocks::new();
-            if self.look_up_unlocked(view, lba, out, asked, &mut blocks) {
+            if self.look_up_unlocked(view, (lba, asked), out, &mut blocks, true) {
                 self.user_bytes_read_now.add(bytes);
                 return self.read_plan(&ReadPlan::new(name, lba, blocks), out);
             }
@@ -66,14 +66,15 @@ impl Engine {
     /// Fills holes and zeroes in `out` and lists the others in `to_read`;
     /// `false` if the ledger must be asked (`to_read` then holds nothing
     /// to use). The caller holds `reuse` from before the call until the
-    /// member reads are done.
+    /// member reads are done. With `wait` false, a map a writer holds (or
+    /// waits for) is not waited for: `false`.
     fn look_up_unlocked(
         &self,
         view: &VolumeView,
-        lba: u64,
+        (lba, asked): (u64, (u64, u64)),
         out: &mut [u8],
-        asked: (u64, u64),
         to_read: &mut PlanBlocks,
+        wait: bool,
     ) -> bool {
         use crate::sync::schedule_point;
         if self.read_index.overlays_held() {
@@ -86,7 +87,14 @@ impl Engine {
         schedule_point();
         let mut zeroes: SmallVec<[usize; 8]> = SmallVec::new();
         {
-            let map = view.map();
+            let map = if wait {
+                Some(view.map())
+            } else {
+                view.try_map()
+            };
+            let Some(map) = map else {
+                return false;
+            };
             for i in 0..out.len() / BLOCK_SIZE {
                 match map.get(lba + i as u64) {
                     (Loc::Unmapped | Loc::Zero, _) => zeroes.push(i),
@@ -113,6 +121,7 @@ impl Engine {
         for i in zeroes {
             out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE].fill(0);
         }
+        self.reads_without_ledger_lock.add(1);
         true
     }
 
@@ -168,7 +177,7 @@ impl Engine {
         let ReadTarget { id, name, view } = vol;
         let _guard = self.reuse.try_read()?;
         let mut blocks = PlanBlocks::new();
-        let overlays = if self.look_up_unlocked(view, lba, out, asked, &mut blocks) {
+        let overlays = if self.look_up_unlocked(view, (lba, asked), out, &mut blocks, false) {
             Vec::new()
         } else {
             blocks.clear();
@@ -498,8 +507,6 @@ impl<'a> ReadPlan<'a> {
     }
 }
 
-/// Whether a request of `asked` (byte offset, length) lies within a volume
-/// of `size` bytes.
 /// The volume a read is for: its id and name (looked up in the ledger, and
 /// named in errors) and its view (looked up without the ledger lock).
 pub(crate) struct ReadTarget<'a> {
@@ -513,6 +520,7 @@ pub(crate) fn fits((offset, length): (u64, u64), size: u64) -> bool {
     offset.checked_add(length).is_some_and(|end| end <= size)
 }
 
+/// `fits`, or the error that says the request is out of the volume's range.
 pub(crate) fn within_size(name: &str, asked: (u64, u64), size: u64) -> Result<()> {
     let (offset, length) = asked;
     if !fits(asked, size) {

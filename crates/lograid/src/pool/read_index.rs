@@ -51,6 +51,10 @@ impl VolumeView {
     pub fn map(&self) -> RwLockReadGuard<'_, VolumeMap> {
         self.map.read()
     }
+    /// The map to read, if no writer holds or waits for it.
+    pub fn try_map(&self) -> Option<RwLockReadGuard<'_, VolumeMap>> {
+        self.map.try_read()
+    }
     /// The map to change: for holders of the ledger lock only
     /// (`VolumeState::map_mut`).
     pub(super) fn map_mut(&self) -> RwLockWriteGuard<'_, VolumeMap> {
@@ -85,7 +89,12 @@ impl ReadIndex {
 
     /// Whether a sub-block write is held anywhere in the pool.
     pub fn overlays_held(&self) -> bool {
-        self.overlays_held.load(Ordering::Acquire) != 0
+        self.overlays_count() != 0
+    }
+
+    /// The overlays held, as published.
+    pub fn overlays_count(&self) -> usize {
+        self.overlays_held.load(Ordering::Acquire)
     }
 
     /// Publishes the rows in flight (a ledger holder: before the map points

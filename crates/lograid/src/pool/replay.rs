@@ -760,13 +760,15 @@ impl Engine {
                 .take_while(|&b| b < end)
                 .collect()
         };
+        let view = ledger
+            .volumes
+            .get(&e.volume)
+            .expect("the volume looked up above")
+            .view
+            .clone();
+        let mut map = view.map_mut();
         for b in blocks {
-            let (old, _) = ledger
-                .volumes
-                .get_mut(&e.volume)
-                .expect("the volume looked up above")
-                .map_mut()
-                .set(b, new, 0);
+            let (old, _) = map.set(b, new, 0);
             ledger.release_loc(old, &self.shape);
         }
     }

@@ -193,8 +193,7 @@ impl Engine {
             .expect("row in flight");
         let done = ledger.inflight.swap_remove(i);
         ledger.inflight_bytes -= done.buf.len();
-        let rows = ledger.inflight.iter().map(|r| r.geom);
-        ledger.read_index.publish_rows_in_flight(rows);
+        ledger.publish_rows_in_flight(None);
         self.progress.notify_all();
         error.map_or(Ok(()), Err)
     }

@@ -127,6 +127,10 @@ pub struct PoolStatus {
     /// parity) since the pool was opened.
     #[serde(default)]
     pub lost_blocks_seen: u64,
+    /// Reads since the pool was opened that looked their blocks up without
+    /// the ledger lock (`read_index`).
+    #[serde(default)]
+    pub reads_without_ledger_lock: u64,
     /// The engine's memory by kind.
     #[serde(default)]
     pub memory: MemoryUse,
@@ -337,6 +341,7 @@ pub fn collect(engine: &Engine) -> PoolStatus {
         overlay_blocks: ledger.overlays.len(),
         overlay_blocks_unstored: ledger.overlays.unstored(),
         overlays_merged: ledger.overlays.resolved,
+        reads_without_ledger_lock: engine.reads_without_ledger_lock.get(),
         health,
         health_reasons,
         lost_blocks_seen,

@@ -203,7 +203,9 @@ impl Pool {
             let sealed = self.engine.seal_open_rows(&mut ledger);
             let vol = ledger.volumes.remove(&id).expect("volume");
             vol.withdraw();
+            crate::sync::schedule_point();
             ledger.overlays.remove_volume(id);
+            crate::sync::schedule_point();
             for (_, loc, _) in vol.map().iter_from(0) {
                 ledger.release_loc(loc, &self.engine.shape);
                 if loc.is_stored() {
