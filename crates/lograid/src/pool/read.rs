@@ -2,9 +2,9 @@
 //! ledger lock where `read_index` allows, else under it; the range checked
 //! against the size as of the lookup), read from the members (consecutive
 //! blocks of one member in one read, straight into the caller's buffer
-//! where it is 4 KiB-aligned), every block checked in place against its checksum, and a
-//! bad or unreadable one rebuilt from the rest of its row (`stripe`),
-//! returned and rewritten. Blocks still in memory (open rows, rows in
+//! where it is 4 KiB-aligned), every block checked in place against its
+//! checksum, and a bad or unreadable one rebuilt from the rest of its row
+//! (`stripe`), returned and rewritten. Blocks still in memory (open rows, rows in
 //! flight) are copied from there. Never returns bytes it could not verify.
 
 use super::engine::open_device;
@@ -42,6 +42,7 @@ impl Engine {
             let mut blocks = PlanBlocks::new();
             if self.look_up_unlocked(view, (lba, asked), out, &mut blocks, true) {
                 self.user_bytes_read_now.add(bytes);
+                self.reads_without_ledger_lock.add(1);
                 return self.read_plan(&ReadPlan::new(name, lba, blocks), out);
             }
         }
@@ -121,7 +122,6 @@ impl Engine {
         for i in zeroes {
             out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE].fill(0);
         }
-        self.reads_without_ledger_lock.add(1);
         true
     }
 
@@ -177,7 +177,8 @@ impl Engine {
         let ReadTarget { id, name, view } = vol;
         let _guard = self.reuse.try_read()?;
         let mut blocks = PlanBlocks::new();
-        let overlays = if self.look_up_unlocked(view, (lba, asked), out, &mut blocks, false) {
+        let unlocked = self.look_up_unlocked(view, (lba, asked), out, &mut blocks, false);
+        let overlays = if unlocked {
             Vec::new()
         } else {
             blocks.clear();
@@ -219,6 +220,7 @@ impl Engine {
             o.apply(&mut out[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
         }
         self.user_bytes_read_now.add(asked.1);
+        self.reads_without_ledger_lock.add(u64::from(unlocked));
         Some(())
     }
 
