@@ -83,6 +83,31 @@ fn out_pid(stderr: &str) -> String {
 }
 
 #[test]
+fn bench_refused_for_room_leaves_no_folder_behind() {
+    let child = lograid()
+        .args([
+            "bench",
+            "--memory",
+            "--member-size",
+            "64T",
+            "--workloads",
+            "rand",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let folder = format!("/dev/shm/lograid-bench-{}", child.id());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("the benchmark may write up to"), "{err}");
+    assert!(
+        !std::path::Path::new(&folder).exists(),
+        "{folder} was left behind"
+    );
+}
+
+#[test]
 fn bench_refuses_a_cpu_count_the_machine_does_not_have() {
     for n in ["0", "100000"] {
         let out = lograid()

@@ -459,18 +459,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
         None => PathBuf::from(base).join(format!("lograid-bench-{}", std::process::id())),
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let need = a.member_size * (a.members as u64 + 1);
-    let free = free_bytes(&dir)?;
-    if free < need {
-        bail!(
-            "{} has {} free; the benchmark may write up to {} there",
-            dir.display(),
-            human(free),
-            human(need)
-        );
-    }
     let wants = |w: &str| a.workloads.split(',').any(|x| x.trim() == w);
+    // Everything from here on is undone below (the folder this run made
+    // is removed, whatever the outcome, a refusal for room included).
     let result = (|| {
+        let need = a.member_size * (a.members as u64 + 1);
+        let free = free_bytes(&dir)?;
+        if free < need {
+            bail!(
+                "{} has {} free; the benchmark may write up to {} there",
+                dir.display(),
+                human(free),
+                human(need)
+            );
+        }
         if ["seq", "rand", "sync", "recovery"].iter().any(|w| wants(w)) {
             run_in(&a, &dir)?;
         }
