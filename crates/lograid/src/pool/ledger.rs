@@ -1,8 +1,9 @@
 //! The pool's in-memory state, guarded by one mutex (`Ledger`): volumes and
 //! their maps (changed only under it; each map also has its own lock, for
-//! reads without this one: `read_index`), the segment table, the log heads with their open rows, rows in
-//! flight, and counters. Everything here is bookkeeping; no I/O happens while
-//! the lock is held except copying into row buffers.
+//! reads without this one: `read_index`), the segment table, the log heads
+//! with their open rows, rows in flight, and counters. Everything here is
+//! bookkeeping; no I/O happens while the lock is held except copying into
+//! row buffers.
 
 use super::read_index::{ReadIndex, VolumeView};
 use crate::device::AlignedBuf;
