@@ -267,7 +267,7 @@ impl Engine {
         let segment_count = shape.geometry.segment_count();
         let segments: Vec<Segment> = (0..segment_count).map(|_| Segment::free()).collect();
         let overlays = super::overlay_table::OverlayTable::new(options.max_overlays);
-        let read_index = Arc::new(super::read_index::ReadIndex::new(overlays.held()));
+        let read_index = Arc::new(super::read_index::ReadIndex::default());
         let mut ledger = Ledger {
             volumes: BTreeMap::new(),
             segments,

@@ -446,6 +446,15 @@ impl Ledger {
         self.volumes.get(&id)
     }
 
+    /// Adds a volume; the overlay table publishes its overlays to its view.
+    pub fn add_volume(&mut self, volume: VolumeState) {
+        self.overlays
+            .watch(volume.id, volume.view.overlays_counter());
+        let id = volume.id;
+        let before = self.volumes.insert(id, volume);
+        assert!(before.is_none(), "volume {id} added twice");
+    }
+
     /// Publishes the rows in flight for reads without this lock, with
     /// `sealing` (a row about to be pushed: published before the map names
     /// its blocks).
@@ -467,14 +476,16 @@ impl Ledger {
                 published.len()
             ));
         }
-        if self.read_index.overlays_count() != self.overlays.len() {
-            return Err(format!(
-                "{} overlays held, published as {}",
-                self.overlays.len(),
-                self.read_index.overlays_count()
-            ));
-        }
         for v in self.volumes.values() {
+            let (to_view, published) = self.overlays.publishes_to(v.id, &v.view.overlays_counter());
+            if !to_view || published != self.volumes.len() {
+                return Err(format!(
+                    "volume {}'s overlays are not published to its view \
+                     ({published} volumes' counts published, {} volumes)",
+                    v.id,
+                    self.volumes.len()
+                ));
+            }
             if v.view.readable_bytes() != v.readable_bytes() {
                 return Err(format!(
                     "volume {} reads {} bytes, published {}",

@@ -360,6 +360,35 @@ mod tests {
         pool.engine.ledger.lock().overlays.len()
     }
 
+    /// A sub-block write held in one volume sends only that volume's reads
+    /// to the ledger (which applies it); another volume's reads still look
+    /// their blocks up without the ledger lock.
+    #[test]
+    fn an_overlay_held_in_one_volume_leaves_the_others_reads_unlocked() {
+        let (pool, a) = pool();
+        let b = pool.create_volume("b", 1 << 20).unwrap();
+        b.write(0, &[0x22; BLOCK_SIZE]).unwrap();
+        b.flush().unwrap();
+        let unlocked = || pool.status().reads_without_ledger_lock;
+        a.write(0, &sectors(&[0x33, 0, 0, 0, 0, 0, 0, 0])[..SECTOR_BYTES])
+            .unwrap();
+        assert_eq!(held(&pool), 1);
+
+        let before = unlocked();
+        assert_eq!(read(&b), vec![0x22; BLOCK_SIZE]);
+        assert_eq!(unlocked(), before + 1, "b's read went through the ledger");
+
+        let got = read(&a);
+        assert_eq!(
+            unlocked(),
+            before + 1,
+            "a's read skipped its overlay's lock"
+        );
+        assert_eq!(got[..SECTOR_BYTES], [0x33; SECTOR_BYTES]);
+        assert!(got[SECTOR_BYTES..].iter().all(|&x| x == 0));
+        pool.check_invariants().unwrap();
+    }
+
     /// A write that completes its block is appended with the overlay it
     /// merged; another sector written in between stays, over the new block.
     #[test]

@@ -8,7 +8,7 @@
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE;
 use crate::map::Loc;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -124,10 +124,11 @@ pub struct OverlayTable {
     unstored: u64,
     /// Overlays merged into their blocks since the pool was opened.
     pub resolved: u64,
-    /// The table's size, published for reads without the ledger lock
-    /// (`read_index`): raised when an overlay is inserted, lowered once it
-    /// is removed.
-    held: Arc<AtomicUsize>,
+    /// Each volume's overlays held, published for reads without the ledger
+    /// lock (`read_index::VolumeView`): raised when an overlay is inserted,
+    /// lowered once it is removed. A volume's counter is given when the
+    /// volume is added (`watch`) and dropped when it is deleted.
+    published: HashMap<u32, Arc<AtomicUsize>>,
 }
 
 impl OverlayTable {
@@ -138,7 +139,7 @@ impl OverlayTable {
             tick: 0,
             unstored: 0,
             resolved: 0,
-            held: Arc::default(),
+            published: HashMap::new(),
         }
     }
 
@@ -146,9 +147,30 @@ impl OverlayTable {
         self.map.len()
     }
 
-    /// The table's size as published (for `ReadIndex`).
-    pub fn held(&self) -> Arc<AtomicUsize> {
-        self.held.clone()
+    /// Publishes volume `vol`'s overlays to `counter` from now on (a volume
+    /// added to the ledger; it holds none yet).
+    pub fn watch(&mut self, vol: u32, counter: Arc<AtomicUsize>) {
+        assert_eq!(self.count(vol), 0, "volume {vol} added with overlays");
+        counter.store(0, Ordering::Release);
+        self.published.insert(vol, counter);
+    }
+
+    /// Overlays held in volume `vol`.
+    pub fn count(&self, vol: u32) -> usize {
+        self.map.range((vol, 0)..=(vol, u64::MAX)).count()
+    }
+
+    /// Adds `delta` (1 or -1) to volume `vol`'s published count.
+    fn publish(&self, vol: u32, delta: isize) {
+        let counter = self
+            .published
+            .get(&vol)
+            .unwrap_or_else(|| panic!("overlay in volume {vol}, which reads are not told of"));
+        if delta > 0 {
+            counter.fetch_add(1, Ordering::Release);
+        } else {
+            counter.fetch_sub(1, Ordering::Release);
+        }
     }
 
     /// Overlays whose blocks are not stored yet: blocks reserved.
@@ -241,7 +263,7 @@ impl OverlayTable {
             },
         );
         self.unstored += u64::from(!base_stored);
-        self.held.store(self.map.len(), Ordering::Release);
+        self.publish(vol, 1);
         assert!(self.map.len() <= self.limit, "overlay table over its limit");
         Ok(Written::Held {
             wake: self.map.len() > self.low_watermark(),
@@ -303,7 +325,7 @@ impl OverlayTable {
         }
         if let Some(o) = self.map.remove(&(vol, lba)) {
             self.unstored -= u64::from(o.unstored);
-            self.held.store(self.map.len(), Ordering::Release);
+            self.publish(vol, -1);
         }
     }
 
@@ -322,9 +344,11 @@ impl OverlayTable {
         }
     }
 
-    /// The volume was deleted.
+    /// The volume was deleted (or its creation failed): its overlays go,
+    /// then its counter.
     pub fn remove_volume(&mut self, vol: u32) {
         self.remove_range(vol, 0, u64::MAX);
+        self.published.remove(&vol);
     }
 
     /// Whether a conditional write of block `lba` may go ahead, as far as
@@ -429,7 +453,34 @@ impl OverlayTable {
                 self.unstored
             ));
         }
+        if let Some((vol, _)) = self
+            .map
+            .keys()
+            .find(|(v, _)| !self.published.contains_key(v))
+        {
+            return Err(format!(
+                "overlays of volume {vol}, whose count is not published"
+            ));
+        }
+        for (&vol, counter) in &self.published {
+            let (held, published) = (self.count(vol), counter.load(Ordering::Acquire));
+            if held != published {
+                return Err(format!(
+                    "volume {vol} holds {held} overlays, published as {published}"
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Whether volume `vol`'s overlays are published to `counter`, and how
+    /// many volumes' counts are published in all.
+    pub fn publishes_to(&self, vol: u32, counter: &Arc<AtomicUsize>) -> (bool, usize) {
+        let to = self
+            .published
+            .get(&vol)
+            .is_some_and(|c| Arc::ptr_eq(c, counter));
+        (to, self.published.len())
     }
 }
 
@@ -440,6 +491,7 @@ mod tests {
     #[test]
     fn table_bound_and_masks() {
         let mut t = OverlayTable::new(2);
+        t.watch(1, Arc::default());
         let w = |t: &mut OverlayTable, lba, within, len| {
             t.write(1, lba, within, &vec![1u8; len], false, 0, 10)
                 .unwrap()
@@ -453,6 +505,7 @@ mod tests {
         assert_eq!(t.unstored(), 2);
         // No block left for a new overlay on an unstored block.
         let mut t = OverlayTable::new(8);
+        t.watch(1, Arc::default());
         assert!(matches!(
             t.write(1, 0, 0, &[0u8; 512], false, 9, 10),
             Ok(Written::Held { .. })

@@ -60,7 +60,7 @@ impl Engine {
 
     /// Looks the blocks of `out` up without the ledger lock, if that
     /// settles them, checking in the order `read_index` publishes: no
-    /// overlay held in the pool, `asked` within the size the view
+    /// overlay held in the volume, `asked` within the size the view
     /// publishes, every block a hole, zeroes, or on a member (in one hold
     /// of the map's lock), no row in flight over those, and the size still
     /// there (a deletion empties the map after it withdraws the size).
@@ -78,7 +78,7 @@ impl Engine {
         wait: bool,
     ) -> bool {
         use crate::sync::schedule_point;
-        if self.read_index.overlays_held() {
+        if view.overlays_held() {
             return false;
         }
         schedule_point();

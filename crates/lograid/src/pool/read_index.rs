@@ -1,22 +1,24 @@
 //! What a read looks up without the ledger lock: each volume's map, behind
-//! a read-write lock of its own, and the size reads may use (`VolumeView`);
-//! whether any sub-block write is held (a read would have to apply it);
-//! and where the rows in flight lie (their blocks are still only in
-//! memory). Only holders of the ledger lock change them, in an order that
-//! lets a reader check them in turn (`Engine::look_up_unlocked`):
+//! a read-write lock of its own, the size reads may use, and how many of
+//! its blocks hold a sub-block write (a read would have to apply it:
+//! `VolumeView`); and where the rows in flight lie (their blocks are still
+//! only in memory: `ReadIndex`). Only holders of the ledger lock change
+//! them, in an order that lets a reader check them in turn
+//! (`Engine::look_up_unlocked`):
 //! - a row's place goes on the in-flight list before the map names its
 //!   blocks, and leaves it once the row is on its members;
-//! - a held overlay is counted from its write on, and uncounted only after
-//!   the map shows what replaced it (a whole-block write, a trim), or after
-//!   its volume's size was published as 0 (a deletion);
+//! - a held overlay is counted in its volume's view from its write on, and
+//!   uncounted only after the map shows what replaced it (a whole-block
+//!   write, a trim), or after its volume's size was published as 0 (a
+//!   deletion);
 //! - a deleted volume's size is published as 0 before its overlays go and
 //!   before its map is emptied.
 //!
-//! So a reader that sees no overlay held, then the size covering its
-//! request, then (in one hold of the map's lock) each block a hole, zeroes
-//! or on a member, then no row in flight over those and the size still
-//! there, may read them from the members (the `reuse` lock keeps their
-//! segments from being rewritten meanwhile); any other case takes the
+//! So a reader that sees no overlay held in its volume, then the size
+//! covering its request, then (in one hold of the map's lock) each block a
+//! hole, zeroes or on a member, then no row in flight over those and the
+//! size still there, may read them from the members (the `reuse` lock keeps
+//! their segments from being rewritten meanwhile); any other case takes the
 //! ledger lock (`read`). Each block read so is one of its versions during
 //! the read; a read of several blocks beside writes to them is not one
 //! instant of the volume (as with a drive).
@@ -28,9 +30,9 @@ use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// One volume's map and the size reads may use, shared by the ledger (which
-/// changes them, under its lock) and the volume's handles (which read them
-/// without it). The map's lock is a leaf: nothing else is taken while it is
+/// One volume's map, the size reads may use and its overlays held, shared
+/// by the ledger (which changes them, under its lock) and the volume's
+/// handles (which read them without it). The map's lock is a leaf: nothing else is taken while it is
 /// held, and a ledger holder takes it after the ledger.
 #[derive(Default)]
 pub struct VolumeView {
@@ -38,6 +40,9 @@ pub struct VolumeView {
     /// The volume's size once it exists (its creation durable), else 0;
     /// 0 again once it is deleted.
     readable_bytes: AtomicU64,
+    /// The volume's overlays held, published by the overlay table (which
+    /// holds this counter from the volume's registration on: `watch`).
+    overlays_held: Arc<AtomicUsize>,
 }
 
 impl VolumeView {
@@ -46,6 +51,7 @@ impl VolumeView {
         VolumeView {
             map: RwLock::new(map),
             readable_bytes: AtomicU64::new(0),
+            overlays_held: Arc::default(),
         }
     }
     pub fn map(&self) -> RwLockReadGuard<'_, VolumeMap> {
@@ -68,35 +74,28 @@ impl VolumeView {
     pub(super) fn publish_readable_bytes(&self, bytes: u64) {
         self.readable_bytes.store(bytes, Ordering::Release);
     }
+    /// Whether a sub-block write is held in the volume.
+    pub fn overlays_held(&self) -> bool {
+        self.overlays_count() != 0
+    }
+    /// The volume's overlays held, as published.
+    pub fn overlays_count(&self) -> usize {
+        self.overlays_held.load(Ordering::Acquire)
+    }
+    /// The counter the overlay table publishes the volume's overlays to.
+    pub(super) fn overlays_counter(&self) -> Arc<AtomicUsize> {
+        self.overlays_held.clone()
+    }
 }
 
-/// The pool-wide facts a read without the ledger lock checks.
+/// The pool-wide fact a read without the ledger lock checks.
+#[derive(Default)]
 pub struct ReadIndex {
-    /// Overlays held (the overlay table's size, published by the table).
-    overlays_held: Arc<AtomicUsize>,
     /// The places of the rows in flight (sealed, not yet written).
     rows_in_flight: ArcSwap<Vec<RowGeom>>,
 }
 
 impl ReadIndex {
-    /// An index reading the overlay count the table publishes.
-    pub fn new(overlays_held: Arc<AtomicUsize>) -> ReadIndex {
-        ReadIndex {
-            overlays_held,
-            rows_in_flight: ArcSwap::from_pointee(Vec::new()),
-        }
-    }
-
-    /// Whether a sub-block write is held anywhere in the pool.
-    pub fn overlays_held(&self) -> bool {
-        self.overlays_count() != 0
-    }
-
-    /// The overlays held, as published.
-    pub fn overlays_count(&self) -> usize {
-        self.overlays_held.load(Ordering::Acquire)
-    }
-
     /// Publishes the rows in flight (a ledger holder: before the map points
     /// at a new row's blocks, and after a written row left the list).
     pub(super) fn publish_rows_in_flight(&self, rows: impl Iterator<Item = RowGeom>) {

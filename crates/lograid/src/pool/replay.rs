@@ -141,7 +141,7 @@ impl Engine {
         let member_slots = self.devices.load().len();
         for v in image.volumes {
             let volume = self.load_volume(&mut ledger, v, member_slots)?;
-            ledger.volumes.insert(volume.id, volume);
+            ledger.add_volume(volume);
         }
         self.load_heads(&mut ledger, &image.heads)
     }

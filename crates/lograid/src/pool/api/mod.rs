@@ -112,10 +112,11 @@ impl Pool {
             }
             let id = ledger.next_volume_id;
             ledger.next_volume_id += 1;
-            ledger.volumes.insert(
-                id,
-                ledger::VolumeState::being_created((id, name.to_string()), size_bytes, now_unix()),
-            );
+            ledger.add_volume(ledger::VolumeState::being_created(
+                (id, name.to_string()),
+                size_bytes,
+                now_unix(),
+            ));
             id
         };
         let recorded = self.engine.checkpoint_log_locked();
@@ -128,6 +129,7 @@ impl Pool {
             }
             Err(e) => {
                 ledger.volumes.remove(&id);
+                ledger.overlays.remove_volume(id);
                 return Err(e);
             }
         };
