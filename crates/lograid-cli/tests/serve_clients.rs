@@ -288,8 +288,6 @@ fn nbdcopy_in_out_and_between_volumes_over_many_connections() {
 
 fn fio_job(name: &str, uri: &str, extra: &[&str]) -> Command {
     let mut c = tool("fio");
-    // fio leaves verify state files in its working directory.
-    c.current_dir(std::env::temp_dir());
     c.args([
         &format!("--name={name}"),
         "--ioengine=nbd",
@@ -297,6 +295,8 @@ fn fio_job(name: &str, uri: &str, extra: &[&str]) -> Command {
         "--verify=crc32c",
         "--verify_fatal=1",
         "--do_verify=1",
+        // No verify state files left in the working directory.
+        "--verify_state_save=0",
         "--group_reporting",
     ]);
     c.args(extra);
