@@ -380,6 +380,41 @@ impl VolumeMap {
     }
 }
 
+/// Nanoseconds per lookup of a random block in a map of `blocks` blocks
+/// (a power of two) written in random order, as random writes leave it
+/// (every page dense), one after the other, on one thread, over about
+/// `seconds`: what a read's lookup costs once the map is larger than the
+/// caches. For `lograid bench`.
+pub fn bench_random_lookups(blocks: u64, seconds: f64) -> f64 {
+    assert!(blocks.is_power_of_two(), "{blocks} blocks");
+    let mut map = VolumeMap::default();
+    // An odd multiplier permutes 0..blocks: every block written once, in an
+    // order that fills no page in sequence.
+    for i in 0..blocks {
+        let lba = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) & (blocks - 1);
+        let pba = Pba {
+            member: (i % 3) as u8,
+            block: i,
+        };
+        map.set(lba, Loc::Disk(pba), i as u32);
+    }
+    // Each block to look up depends on the last lookup's result, so that
+    // lookups do not overlap (a read's lookup has a request's work around it).
+    let (mut x, mut crc, mut lookups) = (1u64, 0u32, 0u64);
+    let start = std::time::Instant::now();
+    while start.elapsed().as_secs_f64() < seconds {
+        for _ in 0..4096 {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1 + u64::from(crc & 1));
+            crc = map.get((x >> 20) & (blocks - 1)).1;
+        }
+        lookups += 4096;
+    }
+    std::hint::black_box(crc);
+    start.elapsed().as_nanos() as f64 / lookups as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

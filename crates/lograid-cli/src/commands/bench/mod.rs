@@ -152,6 +152,8 @@ struct Report {
     queue_depth: usize,
     parity_kernel: String,
     encode_gb_per_s: Vec<(String, f64)>,
+    /// Nanoseconds per random lookup in a map of 8 Mi blocks (`map_lookup_cost`).
+    map_lookup_ns: f64,
     results: Vec<Measure>,
 }
 
@@ -605,6 +607,7 @@ fn run_in(a: &BenchArgs, dir: &Path) -> Result<()> {
     }
 
     let encode = parity_encode_speeds();
+    let map_lookup_ns = map_lookup_cost();
     print_table(a, &results.0);
     if let Some(path) = &a.json {
         let report = Report {
@@ -617,6 +620,7 @@ fn run_in(a: &BenchArgs, dir: &Path) -> Result<()> {
             queue_depth: qd,
             parity_kernel: lograid_parity::kernel_name().to_string(),
             encode_gb_per_s: encode,
+            map_lookup_ns,
             results: results.0,
         };
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
@@ -812,6 +816,14 @@ fn parity_encode_speeds() -> Vec<(String, f64)> {
         encode.push((format!("({},{})", k + p, p), gbs));
     }
     encode
+}
+
+/// Nanoseconds per random lookup in a map of 8 Mi randomly written blocks
+/// (32 GiB of volume: an 80 MB map, larger than the caches), one thread.
+fn map_lookup_cost() -> f64 {
+    let ns = lograid::map::bench_random_lookups(1 << 23, 2.0);
+    eprintln!("  map      random lookup in a map of 8 Mi randomly written blocks: {ns:.0} ns");
+    ns
 }
 
 /// Random 4 KiB writes that each return only once durable, from `qd`
