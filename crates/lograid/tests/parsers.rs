@@ -1954,7 +1954,13 @@ fn forged_checkpoint_unchanged_opens() {
 #[test]
 fn forged_checkpoint_with_bad_fields_is_an_error() {
     type Edit = fn(&mut CheckpointImage);
-    let cases: [(&str, Edit); 4] = [
+    let cases: [(&str, Edit); 6] = [
+        ("volume id at the next id", |img| {
+            img.volumes[0].id = img.next_volume_id
+        }),
+        ("next id below a volume's id", |img| {
+            img.next_volume_id = img.volumes[0].id
+        }),
         ("map points at member 9", |img| {
             let v = &mut img.volumes[0];
             v.entries[0].1 = (9u64 << 48) | 300;

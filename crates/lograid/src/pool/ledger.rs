@@ -446,13 +446,26 @@ impl Ledger {
         self.volumes.get(&id)
     }
 
-    /// Adds a volume; the overlay table publishes its overlays to its view.
+    /// Adds a volume (its id new: callers check); the overlay table
+    /// publishes its overlays to its view.
     pub fn add_volume(&mut self, volume: VolumeState) {
-        self.overlays
-            .watch(volume.id, volume.view.overlays_counter());
         let id = volume.id;
-        let before = self.volumes.insert(id, volume);
-        assert!(before.is_none(), "volume {id} added twice");
+        assert!(!self.volumes.contains_key(&id), "volume {id} added twice");
+        self.overlays.watch(id, volume.view.overlays_counter());
+        self.volumes.insert(id, volume);
+    }
+
+    /// Takes volume `id` out (deleted, or its creation failed), in the
+    /// order reads without the ledger lock rely on (`read_index`): its size
+    /// withdrawn, then its overlays dropped. The caller frees its blocks;
+    /// its map is freed when the returned state is dropped.
+    pub fn remove_volume(&mut self, id: u32) -> Option<VolumeState> {
+        let vol = self.volumes.remove(&id)?;
+        vol.withdraw();
+        crate::sync::schedule_point();
+        self.overlays.remove_volume(id);
+        crate::sync::schedule_point();
+        Some(vol)
     }
 
     /// Publishes the rows in flight for reads without this lock, with

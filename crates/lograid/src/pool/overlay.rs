@@ -4,8 +4,8 @@
 //!
 //! Owns: the overlay table (in `Ledger`, under the lock the volume maps
 //! are changed under, so a locked reader's map lookup and overlay copies
-//! are one snapshot; a read without that lock goes ahead only while the
-//! table is empty: `read_index`), its
+//! are one snapshot; a read without that lock goes ahead only while its
+//! volume holds no overlay: `read_index`), its
 //! bound (`PoolOptions::max_overlays`) and space accounting, resolving
 //! overlays (read the base outside the lock, merge, append with a
 //! compare-and-write that the overlay is still the one merged), the

@@ -160,17 +160,11 @@ impl OverlayTable {
         self.map.range((vol, 0)..=(vol, u64::MAX)).count()
     }
 
-    /// Adds `delta` (1 or -1) to volume `vol`'s published count.
-    fn publish(&self, vol: u32, delta: isize) {
-        let counter = self
-            .published
+    /// Volume `vol`'s published count, which must exist.
+    fn counter(&self, vol: u32) -> &AtomicUsize {
+        self.published
             .get(&vol)
-            .unwrap_or_else(|| panic!("overlay in volume {vol}, which reads are not told of"));
-        if delta > 0 {
-            counter.fetch_add(1, Ordering::Release);
-        } else {
-            counter.fetch_sub(1, Ordering::Release);
-        }
+            .unwrap_or_else(|| panic!("overlay in volume {vol}, which reads are not told of"))
     }
 
     /// Overlays whose blocks are not stored yet: blocks reserved.
@@ -263,7 +257,7 @@ impl OverlayTable {
             },
         );
         self.unstored += u64::from(!base_stored);
-        self.publish(vol, 1);
+        self.counter(vol).fetch_add(1, Ordering::Release);
         assert!(self.map.len() <= self.limit, "overlay table over its limit");
         Ok(Written::Held {
             wake: self.map.len() > self.low_watermark(),
@@ -325,7 +319,7 @@ impl OverlayTable {
         }
         if let Some(o) = self.map.remove(&(vol, lba)) {
             self.unstored -= u64::from(o.unstored);
-            self.publish(vol, -1);
+            self.counter(vol).fetch_sub(1, Ordering::Release);
         }
     }
 

@@ -32,8 +32,9 @@ use std::sync::Arc;
 
 /// One volume's map, the size reads may use and its overlays held, shared
 /// by the ledger (which changes them, under its lock) and the volume's
-/// handles (which read them without it). The map's lock is a leaf: nothing else is taken while it is
-/// held, and a ledger holder takes it after the ledger.
+/// handles (which read them without it). The map's lock is a leaf:
+/// nothing else is taken while it is held, and a ledger holder takes it
+/// after the ledger.
 #[derive(Default)]
 pub struct VolumeView {
     map: RwLock<VolumeMap>,

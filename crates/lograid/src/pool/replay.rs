@@ -140,6 +140,12 @@ impl Engine {
         }
         let member_slots = self.devices.load().len();
         for v in image.volumes {
+            if v.id >= ledger.next_volume_id || ledger.volumes.contains_key(&v.id) {
+                return Err(Error::Corrupt(format!(
+                    "checkpoint records volume id {} twice or at or past the next id {}",
+                    v.id, ledger.next_volume_id
+                )));
+            }
             let volume = self.load_volume(&mut ledger, v, member_slots)?;
             ledger.add_volume(volume);
         }

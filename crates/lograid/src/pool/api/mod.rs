@@ -128,8 +128,7 @@ impl Pool {
                 v.view.clone()
             }
             Err(e) => {
-                ledger.volumes.remove(&id);
-                ledger.overlays.remove_volume(id);
+                ledger.remove_volume(id);
                 return Err(e);
             }
         };
@@ -203,11 +202,7 @@ impl Pool {
                 .ok_or_else(|| Error::NotFound(format!("volume '{name}'")))?;
             // Seal first so no open slot refers to the volume.
             let sealed = self.engine.seal_open_rows(&mut ledger);
-            let vol = ledger.volumes.remove(&id).expect("volume");
-            vol.withdraw();
-            crate::sync::schedule_point();
-            ledger.overlays.remove_volume(id);
-            crate::sync::schedule_point();
+            let vol = ledger.remove_volume(id).expect("volume");
             for (_, loc, _) in vol.map().iter_from(0) {
                 ledger.release_loc(loc, &self.engine.shape);
                 if loc.is_stored() {
