@@ -1876,6 +1876,7 @@ fn pool_with_forged_checkpoint(edit: impl FnOnce(&mut CheckpointImage)) -> Vec<A
     let pool = common::SimPool::create(3, 1, POOL_MEMBER_BYTES, 0.2);
     let data = vec![0x5au8; 64 * 1024];
     pool.volume().write(0, &data).unwrap();
+    pool.pool().create_volume("vom", 1 << 20).unwrap();
     pool.pool().close().unwrap();
     let sims = members_of(&pool.sims.iter().map(|s| s.snapshot()).collect::<Vec<_>>());
     let view = corrupt::DiskView::capture(&sims);
@@ -1954,7 +1955,10 @@ fn forged_checkpoint_unchanged_opens() {
 #[test]
 fn forged_checkpoint_with_bad_fields_is_an_error() {
     type Edit = fn(&mut CheckpointImage);
-    let cases: [(&str, Edit); 6] = [
+    let cases: [(&str, Edit); 7] = [
+        ("two volumes with one name", |img| {
+            img.volumes[1].name = img.volumes[0].name.clone()
+        }),
         ("volume id at the next id", |img| {
             img.volumes[0].id = img.next_volume_id
         }),

@@ -318,6 +318,9 @@ impl Drop for VolumeState {
 }
 
 pub struct Ledger {
+    /// The volumes by id: added only by `add_volume` and taken out only by
+    /// `remove_volume` (the overlay table publishes each one's overlays to
+    /// its view; `check_read_index` finds one added otherwise).
     pub volumes: BTreeMap<u32, VolumeState>,
     pub segments: Vec<Segment>,
     pub free: VecDeque<u32>,

@@ -146,6 +146,12 @@ impl Engine {
                     v.id, ledger.next_volume_id
                 )));
             }
+            if ledger.volumes.values().any(|x| x.name == v.name) {
+                return Err(Error::Corrupt(format!(
+                    "checkpoint records two volumes named '{}'",
+                    v.name
+                )));
+            }
             let volume = self.load_volume(&mut ledger, v, member_slots)?;
             ledger.add_volume(volume);
         }
