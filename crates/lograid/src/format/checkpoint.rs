@@ -240,8 +240,9 @@ impl CheckpointWriter {
         // The current run: where its length goes, its first LBA, its length.
         let mut run: Option<(usize, u64, u32)> = None;
         for (lba, loc, crc) in entries {
-            let extends =
-                run.is_some_and(|(_, start, len)| lba == start + u64::from(len) && len < u32::MAX);
+            let extends = run.is_some_and(|(_, start, len)| {
+                start.checked_add(u64::from(len)) == Some(lba) && len < u32::MAX
+            });
             if !extends {
                 if let Some((len_at, _, len)) = run {
                     w.u32_at(len_at, len);

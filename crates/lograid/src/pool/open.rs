@@ -471,7 +471,15 @@ impl Engine {
                 .map(|v| v.map().stored_blocks())
                 .sum();
         }
-        self.debug_check("roll forward");
+        // What was read from the drives is input: when checked (paranoid),
+        // bookkeeping it breaks fails the opening, it does not panic.
+        if super::engine::paranoid() {
+            if let Err(m) = self.ledger.lock().check_invariants(&self.shape) {
+                return Err(Error::Corrupt(format!(
+                    "the pool's bookkeeping after recovery is inconsistent: {m}"
+                )));
+            }
+        }
         if !read_only {
             // What was replayed may sit in a volatile cache: make it durable
             // before any segment it emptied is reused, then checkpoint. (A

@@ -131,6 +131,7 @@ impl Engine {
                 d.counters.restore(c);
             }
         }
+        check_sequence_numbers(&image)?;
         ledger.next_seq = image.next_seq;
         ledger.checkpoint_next_seq = image.next_seq;
         ledger.next_volume_id = image.next_volume_id;
@@ -273,6 +274,17 @@ impl Engine {
             {
                 return Err(Error::Corrupt(format!(
                     "checkpoint log head {i} is out of range"
+                )));
+            }
+            // A head writes into a segment open for it (a next segment that
+            // is not reserved for it is dropped after replay).
+            let id = ledger.heads[i].id;
+            if h.segment != NO_SEGMENT
+                && ledger.segments[h.segment as usize].state != SegState::Open(id)
+            {
+                return Err(Error::Corrupt(format!(
+                    "checkpoint log head {i} is in segment {}, which it records as {:?}",
+                    h.segment, ledger.segments[h.segment as usize].state
                 )));
             }
             let head = &mut ledger.heads[i];
@@ -815,6 +827,31 @@ pub(crate) fn segment_mask_candidates(shape: &Shape) -> Vec<u32> {
     // Fewest failures first, then the recorded table.
     out.sort_by_key(|&m| ((m ^ active).count_ones(), m));
     out
+}
+
+/// Sequence numbers a checkpoint may record: its rows' and data heads'
+/// below its next one, which leaves room to count on (a forged or damaged
+/// checkpoint must not make the log's numbers run over).
+fn check_sequence_numbers(image: &CheckpointImage) -> Result<()> {
+    const MAX_NEXT_SEQ: u64 = 1 << 62;
+    let rows = image
+        .segments
+        .iter()
+        .flat_map(|s| s.rows.iter().map(|r| r.seq));
+    let heads = HeadId::DATA
+        .iter()
+        .filter_map(|h| image.heads.get(h.index()))
+        .map(|h| h.last_seq);
+    let newest = rows.chain(heads).max().unwrap_or(0);
+    let stale = newest != 0 && newest >= image.next_seq;
+    if image.next_seq > MAX_NEXT_SEQ || stale {
+        return Err(Error::Corrupt(format!(
+            "checkpoint's next sequence number {} is not past its newest row's {newest} \
+             or is out of range",
+            image.next_seq
+        )));
+    }
+    Ok(())
 }
 
 /// Members (mask) the superblock this pool was opened from records in `state`.
