@@ -246,6 +246,11 @@ impl Engine {
         };
         let Some(victim) = victim else {
             if self.move_misshapen_heads()? {
+                // A head moved without a row: only a checkpoint records where
+                // it went. Recorded now, before the segment it left can be
+                // emptied and taken by another head (a power cut would
+                // otherwise bring it back there, over that head's rows).
+                self.checkpoint_log_locked()?;
                 return Ok(true);
             }
             return self.finish_removals();

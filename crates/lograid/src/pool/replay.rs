@@ -140,6 +140,7 @@ impl Engine {
             self.load_segment(&mut ledger, SegmentIndex(s as u32), record)?;
         }
         let member_slots = self.devices.load().len();
+        let mut names = std::collections::HashSet::new();
         for v in image.volumes {
             if v.id >= ledger.next_volume_id || ledger.volumes.contains_key(&v.id) {
                 return Err(Error::Corrupt(format!(
@@ -147,7 +148,7 @@ impl Engine {
                     v.id, ledger.next_volume_id
                 )));
             }
-            if ledger.volumes.values().any(|x| x.name == v.name) {
+            if !names.insert(v.name.clone()) {
                 return Err(Error::Corrupt(format!(
                     "checkpoint records two volumes named '{}'",
                     v.name
@@ -276,16 +277,27 @@ impl Engine {
                     "checkpoint log head {i} is out of range"
                 )));
             }
-            // A head writes into a segment open for it (a next segment that
-            // is not reserved for it is dropped after replay).
-            let id = ledger.heads[i].id;
-            if h.segment != NO_SEGMENT
-                && ledger.segments[h.segment as usize].state != SegState::Open(id)
-            {
-                return Err(Error::Corrupt(format!(
-                    "checkpoint log head {i} is in segment {}, which it records as {:?}",
-                    h.segment, ledger.segments[h.segment as usize].state
-                )));
+            // A head writes into a segment open for it, past the rows in it
+            // (a next segment that is not reserved for it is dropped after
+            // replay).
+            if h.segment != NO_SEGMENT {
+                let id = ledger.heads[i].id;
+                let seg = &ledger.segments[h.segment as usize];
+                let rows_end = seg
+                    .rows
+                    .iter()
+                    .map(|r| r.offset + u32::from(r.height))
+                    .max();
+                if seg.state != SegState::Open(id)
+                    || h.offset < seg.fill_blocks
+                    || h.offset < rows_end.unwrap_or(0)
+                {
+                    return Err(Error::Corrupt(format!(
+                        "checkpoint log head {i} is at segment {} offset {}, which it records \
+                         as {:?} filled to {}",
+                        h.segment, h.offset, seg.state, seg.fill_blocks
+                    )));
+                }
             }
             let head = &mut ledger.heads[i];
             head.segment = h.segment;
