@@ -492,14 +492,18 @@ impl Ledger {
                 published.len()
             ));
         }
+        if self.overlays.published_volumes() != self.volumes.len() {
+            return Err(format!(
+                "{} volumes' overlays published, {} volumes",
+                self.overlays.published_volumes(),
+                self.volumes.len()
+            ));
+        }
         for v in self.volumes.values() {
-            let (to_view, published) = self.overlays.publishes_to(v.id, &v.view.overlays_counter());
-            if !to_view || published != self.volumes.len() {
+            if !self.overlays.publishes_to(v.id, &v.view.overlays_counter()) {
                 return Err(format!(
-                    "volume {}'s overlays are not published to its view \
-                     ({published} volumes' counts published, {} volumes)",
-                    v.id,
-                    self.volumes.len()
+                    "volume {}'s overlays are not published to its view",
+                    v.id
                 ));
             }
             if v.view.readable_bytes() != v.readable_bytes() {

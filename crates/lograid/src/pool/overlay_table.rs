@@ -467,14 +467,16 @@ impl OverlayTable {
         Ok(())
     }
 
-    /// Whether volume `vol`'s overlays are published to `counter`, and how
-    /// many volumes' counts are published in all.
-    pub fn publishes_to(&self, vol: u32, counter: &Arc<AtomicUsize>) -> (bool, usize) {
-        let to = self
-            .published
+    /// Whether volume `vol`'s overlays are published to `counter`.
+    pub fn publishes_to(&self, vol: u32, counter: &Arc<AtomicUsize>) -> bool {
+        self.published
             .get(&vol)
-            .is_some_and(|c| Arc::ptr_eq(c, counter));
-        (to, self.published.len())
+            .is_some_and(|c| Arc::ptr_eq(c, counter))
+    }
+
+    /// Volumes whose overlays are published.
+    pub fn published_volumes(&self) -> usize {
+        self.published.len()
     }
 }
 

@@ -75,13 +75,9 @@ impl VolumeView {
     pub(super) fn publish_readable_bytes(&self, bytes: u64) {
         self.readable_bytes.store(bytes, Ordering::Release);
     }
-    /// Whether a sub-block write is held in the volume.
+    /// Whether a sub-block write is held in the volume, as published.
     pub fn overlays_held(&self) -> bool {
-        self.overlays_count() != 0
-    }
-    /// The volume's overlays held, as published.
-    pub fn overlays_count(&self) -> usize {
-        self.overlays_held.load(Ordering::Acquire)
+        self.overlays_held.load(Ordering::Acquire) != 0
     }
     /// The counter the overlay table publishes the volume's overlays to.
     pub(super) fn overlays_counter(&self) -> Arc<AtomicUsize> {

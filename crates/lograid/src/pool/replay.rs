@@ -132,6 +132,7 @@ impl Engine {
             }
         }
         check_sequence_numbers(&image)?;
+        check_volume_records(&image)?;
         ledger.next_seq = image.next_seq;
         ledger.checkpoint_next_seq = image.next_seq;
         ledger.next_volume_id = image.next_volume_id;
@@ -140,20 +141,7 @@ impl Engine {
             self.load_segment(&mut ledger, SegmentIndex(s as u32), record)?;
         }
         let member_slots = self.devices.load().len();
-        let mut names = std::collections::HashSet::new();
         for v in image.volumes {
-            if v.id >= ledger.next_volume_id || ledger.volumes.contains_key(&v.id) {
-                return Err(Error::Corrupt(format!(
-                    "checkpoint records volume id {} twice or at or past the next id {}",
-                    v.id, ledger.next_volume_id
-                )));
-            }
-            if !names.insert(v.name.clone()) {
-                return Err(Error::Corrupt(format!(
-                    "checkpoint records two volumes named '{}'",
-                    v.name
-                )));
-            }
             let volume = self.load_volume(&mut ledger, v, member_slots)?;
             ledger.add_volume(volume);
         }
@@ -862,6 +850,28 @@ fn check_sequence_numbers(image: &CheckpointImage) -> Result<()> {
              or is out of range",
             image.next_seq
         )));
+    }
+    Ok(())
+}
+
+/// Volume records a checkpoint may hold: each id below its next one, and
+/// each id and name once.
+fn check_volume_records(image: &CheckpointImage) -> Result<()> {
+    let mut ids = std::collections::HashSet::new();
+    let mut names = std::collections::HashSet::new();
+    for v in &image.volumes {
+        if v.id >= image.next_volume_id || !ids.insert(v.id) {
+            return Err(Error::Corrupt(format!(
+                "checkpoint records volume id {} twice or at or past the next id {}",
+                v.id, image.next_volume_id
+            )));
+        }
+        if !names.insert(v.name.as_str()) {
+            return Err(Error::Corrupt(format!(
+                "checkpoint records two volumes named '{}'",
+                v.name
+            )));
+        }
     }
     Ok(())
 }
