@@ -238,6 +238,17 @@ impl RowGeom {
         let col = self.member_column(pba.member)?;
         Some((col, (pba.block - base) as usize))
     }
+    /// The data slot `pba` holds in this row, if it is one (not a header
+    /// block, a parity block, an unused column or outside the row).
+    pub fn slot_of(&self, geometry: &Geometry, pba: Pba) -> Option<u32> {
+        let (col, blk) = self.locate(geometry, pba)?;
+        if col >= self.data_columns as usize {
+            return None;
+        }
+        let i = (col * self.height as usize + blk) as u32;
+        let slot = i.checked_sub(self.header_blocks as u32)?;
+        (slot < self.slots).then_some(slot)
+    }
     /// Data blocks in use (header plus slots).
     pub fn used_data_blocks(&self) -> u32 {
         self.header_blocks as u32 + self.slots

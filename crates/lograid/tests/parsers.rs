@@ -1993,6 +1993,55 @@ fn forged_checkpoint_with_bad_fields_is_an_error() {
     }
 }
 
+/// Bookkeeping a checkpoint breaks with its checksums right is refused at
+/// every opening, not only with the invariant checks turned on: the test
+/// runs itself again in a child process without `LOGRAID_CHECK_INVARIANTS`.
+#[test]
+fn forged_bookkeeping_is_refused_without_the_invariant_checks() {
+    const CHILD: &str = "LOGRAID_TEST_FORGED_BOOKKEEPING_CHILD";
+    const NAME: &str = "forged_bookkeeping_is_refused_without_the_invariant_checks";
+    if std::env::var_os(CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+            .env_remove("LOGRAID_CHECK_INVARIANTS")
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+        assert!(stdout.contains("1 passed"), "child ran no test:\n{stdout}");
+        eprintln!("{stderr}");
+        return;
+    }
+    assert!(std::env::var_os("LOGRAID_CHECK_INVARIANTS").is_none());
+    type Edit = fn(&mut CheckpointImage);
+    let cases: [(&str, Edit); 3] = [
+        ("a block mapped past the rows written", |img| {
+            img.volumes[0].entries[0].1 += 128
+        }),
+        ("a block mapped to the row's header", |img| {
+            let first = img.volumes[0].entries.iter().map(|e| e.1).min().unwrap();
+            img.volumes[0].entries[0].1 = first - 1;
+        }),
+        ("a row recorded one block high", |img| {
+            let s = img.segments.iter_mut().find(|s| s.live_blocks > 0).unwrap();
+            s.rows.last_mut().unwrap().height = 1;
+        }),
+    ];
+    for (what, edit) in cases {
+        let sims = pool_with_forged_checkpoint(edit);
+        match open_no_panic(&sims) {
+            Err(Error::Corrupt(m)) => {
+                eprintln!("{what}: {m}");
+                assert!(m.contains("bookkeeping"), "{what}: {m}");
+            }
+            Err(e) => panic!("{what}: refused, but not as corrupt: {e}"),
+            Ok(_) => panic!("{what}: opened"),
+        }
+    }
+}
+
 #[test]
 fn forged_checkpoint_with_head_out_of_range_is_an_error() {
     type Edit = fn(&mut CheckpointImage);

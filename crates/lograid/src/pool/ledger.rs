@@ -628,8 +628,15 @@ impl Ledger {
                             v.id, seg.state
                         ));
                     }
-                    if seg.row_at(off).is_none() {
-                        return Err(format!("volume {} block {lba} maps to segment {s} offset {off}, not in any row", v.id));
+                    let slot = seg
+                        .row_at(off)
+                        .and_then(|r| r.slot_of(&shape.geometry, pba));
+                    if slot.is_none() {
+                        return Err(format!(
+                            "volume {} block {lba} maps to member {} block {} (segment {s}), \
+                             not a data slot of any row",
+                            v.id, pba.member, pba.block
+                        ));
                     }
                 }
             }

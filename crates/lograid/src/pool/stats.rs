@@ -158,5 +158,9 @@ pub struct RecoveryReport {
     pub rows_replayed: u64,
     pub blocks_replayed: u64,
     pub duration: Duration,
+    /// Of `duration`, the check of the bookkeeping recovery rebuilt (every
+    /// map entry against the segments' rows and live counts).
+    #[serde(default)]
+    pub checked: Duration,
     pub missing_members: Vec<usize>,
 }
