@@ -1,7 +1,7 @@
 //! Changing the member set: replacing a failed member, a healthy one, and
 //! a member that came back; adding members (rebalance to the new width);
-//! and a rebuild cut by power failures at random instants, resumed after
-//! reopening. Every run is checked against a model of the volume, after
+//! a rebuild cut by power failures at random instants, resumed after
+//! reopening; and the end of a removal cut at I/Os spread over it. Every run is checked against a model of the volume, after
 //! the reshape and after reopening with the new member set; a scrub after
 //! each finds nothing wrong.
 
@@ -541,6 +541,140 @@ impl CutRun {
             .after_crash(&observed)
             .unwrap_or_else(|m| panic!("{what} cut {cuts}: {m}"));
         self.cuts += 1;
+    }
+}
+
+/// The end of a healthy member's removal (the log heads moved off the
+/// segments over it without writing a row, the checkpoint recording where
+/// they went, the member recorded removed and its superblock wiped), with
+/// overwrites flushed between its steps, cut by a power failure at I/Os
+/// spread over that end: the pool opens, holds every flushed write, and the
+/// removal finishes with a clean scrub.
+#[test]
+fn a_removal_cut_by_power_at_its_end_keeps_flushed_writes() {
+    const CUTS: u64 = 60;
+    let what = "(4,1) remove";
+    let mut rng = SimRng(4242);
+    let (sp, pool, model) = worked_pool(4, 1, MEMBER_BYTES, 0.3, &mut rng, 300, what, true);
+    pool.remove_member(2).expect("remove");
+    pool.close().expect("close");
+    let base: Vec<Vec<u8>> = sp.sims.iter().map(|s| s.snapshot()).collect();
+    let whole = remove_until_cut(&base, &mut model.clone(), &mut SimRng(1), u64::MAX / 4);
+    // From the step that moved the last segment (the heads move next).
+    let end_from = whole.last_segment_moved_at;
+    assert!(
+        whole.ios > end_from + CUTS,
+        "{what}: {} I/Os, the last segment moved at {end_from}",
+        whole.ios
+    );
+    let stride = (whole.ios - end_from) / CUTS;
+    let mut recorded_before_the_cut = 0;
+    for budget in (0..CUTS).map(|i| end_from + i * stride) {
+        let what = format!("{what}, power cut after {budget} of {} I/Os", whole.ios);
+        let mut model = model.clone();
+        let run = remove_until_cut(&base, &mut model, &mut rng, budget);
+        // Every drive is given, as an operator would: once the removal is
+        // recorded, the removed member is set aside.
+        let drives: Vec<Arc<dyn Member>> = run
+            .sims
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let img = s.crash_image(CrashMode::KeepRandomSubset, &mut rng);
+                Arc::new(SimMember::from_image(&format!("c{i}"), img)) as Arc<dyn Member>
+            })
+            .collect();
+        let survey =
+            lograid::survey_drives(drives).unwrap_or_else(|e| panic!("{what}: survey: {e}"));
+        assert!(survey.missing.is_empty(), "{what}: {:?}", survey.missing);
+        recorded_before_the_cut += usize::from(survey.set_aside.len() == 1);
+        let pool = open_members(survey.members, test_options(), false)
+            .unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+        let vol = pool.volume("vol").unwrap();
+        let mut buf = vec![0u8; vol.size_bytes() as usize];
+        vol.read(0, &mut buf)
+            .unwrap_or_else(|e| panic!("{what}: read: {e}"));
+        model
+            .after_crash(&buf)
+            .unwrap_or_else(|m| panic!("{what}: {m}"));
+        pool.reshape(|_, _| true).expect("finish");
+        let st = pool.status();
+        assert!(st.reshape.is_none(), "{what}: {:?}", st.reshape);
+        assert_eq!(st.members.len(), 3, "{what}: {:?}", st.members);
+        check_all(&pool, &mut model, &what);
+        scrub_clean(&pool, &what);
+        pool.close().expect("close");
+    }
+    // The cuts span the removal's end: some before it was recorded, some after.
+    println!("{recorded_before_the_cut} of {CUTS} cuts came after the removal was recorded");
+    assert!(
+        (1..CUTS as usize).contains(&recorded_before_the_cut),
+        "{what}: {recorded_before_the_cut} of {CUTS} cuts came after the removal was recorded"
+    );
+}
+
+/// What `remove_until_cut` did.
+struct RemovalRun {
+    /// I/Os made before the power went out (all of them, if it did not).
+    ios: u64,
+    /// I/Os made by the end of the step that moved the last segment.
+    last_segment_moved_at: u64,
+    sims: Vec<Arc<SimMember>>,
+}
+
+/// Overwrites flushed after each step of a removal's end.
+const WRITES_PER_STEP: usize = 20;
+
+/// Opens the pool from `base`, arms a power cut after `budget` I/Os, and
+/// runs its reshape; after each step once no segment is left to move,
+/// overwrites flushed (recorded in `model`).
+fn remove_until_cut(
+    base: &[Vec<u8>],
+    model: &mut Model,
+    rng: &mut SimRng,
+    budget: u64,
+) -> RemovalRun {
+    let sims: Vec<Arc<SimMember>> = base
+        .iter()
+        .enumerate()
+        .map(|(i, img)| Arc::new(SimMember::from_image(&format!("m{i}"), img.clone())))
+        .collect();
+    let pool = open_members(
+        sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect(),
+        test_options(),
+        false,
+    )
+    .expect("open before the removal's end");
+    let cut = PowerCut::after(budget);
+    for s in &sims {
+        s.power_cut_after(cut.clone());
+    }
+    let made = || budget - cut.remaining().max(0) as u64;
+    let mut last_segment_moved_at = None;
+    let vol = pool.volume("vol").unwrap();
+    let _ = pool.reshape(|_, left| {
+        if left > 0 {
+            return true;
+        }
+        last_segment_moved_at.get_or_insert_with(made);
+        for _ in 0..WRITES_PER_STEP {
+            if cut.tripped() {
+                break;
+            }
+            let (off, len) = model.random_range(rng, 64 * 1024);
+            let data = model.write(off, len);
+            if vol.write(off, &data).and_then(|_| vol.flush()).is_ok() {
+                model.flushed();
+            }
+        }
+        true
+    });
+    drop(vol);
+    drop(pool);
+    RemovalRun {
+        ios: made(),
+        last_segment_moved_at: last_segment_moved_at.unwrap_or(0),
+        sims,
     }
 }
 

@@ -196,6 +196,7 @@ pub fn sector_tag(bytes: &[u8], sector: u64) -> Option<u64> {
 }
 
 /// Reference model of a volume.
+#[derive(Clone)]
 pub struct Model {
     pub current: Vec<u64>,
     durable: Vec<u64>,
