@@ -800,6 +800,66 @@ fn lograid_rand(
         }),
     )?;
     results.add(measure("lograid", "rand-read-4K", rops, rt, &rlat, 4096, None).with_cpu(rcpu));
+    // The members are kept for the degraded reads (then removed, unless
+    // memory-backed: those stay for the next pool).
+    let mut bp = bp;
+    let (paths, keep_files) = (bp.paths.clone(), bp.keep_files);
+    bp.keep_files = true;
+    drop(bp);
+    let degraded = degraded_rand_reads(a, &paths, written_ops, blocks, results);
+    if !keep_files {
+        for p in &paths {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    degraded
+}
+
+/// The same random reads with the first P members missing (the pool opened
+/// read-only without them): a block on a missing member is rebuilt from
+/// its row's other columns. Prints the bytes the members read per byte.
+fn degraded_rand_reads(
+    a: &BenchArgs,
+    paths: &[PathBuf],
+    written_ops: u64,
+    blocks: u64,
+    results: &mut Results,
+) -> Result<()> {
+    let p = a.parity as usize;
+    if p == 0 {
+        return Ok(());
+    }
+    let options = PoolOptions {
+        discard: false,
+        ..Default::default()
+    };
+    let pool = lograid::open_paths(&paths[p..], options, true)?;
+    let v = pool.volume("bench")?;
+    let read_bytes = |pool: &Pool| -> u64 {
+        pool.status()
+            .members
+            .iter()
+            .map(|m| m.counters.bytes_read)
+            .sum()
+    };
+    let before = read_bytes(&pool);
+    let (ops, t, lat, cpu) = drive(
+        a.queue_depth,
+        a.seconds,
+        u64::MAX,
+        Arc::new(move |i| {
+            with_read_buffer(4096, |buf| {
+                v.read((mix(mix(i) % written_ops) % blocks) * 4096, buf)
+                    .map_err(Into::into)
+            })
+        }),
+    )?;
+    let per_byte = (read_bytes(&pool) - before) as f64 / (ops.max(1) * 4096) as f64;
+    let m = measure("lograid", "rand-read-4K-degraded", ops, t, &lat, 4096, None).with_cpu(cpu);
+    show(&m);
+    eprintln!("           {p} member(s) missing: members read {per_byte:.2} bytes per byte");
+    results.0.push(m);
+    pool.close()?;
     Ok(())
 }
 
