@@ -16,7 +16,9 @@
 # and 32 MiB kept idle), plus the engine's row buffers (64 rows in flight, and past that one
 # sealed by a writer, two by a flush and three in the cleaner's queue; 32 kept; 3 open: 105
 # rows of (members - parity) x chunk), plus a parity buffer (parity x chunk)
-# for each of the 66 threads that may write rows (64 request threads, 2 row writers), plus one
+# for each of the 66 threads that may write rows (64 request threads, 2 row writers), plus
+# 128 KiB of scratch buffers (a degraded read's columns) for each of up to 80 threads that may
+# rebuild a block (the request threads, the I/O pool's, the background work's), plus one
 # checkpoint's encoding (13 bytes per stored block).
 # The members are deleted at the end.
 set -euo pipefail
@@ -90,8 +92,9 @@ print("%d/%d/%d" % (m["map_bytes"] >> 20, rows >> 20, m["total_bytes"] >> 20) if
 s = json.load(sys.stdin)
 rows = 105 * (s["members_total"] - s["parity"]) * s["chunk_bytes"]
 parity = 66 * s["parity"] * s["chunk_bytes"]
+scratch = 80 * (128 << 10)
 checkpoint = 13 * s["stored_bytes"] // 4096
-print((rows + parity + checkpoint >> 20) + int(sys.argv[1]) + int(sys.argv[3]) * int(sys.argv[2]))' \
+print((rows + parity + scratch + checkpoint >> 20) + int(sys.argv[1]) + int(sys.argv[3]) * int(sys.argv[2]))' \
                 "$idle" "$connections" "$per_connection" \
             2>/dev/null || echo 0)
         within=no

@@ -1,7 +1,20 @@
-//! A heap buffer aligned to 4096 bytes, as O_DIRECT requires.
+//! A heap buffer aligned to 4096 bytes, as O_DIRECT requires, and a few
+//! small ones kept per thread for reuse (`scratch`, `recycle`): a degraded
+//! read's column buffers, which would otherwise be allocated and cleared
+//! for every block rebuilt.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
+
+/// Bytes of scratch buffers a thread keeps (a larger buffer is freed): a
+/// 4 KiB rebuild in the widest rows, with room to spare. Bounds what
+/// reuse adds to memory: this much per thread that rebuilds blocks.
+pub const SCRATCH_KEEP_BYTES: usize = 128 << 10;
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<AlignedBuf>> = const { RefCell::new(Vec::new()) };
+}
 
 pub struct AlignedBuf {
     ptr: *mut u8,
@@ -31,6 +44,33 @@ impl AlignedBuf {
             std::alloc::handle_alloc_error(layout);
         }
         AlignedBuf { ptr, len }
+    }
+
+    /// A buffer of `len` bytes that this thread recycled, holding what it
+    /// held then, or a new zeroed one: for callers that overwrite it whole
+    /// before anything reads it.
+    pub fn scratch(len: usize) -> AlignedBuf {
+        let kept = SCRATCH.with(|kept| {
+            let mut kept = kept.borrow_mut();
+            let i = kept.iter().position(|b| b.len == len)?;
+            Some(kept.swap_remove(i))
+        });
+        kept.unwrap_or_else(|| AlignedBuf::zeroed(len))
+    }
+
+    /// Keeps this buffer for `scratch` on this thread if it fits within
+    /// `SCRATCH_KEEP_BYTES` with those kept already; else frees it.
+    pub fn recycle(self) {
+        if self.len == 0 || self.len > SCRATCH_KEEP_BYTES {
+            return;
+        }
+        SCRATCH.with(|kept| {
+            let mut kept = kept.borrow_mut();
+            let bytes: usize = kept.iter().map(|b| b.len).sum();
+            if bytes + self.len <= SCRATCH_KEEP_BYTES {
+                kept.push(self);
+            }
+        });
     }
 }
 
@@ -68,5 +108,34 @@ impl Drop for AlignedBuf {
             // SAFETY: allocated with this layout in `zeroed`.
             unsafe { dealloc(self.ptr, layout) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_buffers_are_reused_within_the_limit() {
+        let mut a = AlignedBuf::scratch(4096);
+        assert!(a.iter().all(|&b| b == 0), "a new scratch buffer is zeroed");
+        a.fill(7);
+        let at = a.as_ptr();
+        a.recycle();
+        let b = AlignedBuf::scratch(4096);
+        assert_eq!(b.as_ptr(), at, "the recycled buffer is handed out again");
+        assert!(b.iter().all(|&x| x == 7), "as it was left");
+        assert!(is_aligned(&b));
+        // Another length gets its own buffer.
+        let c = AlignedBuf::scratch(8192);
+        assert_ne!(c.as_ptr(), at);
+        // Beyond the limit, buffers are freed, not kept.
+        let big = AlignedBuf::scratch(SCRATCH_KEEP_BYTES + 4096);
+        big.recycle();
+        let n = SCRATCH_KEEP_BYTES / 4096;
+        let many: Vec<AlignedBuf> = (0..n + 4).map(|_| AlignedBuf::scratch(4096)).collect();
+        many.into_iter().for_each(AlignedBuf::recycle);
+        let kept = SCRATCH.with(|k| k.borrow().iter().map(|b| b.len()).sum::<usize>());
+        assert_eq!(kept, SCRATCH_KEEP_BYTES, "kept up to the limit");
     }
 }

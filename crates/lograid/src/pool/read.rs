@@ -294,6 +294,7 @@ impl Engine {
             }
             let (buf, rebuilt) = self.rebuild_run_blocks(plan, run.clone(), read_ok, out);
             plan.run_bytes(run.clone(), out).copy_from_slice(&buf);
+            buf.recycle();
             self.settle_run(plan, run.clone(), Some(&rebuilt), out)?;
         }
         Ok(())
@@ -307,14 +308,18 @@ impl Engine {
         run: Range<usize>,
         read_ok: &[bool],
         done: &[u8],
-    ) -> (AlignedBuf, Vec<bool>) {
-        let mut buf = AlignedBuf::zeroed(run.len() * BLOCK_SIZE);
-        let mut rebuilt = vec![false; run.len()];
+    ) -> (AlignedBuf, RunsOk) {
+        let mut buf = AlignedBuf::scratch(run.len() * BLOCK_SIZE);
+        let mut rebuilt = RunsOk::from_elem(false, run.len());
         let have = |pba: Pba, n: usize| plan.settled_overlapping(read_ok, done, pba, n);
         let blocks = &plan.blocks[run];
         let mut j = 0;
         while j < blocks.len() {
             let n = self.rebuild_run(&blocks[j..], &mut buf[j * BLOCK_SIZE..], &have);
+            if n == 0 {
+                // Not rebuilt: zeroes, not what the scratch buffer held.
+                buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE].fill(0);
+            }
             rebuilt[j..j + n.max(1)].fill(n > 0);
             j += n.max(1);
         }

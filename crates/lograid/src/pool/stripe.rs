@@ -7,6 +7,7 @@
 //! Reads only: writing a rebuilt block back is the caller's (the read
 //! path's `rewrite_block`, `row_check`, rebuild).
 
+use super::engine::open_device;
 use super::Engine;
 use crate::device::AlignedBuf;
 use crate::error::RepairError;
@@ -105,6 +106,7 @@ impl Engine {
         match self.rebuild_column_range(&geom, col, blk, n, have) {
             Some(bytes) => {
                 out[..n * BLOCK_SIZE].copy_from_slice(&bytes);
+                bytes.recycle();
                 n
             }
             None => 0,
@@ -124,14 +126,17 @@ impl Engine {
     ) -> Option<AlignedBuf> {
         // Read in this thread, one column after the other: handing the
         // reads to the I/O pool costs more (thread hand-offs on few cores)
-        // than it gains, since readers run many at once anyway.
+        // than it gains, since readers run many at once anyway. The member
+        // table is loaded once (a member let go meanwhile closes once this
+        // is done), and each column fills a scratch buffer whole.
+        let devices = self.devices.load();
         let mut columns: Vec<Option<AlignedBuf>> = (0..geom.width())
             .map(|c| {
                 if c == col || !geom.column_used(c) {
                     return None;
                 }
                 let pba = geom.pba(&self.shape.geometry, c, blk);
-                let mut buf = AlignedBuf::zeroed(n * BLOCK_SIZE);
+                let mut buf = AlignedBuf::scratch(n * BLOCK_SIZE);
                 // Blocks `lo..hi` (of `pba.block..pba.block + n`) taken from
                 // what was read already; the rest read now.
                 let (lo, hi) = match have(pba, n) {
@@ -147,21 +152,23 @@ impl Engine {
                     }
                     None => (0, 0), // nothing taken: all read below
                 };
-                let dev = self.device(pba.member_index());
+                let dev = open_device(&devices, pba.member_index());
                 for (a, b) in [(0, lo), (hi, n as u64)] {
                     if a < b {
                         let part = &mut buf[a as usize * BLOCK_SIZE..b as usize * BLOCK_SIZE];
-                        dev.as_ref()?
-                            .read_at(part, (pba.block + a) * BLOCK_BYTES)
-                            .ok()?;
+                        dev?.read_at(part, (pba.block + a) * BLOCK_BYTES).ok()?;
                     }
                 }
                 Some(buf)
             })
             .collect();
-        rebuild_missing_columns(geom, &mut columns, n * BLOCK_SIZE)
+        let rebuilt = rebuild_missing_columns(geom, &mut columns, n * BLOCK_SIZE)
             .then(|| columns[col].take())
-            .flatten()
+            .flatten();
+        for buf in columns.into_iter().flatten() {
+            buf.recycle();
+        }
+        rebuilt
     }
 
     /// Every column of a row read whole, those missing or unreadable rebuilt
@@ -233,9 +240,14 @@ pub(crate) fn rebuild_missing_columns(
     if erase.len() > geom.parity as usize {
         return false;
     }
-    // Unused data columns read as zero; erased ones are outputs.
-    for c in columns.iter_mut().filter(|c| c.is_none()) {
-        *c = Some(AlignedBuf::zeroed(len));
+    // Unused data columns read as zero; erased ones are outputs, written
+    // whole by the decoder.
+    for (i, c) in columns.iter_mut().enumerate().filter(|(_, c)| c.is_none()) {
+        let mut buf = AlignedBuf::scratch(len);
+        if !geom.column_used(i) {
+            buf.fill(0);
+        }
+        *c = Some(buf);
     }
     let mut refs: Vec<&mut [u8]> = columns
         .iter_mut()
