@@ -3,7 +3,10 @@
 # on one pool (3 sparse 4 GiB file members, P=1, one 7 GiB volume), fio's nbd engine for
 # SECONDS, then the server's peak (VmHWM) and current (VmRSS) resident memory, its CPU seconds
 # per GB moved and the rate. Several binaries alternate load by load (old and new builds side
-# by side). As root or not; needs fio with its nbd engine (Debian: fio, libnbd0).
+# by side). The first server of each load writes into member blocks the host filesystem has
+# not allocated yet (sparse files) and is the slower for it: to compare builds by speed, run
+# again with their order swapped. As root or not; needs fio with its nbd engine (Debian: fio,
+# libnbd0).
 #
 #   bench/nbd_memory.sh [--seconds S] [--dir DIR] NAME=BINARY [NAME=BINARY ...]
 #
@@ -28,7 +31,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --seconds) seconds=$2; shift 2 ;;
         --dir) dir=$2; shift 2 ;;
-        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) break ;;
     esac
 done
