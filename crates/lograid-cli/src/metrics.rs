@@ -374,7 +374,7 @@ fn render_pool(t: &mut Text, status: &PoolStatus) {
     t.family(
         "lograid_pool_memory_bytes",
         "gauge",
-        "The engine's memory by kind: map (the volume maps); open_rows, in_flight_rows, kept_rows (row buffers being filled, being written, kept for reuse); held_writes (sub-block writes held until merged); column_buffers (whole-column buffers kept for the cleaner's, scrub's and rebuild's row reads).",
+        "The engine's memory by kind: map (the volume maps); open_rows, in_flight_rows, kept_rows (row buffers being filled, being written, kept for reuse); held_writes (sub-block writes held until merged); column_buffers (whole-column buffers kept for the cleaner's, scrub's and rebuild's row reads); scratch (buffers threads keep for rebuilding blocks from parity).",
     );
     let m = &status.memory;
     for (kind, bytes) in [
@@ -384,6 +384,7 @@ fn render_pool(t: &mut Text, status: &PoolStatus) {
         ("kept_rows", m.kept_row_bytes),
         ("held_writes", m.held_write_bytes),
         ("column_buffers", m.column_buffer_bytes),
+        ("scratch", m.scratch_bytes),
     ] {
         t.sample(&[("pool", pool), ("kind", kind)], bytes);
     }

@@ -269,13 +269,14 @@ fn health_line(st: &PoolStatus) -> String {
 pub(crate) fn memory_by_kind(m: &lograid::MemoryUse) -> String {
     format!(
         "{} in all: map {}, rows open {}, in flight {}, kept {}, sub-block writes {}, \
-         column buffers {}",
+         column buffers {}, scratch {}",
         human(m.total_bytes),
         human(m.map_bytes),
         human(m.open_row_bytes),
         human(m.in_flight_row_bytes),
         human(m.kept_row_bytes),
         human(m.held_write_bytes),
-        human(m.column_buffer_bytes)
+        human(m.column_buffer_bytes),
+        human(m.scratch_bytes)
     )
 }

@@ -6,6 +6,7 @@
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::cell::RefCell;
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bytes of scratch buffers a thread keeps (a larger buffer is freed): a
 /// 4 KiB rebuild in the widest rows, with room to spare. Bounds what
@@ -13,7 +14,30 @@ use std::ops::{Deref, DerefMut};
 pub const SCRATCH_KEEP_BYTES: usize = 128 << 10;
 
 thread_local! {
-    static SCRATCH: RefCell<Vec<AlignedBuf>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Kept> = const { RefCell::new(Kept(Vec::new())) };
+}
+
+/// Bytes of scratch buffers the process's threads keep (`scratch_kept_bytes`).
+static SCRATCH_KEPT_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes of scratch buffers the threads of this process keep for reuse.
+pub fn scratch_kept_bytes() -> u64 {
+    SCRATCH_KEPT_BYTES.load(Ordering::Relaxed)
+}
+
+/// One thread's kept buffers; freed (and uncounted) when the thread ends.
+struct Kept(Vec<AlignedBuf>);
+
+impl Kept {
+    fn bytes(&self) -> usize {
+        self.0.iter().map(|b| b.len).sum()
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        SCRATCH_KEPT_BYTES.fetch_sub(self.bytes() as u64, Ordering::Relaxed);
+    }
 }
 
 pub struct AlignedBuf {
@@ -51,8 +75,9 @@ impl AlignedBuf {
     /// before anything reads it.
     pub fn scratch(len: usize) -> AlignedBuf {
         let kept = SCRATCH.with(|kept| {
-            let mut kept = kept.borrow_mut();
+            let kept = &mut kept.borrow_mut().0;
             let i = kept.iter().position(|b| b.len == len)?;
+            SCRATCH_KEPT_BYTES.fetch_sub(len as u64, Ordering::Relaxed);
             Some(kept.swap_remove(i))
         });
         kept.unwrap_or_else(|| AlignedBuf::zeroed(len))
@@ -66,9 +91,9 @@ impl AlignedBuf {
         }
         SCRATCH.with(|kept| {
             let mut kept = kept.borrow_mut();
-            let bytes: usize = kept.iter().map(|b| b.len).sum();
-            if bytes + self.len <= SCRATCH_KEEP_BYTES {
-                kept.push(self);
+            if kept.bytes() + self.len <= SCRATCH_KEEP_BYTES {
+                SCRATCH_KEPT_BYTES.fetch_add(self.len as u64, Ordering::Relaxed);
+                kept.0.push(self);
             }
         });
     }
@@ -135,7 +160,14 @@ mod tests {
         let n = SCRATCH_KEEP_BYTES / 4096;
         let many: Vec<AlignedBuf> = (0..n + 4).map(|_| AlignedBuf::scratch(4096)).collect();
         many.into_iter().for_each(AlignedBuf::recycle);
-        let kept = SCRATCH.with(|k| k.borrow().iter().map(|b| b.len()).sum::<usize>());
+        let kept = SCRATCH.with(|k| k.borrow().bytes());
         assert_eq!(kept, SCRATCH_KEEP_BYTES, "kept up to the limit");
+        assert!(scratch_kept_bytes() >= kept as u64, "counted");
+        // A thread's buffers are uncounted when it ends.
+        let before = scratch_kept_bytes();
+        std::thread::spawn(|| AlignedBuf::scratch(4096).recycle())
+            .join()
+            .unwrap();
+        assert_eq!(scratch_kept_bytes(), before);
     }
 }

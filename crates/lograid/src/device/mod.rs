@@ -26,7 +26,7 @@ mod sim;
 pub mod uring;
 mod write_cache;
 
-pub use aligned::{is_aligned, AlignedBuf};
+pub use aligned::{is_aligned, scratch_kept_bytes, AlignedBuf, SCRATCH_KEEP_BYTES};
 pub use file::{
     is_gone_error, is_mount_point, is_mounted, probe_signature, signature_in, FileMember, OpenMode,
     LOGRAID_SIGNATURE,

@@ -158,6 +158,10 @@ pub struct MemoryUse {
     /// and rebuild (one row's columns for each of them running at once).
     #[serde(default)]
     pub column_buffer_bytes: u64,
+    /// Buffers the process's threads keep for rebuilding blocks from
+    /// parity (a degraded read's columns; at most 128 KiB per thread).
+    #[serde(default)]
+    pub scratch_bytes: u64,
     /// The sum of the above.
     pub total_bytes: u64,
 }
@@ -174,6 +178,7 @@ impl MemoryUse {
         let in_flight_row_bytes = ledger.inflight_bytes as u64;
         let kept_row_bytes = ledger.spare_buffers.iter().map(len).sum();
         let held_write_bytes = ledger.overlays.len() as u64 * crate::format::BLOCK_BYTES;
+        let scratch_bytes = crate::device::scratch_kept_bytes();
         MemoryUse {
             map_bytes,
             open_row_bytes,
@@ -181,12 +186,14 @@ impl MemoryUse {
             kept_row_bytes,
             held_write_bytes,
             column_buffer_bytes,
+            scratch_bytes,
             total_bytes: map_bytes
                 + open_row_bytes
                 + in_flight_row_bytes
                 + kept_row_bytes
                 + held_write_bytes
-                + column_buffer_bytes,
+                + column_buffer_bytes
+                + scratch_bytes,
         }
     }
 }
