@@ -21,7 +21,7 @@
 # rows of (members - parity) x chunk), plus a parity buffer (parity x chunk)
 # for each of the 66 threads that may write rows (64 request threads, 2 row writers), plus
 # 128 KiB of scratch buffers (a degraded read's columns) for each of up to 80 threads that may
-# rebuild a block (the request threads, the I/O pool's, the background work's), plus one
+# rebuild a block (the request threads and the engine's background work), plus one
 # checkpoint's encoding (13 bytes per stored block).
 # The members are deleted at the end.
 set -euo pipefail
@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --seconds) seconds=$2; shift 2 ;;
         --dir) dir=$2; shift 2 ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 0 ;;
         *) break ;;
     esac
 done

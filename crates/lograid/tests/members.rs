@@ -559,7 +559,11 @@ fn a_removal_cut_by_power_at_its_end_keeps_flushed_writes() {
     pool.remove_member(2).expect("remove");
     pool.close().expect("close");
     let base: Vec<Vec<u8>> = sp.sims.iter().map(|s| s.snapshot()).collect();
-    let whole = remove_until_cut(&base, &mut model.clone(), &mut SimRng(1), u64::MAX / 4);
+    // Every run makes the same writes (the same seed), so it makes the same
+    // I/Os as this one up to its cut.
+    const WRITES_SEED: u64 = 1;
+    let whole = remove_until_cut(&base, &mut model.clone(), WRITES_SEED, u64::MAX / 4);
+    assert!(!whole.cut, "{what}: the uncut run was cut");
     // From the step that moved the last segment (the heads move next).
     let end_from = whole.last_segment_moved_at;
     assert!(
@@ -567,12 +571,13 @@ fn a_removal_cut_by_power_at_its_end_keeps_flushed_writes() {
         "{what}: {} I/Os, the last segment moved at {end_from}",
         whole.ios
     );
-    let stride = (whole.ios - end_from) / CUTS;
+    let stride = (whole.ios - 1 - end_from) / CUTS;
     let mut recorded_before_the_cut = 0;
     for budget in (0..CUTS).map(|i| end_from + i * stride) {
         let what = format!("{what}, power cut after {budget} of {} I/Os", whole.ios);
         let mut model = model.clone();
-        let run = remove_until_cut(&base, &mut model, &mut rng, budget);
+        let run = remove_until_cut(&base, &mut model, WRITES_SEED, budget);
+        assert!(run.cut, "{what}: the power was not cut");
         // Every drive is given, as an operator would: once the removal is
         // recorded, the removed member is set aside.
         let drives: Vec<Arc<dyn Member>> = run
@@ -619,6 +624,8 @@ struct RemovalRun {
     ios: u64,
     /// I/Os made by the end of the step that moved the last segment.
     last_segment_moved_at: u64,
+    /// Whether the power went out.
+    cut: bool,
     sims: Vec<Arc<SimMember>>,
 }
 
@@ -627,13 +634,9 @@ const WRITES_PER_STEP: usize = 20;
 
 /// Opens the pool from `base`, arms a power cut after `budget` I/Os, and
 /// runs its reshape; after each step once no segment is left to move,
-/// overwrites flushed (recorded in `model`).
-fn remove_until_cut(
-    base: &[Vec<u8>],
-    model: &mut Model,
-    rng: &mut SimRng,
-    budget: u64,
-) -> RemovalRun {
+/// overwrites flushed (recorded in `model`, drawn from `seed`).
+fn remove_until_cut(base: &[Vec<u8>], model: &mut Model, seed: u64, budget: u64) -> RemovalRun {
+    let rng = &mut SimRng(seed);
     let sims: Vec<Arc<SimMember>> = base
         .iter()
         .enumerate()
@@ -674,6 +677,7 @@ fn remove_until_cut(
     RemovalRun {
         ios: made(),
         last_segment_moved_at: last_segment_moved_at.unwrap_or(0),
+        cut: cut.is_out(),
         sims,
     }
 }

@@ -2016,29 +2016,49 @@ fn forged_bookkeeping_is_refused_without_the_invariant_checks() {
     }
     assert!(std::env::var_os("LOGRAID_CHECK_INVARIANTS").is_none());
     type Edit = fn(&mut CheckpointImage);
-    let cases: [(&str, Edit); 3] = [
-        ("a block mapped past the rows written", |img| {
-            img.volumes[0].entries[0].1 += 128
-        }),
-        ("a block mapped to the row's header", |img| {
-            let first = img.volumes[0].entries.iter().map(|e| e.1).min().unwrap();
-            img.volumes[0].entries[0].1 = first - 1;
-        }),
-        ("a row recorded one block high", |img| {
-            let s = img.segments.iter_mut().find(|s| s.live_blocks > 0).unwrap();
-            s.rows.last_mut().unwrap().height = 1;
-        }),
+    // (what, the edit, what the refusal must say)
+    let cases: [(&str, Edit, &str); 3] = [
+        (
+            "a block mapped past the rows written",
+            |img| img.volumes[0].entries[0].1 += 128,
+            "which is Free",
+        ),
+        (
+            "a block mapped just before the first data block on its member",
+            |img| {
+                let first = img.volumes[0].entries.iter().map(|e| e.1).min().unwrap();
+                img.volumes[0].entries[0].1 = first - 1;
+            },
+            "not a data slot",
+        ),
+        (
+            "a row recorded one block high",
+            |img| {
+                let s = img.segments.iter_mut().find(|s| s.live_blocks > 0).unwrap();
+                s.rows.last_mut().unwrap().height = 1;
+            },
+            "not a data slot",
+        ),
     ];
-    for (what, edit) in cases {
+    for (what, edit, says) in cases {
         let sims = pool_with_forged_checkpoint(edit);
         match open_no_panic(&sims) {
             Err(Error::Corrupt(m)) => {
                 eprintln!("{what}: {m}");
-                assert!(m.contains("bookkeeping"), "{what}: {m}");
+                assert!(m.contains(says), "{what}: {m}");
+                assert!(m.contains("read-only"), "{what}: no way out named: {m}");
             }
             Err(e) => panic!("{what}: refused, but not as corrupt: {e}"),
             Ok(_) => panic!("{what}: opened"),
         }
+        // Read-only, it opens (to copy off what can be read), and says why.
+        let pool = open_members(dyn_members(&sims), common::test_options(), true)
+            .unwrap_or_else(|e| panic!("{what}: read-only: {e}"));
+        let events = pool.status().events;
+        assert!(
+            events.iter().any(|e| e.message.contains(says)),
+            "{what}: {events:?}"
+        );
     }
 }
 

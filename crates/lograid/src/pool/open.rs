@@ -473,13 +473,19 @@ impl Engine {
                 .sum();
         }
         // What was read from the drives is input: bookkeeping it breaks (a
-        // map entry outside every row's data slots) fails the opening,
-        // before reads or the cleaner could act on it.
+        // map entry outside every row's data slots) fails a writable
+        // opening, before the cleaner could act on it; a read-only one goes
+        // on, saying so, so that what can be read can be copied off.
         let checking = Instant::now();
         if let Err(m) = self.ledger.lock().check_invariants(&self.shape) {
-            return Err(Error::Corrupt(format!(
-                "the pool's bookkeeping after recovery is inconsistent: {m}"
-            )));
+            let m = format!("the pool's bookkeeping after recovery is inconsistent: {m}");
+            if !read_only {
+                return Err(Error::Corrupt(format!(
+                    "{m} (open it read-only to copy off what can be read)"
+                )));
+            }
+            tracing::error!("pool '{}': {m}; opened read-only", self.shape.pool_name);
+            self.event(m);
         }
         let checked = checking.elapsed();
         if !read_only {

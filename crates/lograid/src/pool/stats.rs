@@ -158,8 +158,9 @@ pub struct RecoveryReport {
     pub rows_replayed: u64,
     pub blocks_replayed: u64,
     pub duration: Duration,
-    /// Of `duration`, the check of the bookkeeping recovery rebuilt (every
-    /// map entry against the segments' rows and live counts).
+    /// Of `duration`, the check of the bookkeeping recovery rebuilt
+    /// (`Ledger::check_invariants`: every map entry in a data slot of a
+    /// row, live counts, the free list, the heads, the overlays).
     #[serde(default)]
     pub checked: Duration,
     pub missing_members: Vec<usize>,

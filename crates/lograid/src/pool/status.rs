@@ -160,6 +160,7 @@ pub struct MemoryUse {
     pub column_buffer_bytes: u64,
     /// Buffers the process's threads keep for rebuilding blocks from
     /// parity (a degraded read's columns; at most 128 KiB per thread).
+    /// The process's, not the pool's: each pool it has open counts them.
     #[serde(default)]
     pub scratch_bytes: u64,
     /// The sum of the above.
