@@ -85,6 +85,18 @@ fn check_all(pool: &Pool, model: &mut Model, what: &str) {
         .unwrap_or_else(|m| panic!("{what}: {m}"));
 }
 
+/// After a power cut: the volume holds every flushed write (and, of those
+/// not flushed, what the model allows).
+fn holds_what_was_flushed(pool: &Pool, model: &mut Model, what: &str) {
+    let vol = pool.volume("vol").expect("volume");
+    let mut buf = vec![0u8; vol.size_bytes() as usize];
+    vol.read(0, &mut buf)
+        .unwrap_or_else(|e| panic!("{what}: read all: {e}"));
+    model
+        .after_crash(&buf)
+        .unwrap_or_else(|m| panic!("{what}: {m}"));
+}
+
 fn scrub_clean(pool: &Pool, what: &str) {
     let report = pool.scrub(false, |_, _| true).expect("scrub");
     assert!(
@@ -103,17 +115,23 @@ fn states(pool: &Pool) -> Vec<(usize, String)> {
 
 /// Reopens from the current contents of `members` (clean images).
 fn reopen(members: &[Arc<SimMember>]) -> (Pool, Vec<Arc<SimMember>>) {
-    let sims: Vec<Arc<SimMember>> = members
-        .iter()
+    let images = members.iter().map(|s| s.snapshot()).collect();
+    open_images(images, "reopen with the new member set")
+}
+
+/// Opens the pool on new simulated members holding `images`.
+fn open_images(images: Vec<Vec<u8>>, what: &str) -> (Pool, Vec<Arc<SimMember>>) {
+    let sims: Vec<Arc<SimMember>> = images
+        .into_iter()
         .enumerate()
-        .map(|(i, s)| Arc::new(SimMember::from_image(&format!("re{i}"), s.snapshot())))
+        .map(|(i, img)| Arc::new(SimMember::from_image(&format!("m{i}"), img)))
         .collect();
     let pool = open_members(
         sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect(),
         test_options(),
         false,
     )
-    .expect("reopen with the new member set");
+    .unwrap_or_else(|e| panic!("{what}: {e}"));
     (pool, sims)
 }
 
@@ -521,25 +539,17 @@ impl CutRun {
             .enumerate()
             .map(|(i, img)| Arc::new(SimMember::from_image(&format!("c{cuts}.{i}"), img)))
             .collect();
-        let observed = {
-            let p = open_members(
-                self.set
-                    .iter()
-                    .map(|s| s.clone() as Arc<dyn Member>)
-                    .collect(),
-                test_options(),
-                true,
-            )
-            .unwrap_or_else(|e| panic!("{what}: open after cut {cuts}: {e}"));
-            let vol = p.volume("vol").unwrap();
-            let mut buf = vec![0u8; vol.size_bytes() as usize];
-            vol.read(0, &mut buf)
-                .unwrap_or_else(|e| panic!("{what}: read after cut {cuts}: {e}"));
-            buf
-        };
-        model
-            .after_crash(&observed)
-            .unwrap_or_else(|m| panic!("{what} cut {cuts}: {m}"));
+        let p = open_members(
+            self.set
+                .iter()
+                .map(|s| s.clone() as Arc<dyn Member>)
+                .collect(),
+            test_options(),
+            true,
+        )
+        .unwrap_or_else(|e| panic!("{what}: open after cut {cuts}: {e}"));
+        holds_what_was_flushed(&p, model, &format!("{what} after cut {cuts}"));
+        drop(p);
         self.cuts += 1;
     }
 }
@@ -595,13 +605,7 @@ fn a_removal_cut_by_power_at_its_end_keeps_flushed_writes() {
         recorded_before_the_cut += usize::from(survey.set_aside.len() == 1);
         let pool = open_members(survey.members, test_options(), false)
             .unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
-        let vol = pool.volume("vol").unwrap();
-        let mut buf = vec![0u8; vol.size_bytes() as usize];
-        vol.read(0, &mut buf)
-            .unwrap_or_else(|e| panic!("{what}: read: {e}"));
-        model
-            .after_crash(&buf)
-            .unwrap_or_else(|m| panic!("{what}: {m}"));
+        holds_what_was_flushed(&pool, &mut model, &what);
         pool.reshape(|_, _| true).expect("finish");
         let st = pool.status();
         assert!(st.reshape.is_none(), "{what}: {:?}", st.reshape);
@@ -637,17 +641,7 @@ const WRITES_PER_STEP: usize = 20;
 /// overwrites flushed (recorded in `model`, drawn from `seed`).
 fn remove_until_cut(base: &[Vec<u8>], model: &mut Model, seed: u64, budget: u64) -> RemovalRun {
     let rng = &mut SimRng(seed);
-    let sims: Vec<Arc<SimMember>> = base
-        .iter()
-        .enumerate()
-        .map(|(i, img)| Arc::new(SimMember::from_image(&format!("m{i}"), img.clone())))
-        .collect();
-    let pool = open_members(
-        sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect(),
-        test_options(),
-        false,
-    )
-    .expect("open before the removal's end");
+    let (pool, sims) = open_images(base.to_vec(), "open before the removal's end");
     let cut = PowerCut::after(budget);
     for s in &sims {
         s.power_cut_after(cut.clone());

@@ -785,20 +785,8 @@ fn lograid_rand(
     let wa = (bp.member_bytes_written() - before) as f64 / (ops * 4096) as f64;
     results.add(measure("lograid", "rand-write-4K", ops, t, &lat, 4096, Some(wa)).with_cpu(cpu));
     show_counters(&bp.pool);
-    // Read blocks that were written: the i-th write went to mix(i).
-    let v = bp.volume.clone();
     let written_ops = ops.max(1);
-    let (rops, rt, rlat, rcpu) = drive(
-        qd,
-        secs,
-        u64::MAX,
-        Arc::new(move |i| {
-            with_read_buffer(4096, |buf| {
-                v.read((mix(mix(i) % written_ops) % blocks) * 4096, buf)
-                    .map_err(Into::into)
-            })
-        }),
-    )?;
+    let (rops, rt, rlat, rcpu) = read_written(a, bp.volume.clone(), written_ops, blocks)?;
     results.add(measure("lograid", "rand-read-4K", rops, rt, &rlat, 4096, None).with_cpu(rcpu));
     // The members are kept for the degraded reads (then removed, unless
     // memory-backed: those stay for the next pool).
@@ -813,6 +801,36 @@ fn lograid_rand(
         }
     }
     degraded
+}
+
+/// Random 4 KiB reads of `v`'s blocks that the random writes wrote (the
+/// i-th of `written_ops` writes went to `mix(i)` of `blocks`).
+fn read_written(
+    a: &BenchArgs,
+    v: Volume,
+    written_ops: u64,
+    blocks: u64,
+) -> Result<(u64, f64, Vec<u64>, CpuTime)> {
+    drive(
+        a.queue_depth,
+        a.seconds,
+        u64::MAX,
+        Arc::new(move |i| {
+            with_read_buffer(4096, |buf| {
+                v.read((mix(mix(i) % written_ops) % blocks) * 4096, buf)
+                    .map_err(Into::into)
+            })
+        }),
+    )
+}
+
+/// Bytes the pool's members have read since it was opened.
+fn member_bytes_read(pool: &Pool) -> u64 {
+    pool.status()
+        .members
+        .iter()
+        .map(|m| m.counters.bytes_read)
+        .sum()
 }
 
 /// The same random reads with the first P members missing (the pool opened
@@ -834,27 +852,9 @@ fn degraded_rand_reads(
         ..Default::default()
     };
     let pool = lograid::open_paths(&paths[p..], options, true)?;
-    let v = pool.volume("bench")?;
-    let read_bytes = |pool: &Pool| -> u64 {
-        pool.status()
-            .members
-            .iter()
-            .map(|m| m.counters.bytes_read)
-            .sum()
-    };
-    let before = read_bytes(&pool);
-    let (ops, t, lat, cpu) = drive(
-        a.queue_depth,
-        a.seconds,
-        u64::MAX,
-        Arc::new(move |i| {
-            with_read_buffer(4096, |buf| {
-                v.read((mix(mix(i) % written_ops) % blocks) * 4096, buf)
-                    .map_err(Into::into)
-            })
-        }),
-    )?;
-    let per_byte = (read_bytes(&pool) - before) as f64 / (ops.max(1) * 4096) as f64;
+    let before = member_bytes_read(&pool);
+    let (ops, t, lat, cpu) = read_written(a, pool.volume("bench")?, written_ops, blocks)?;
+    let per_byte = (member_bytes_read(&pool) - before) as f64 / (ops.max(1) * 4096) as f64;
     let m = measure("lograid", "rand-read-4K-degraded", ops, t, &lat, 4096, None).with_cpu(cpu);
     show(&m);
     eprintln!("           {p} member(s) missing: members read {per_byte:.2} bytes per byte");

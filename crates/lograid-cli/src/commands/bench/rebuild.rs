@@ -6,7 +6,7 @@
 //! reads on the healthy pool. Rates are compared with the raw sequential
 //! read rate of one member file on the same disk.
 
-use super::{drive, filled, BenchArgs, BenchPool, RawFile};
+use super::{drive, filled, member_bytes_read, BenchArgs, BenchPool, RawFile};
 use crate::size::human;
 use anyhow::Result;
 use lograid::device::{AlignedBuf, Member};
@@ -225,17 +225,10 @@ fn fill_and_scrub(
 fn degraded_read(left: &[PathBuf], options: &PoolOptions, fill_bytes: u64) -> Result<(f64, f64)> {
     let pool = lograid::open_paths(left, options.clone(), false)?;
     let v = pool.volume("bench")?;
-    let read_bytes = |pool: &lograid::Pool| -> u64 {
-        pool.status()
-            .members
-            .iter()
-            .map(|m| m.counters.bytes_read)
-            .sum()
-    };
-    let before = read_bytes(&pool);
+    let before = member_bytes_read(&pool);
     let degraded_read_mb_s = seq_read(&v, fill_bytes)?;
     let degraded_read_member_bytes_per_byte =
-        (read_bytes(&pool) - before) as f64 / fill_bytes.max(1) as f64;
+        (member_bytes_read(&pool) - before) as f64 / fill_bytes.max(1) as f64;
     pool.close()?;
     drop((v, pool));
     Ok((degraded_read_mb_s, degraded_read_member_bytes_per_byte))
