@@ -3,9 +3,10 @@
 # on one pool (3 sparse 4 GiB file members, P=1, one 7 GiB volume), fio's nbd engine for
 # SECONDS, then the server's peak (VmHWM) and current (VmRSS) resident memory, its CPU seconds
 # per GB moved and the rate. Several binaries alternate load by load (old and new builds side
-# by side). The first server of each load is the slower, whichever build it is (it writes
-# into member blocks the sparse files have not allocated yet, most likely): to compare builds
-# by speed, run again with their order swapped. As root or not; needs fio with its nbd engine (Debian: fio,
+# by side). In the mixed loads the first server of each load is the slower, whichever build
+# it is (one build run twice shows it, with the member files written in full beforehand too;
+# the pool ages from load to load): to compare builds by speed, run again with their order
+# swapped. As root or not; needs fio with its nbd engine (Debian: fio,
 # libnbd0).
 #
 #   bench/nbd_memory.sh [--seconds S] [--dir DIR] NAME=BINARY [NAME=BINARY ...]
