@@ -4,16 +4,17 @@
 # SECONDS, then the server's peak (VmHWM) and current (VmRSS) resident memory, its CPU seconds
 # per GB moved and the rate. Several binaries alternate load by load (old and new builds side
 # by side). In the mixed loads the first server of each load is the slower, whichever build
-# it is (one build run twice shows it, with the member files written in full beforehand too;
-# the pool ages from load to load): to compare builds by speed, run again with their order
-# swapped. As root or not; needs fio with its nbd engine (Debian: fio,
+# it is: the pool ages from load to load, and the first cleans most of what the 4 KiB random
+# writes before left half dead (the last column shows it). To compare builds by speed, run
+# again with their order swapped. As root or not; needs fio with its nbd engine (Debian: fio,
 # libnbd0).
 #
 #   bench/nbd_memory.sh [--seconds S] [--dir DIR] NAME=BINARY [NAME=BINARY ...]
 #
 # Prints one tab-separated line per load and binary: name, load, MB/s, CPU s/GB, VmHWM MiB,
 # VmRSS MiB, the engine's own memory at the end of the load (map/row buffers/all, MiB), and
-# the documented bound for the load with whether VmHWM stayed within it. The bound
+# the documented bound for the load with whether VmHWM stayed within it, and the segments the
+# cleaner emptied while the server ran with the MiB it has moved since the pool was made. The bound
 # (docs/BENCHMARKS.md, the NBD server's memory): the server's resident memory once the pool is
 # open and before the load (code, threads, the map), plus per connection its request buffers
 # (64 MiB in flight, in buffers of up to twice that when request sizes are not powers of two,
@@ -58,7 +59,7 @@ loads=(
     "randrw 32M QD8 x2|--rw=randrw --bs=32M --iodepth=8 --numjobs=2"
     "randrw 1M-32M QD16 x4|--rw=randrw --bsrange=1M-32M --iodepth=16 --numjobs=4"
 )
-printf 'binary\tload\tMB/s\tCPU s/GB\tVmHWM MiB\tVmRSS MiB\tengine MiB map/rows/all\tbound MiB\twithin\n'
+printf 'binary\tload\tMB/s\tCPU s/GB\tVmHWM MiB\tVmRSS MiB\tengine MiB map/rows/all\tbound MiB\twithin\tcleaned segments/relocated MiB in all\n'
 for load in "${loads[@]}"; do
     name=${load%%|*}
     args=${load#*|}
@@ -90,6 +91,12 @@ m = json.load(sys.stdin).get("memory")
 rows = m and m["open_row_bytes"] + m["in_flight_row_bytes"] + m["kept_row_bytes"]
 print("%d/%d/%d" % (m["map_bytes"] >> 20, rows >> 20, m["total_bytes"] >> 20) if m else "-")' \
             2>/dev/null || echo -)
+        # Segments the cleaner emptied while this server ran, and the bytes it has moved since
+        # the pool was made (the difference from the line before is this server's).
+        cleaned=$("$binary" status --json "$work/m0" "$work/m1" "$work/m2" 2>/dev/null \
+            | python3 -c 'import json, sys
+c = json.load(sys.stdin)["cleaner"]
+print("%d/%d" % (c["segments_cleaned"], c["relocated_bytes"] >> 20))' 2>/dev/null || echo -)
         hwm=$(awk '/VmHWM/ {print int($2 / 1024)}' "/proc/$server/status")
         bound=$("$binary" status --json "$work/m0" "$work/m1" "$work/m2" 2>/dev/null \
             | python3 -c 'import json, sys
@@ -115,8 +122,8 @@ cpu = int(sys.argv[2]) / int(sys.argv[3])
 print("%d\t%.2f" % (moved / int(sys.argv[4]) / 1e6, cpu / (moved / 1e9)))
 EOF
             read -r rate cpu
-            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$name" "$rate" "$cpu" "$hwm" \
-                "$rss" "$engine" "$bound" "$within"
+            printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$name" "$rate" "$cpu" \
+                "$hwm" "$rss" "$engine" "$bound" "$within" "$cleaned"
         }
     done
 done
