@@ -1,9 +1,10 @@
-//! Changing the member set: replacing a failed member, a healthy one, and
-//! a member that came back; adding members (rebalance to the new width);
-//! a rebuild cut by power failures at random instants, resumed after
-//! reopening; and the end of a removal cut at I/Os spread over it. Every run is checked against a model of the volume, after
-//! the reshape and after reopening with the new member set; a scrub after
-//! each finds nothing wrong.
+//! Changing the member set: replacing a failed member, a healthy one, and a
+//! member that came back; adding members (rebalance to the new width); a
+//! rebuild cut by power failures at random instants, resumed after
+//! reopening; and the end of a removal cut at I/Os spread over it. Every run
+//! is checked against a model of the volume, after the reshape and after
+//! reopening with the new member set; a scrub after each finds nothing
+//! wrong.
 
 #![allow(clippy::unwrap_used)] // a test that unwraps fails where it should
 

@@ -309,21 +309,37 @@ impl Engine {
         read_ok: &[bool],
         done: &[u8],
     ) -> (AlignedBuf, RunsOk) {
-        let mut buf = AlignedBuf::scratch(run.len() * BLOCK_SIZE);
-        let mut rebuilt = RunsOk::from_elem(false, run.len());
         let have = |pba: Pba, n: usize| plan.settled_overlapping(read_ok, done, pba, n);
         let blocks = &plan.blocks[run];
+        let mut rebuilt = RunsOk::from_elem(false, blocks.len());
+        // A run rebuilt in one piece (a block of a random read) is that
+        // piece; else the pieces are put together.
+        let mut piece = match self.rebuild_run(blocks, &have) {
+            Some(whole) if whole.len() == blocks.len() * BLOCK_SIZE => {
+                rebuilt.fill(true);
+                return (whole, rebuilt);
+            }
+            first => first,
+        };
+        let mut buf = AlignedBuf::scratch(blocks.len() * BLOCK_SIZE);
         let mut j = 0;
-        while j < blocks.len() {
-            let n = self.rebuild_run(&blocks[j..], &mut buf[j * BLOCK_SIZE..], &have);
-            if n == 0 {
+        loop {
+            let n = piece.as_ref().map_or(0, |p| p.len() / BLOCK_SIZE);
+            match piece {
+                Some(p) => {
+                    buf[j * BLOCK_SIZE..(j + n) * BLOCK_SIZE].copy_from_slice(&p);
+                    p.recycle();
+                }
                 // Not rebuilt: zeroes, not what the scratch buffer held.
-                buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE].fill(0);
+                None => buf[j * BLOCK_SIZE..(j + 1) * BLOCK_SIZE].fill(0),
             }
             rebuilt[j..j + n.max(1)].fill(n > 0);
             j += n.max(1);
+            if j >= blocks.len() {
+                return (buf, rebuilt);
+            }
+            piece = self.rebuild_run(&blocks[j..], &have);
         }
-        (buf, rebuilt)
     }
 
     /// Checks the blocks of a run, in place in `out` (as read, or as

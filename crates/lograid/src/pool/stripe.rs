@@ -82,35 +82,24 @@ impl Engine {
     /// Rebuilds the leading blocks of `run` (consecutive blocks of one
     /// member) that lie in one row, from the same block range of the
     /// row's other columns: one read per column instead of one per block.
-    /// Writes them to the front of `out`; returns how many (0: could not).
-    /// `have(pba, n)`: blocks already read on that member that overlap
-    /// those (the first one's block number, and the bytes).
+    /// Returns them (how many: the length over `BLOCK_SIZE`), or None if
+    /// they could not be. `have(pba, n)`: blocks already read on that
+    /// member that overlap those (the first one's block number, and the
+    /// bytes).
     pub(crate) fn rebuild_run<'a>(
         &self,
         run: &[(usize, Pba, u32)],
-        out: &mut [u8],
         have: &dyn Fn(Pba, usize) -> Option<(u64, &'a [u8])>,
-    ) -> usize {
+    ) -> Option<AlignedBuf> {
         let geometry = &self.shape.geometry;
-        let Some(geom) = self.row_of(run[0].1) else {
-            return 0;
-        };
-        let Some((col, blk)) = geom.locate(geometry, run[0].1) else {
-            return 0;
-        };
+        let geom = self.row_of(run[0].1)?;
+        let (col, blk) = geom.locate(geometry, run[0].1)?;
         let n = run
             .iter()
             .enumerate()
             .take_while(|(j, r)| geom.locate(geometry, r.1) == Some((col, blk + j)))
             .count();
-        match self.rebuild_column_range(&geom, col, blk, n, have) {
-            Some(bytes) => {
-                out[..n * BLOCK_SIZE].copy_from_slice(&bytes);
-                bytes.recycle();
-                n
-            }
-            None => 0,
-        }
+        self.rebuild_column_range(&geom, col, blk, n, have)
     }
 
     /// Blocks `blk..blk+n` of column `col` of a row, rebuilt from the same
