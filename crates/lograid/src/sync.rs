@@ -12,8 +12,9 @@
 //! channel, comes from here. Leaf locks inside one member (the simulated
 //! drive's image, the recording log), held only to copy bytes, may stay
 //! parking_lot's: they never yield to the scheduler while held. So do the
-//! volume maps' read-write locks (`pool::read_index`): leaves, held for
-//! map lookups and updates only, never across a scheduling point.
+//! volume maps' and the segments' row lists' read-write locks
+//! (`pool::read_index`): leaves, held for lookups and updates only, never
+//! across a scheduling point.
 
 #[cfg(not(feature = "shuttle"))]
 mod real {

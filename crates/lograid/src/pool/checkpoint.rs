@@ -173,7 +173,7 @@ impl Engine {
                     live_blocks: if free { 0 } else { s.live_blocks },
                     fill_blocks: if free { 0 } else { s.fill_blocks },
                     sealed_seq: s.sealed_seq,
-                    rows: if free { Vec::new() } else { s.rows.clone() },
+                    rows: if free { Vec::new() } else { s.rows.to_vec() },
                 }
             })
             .collect();

@@ -354,7 +354,7 @@ impl Engine {
             let ledger = self.ledger.lock();
             let seg = &ledger.segments[victim as usize];
             let cold = matches!(seg.written_by, HeadId::Cleaner | HeadId::Cold);
-            (seg.rows.clone(), seg.live_blocks, seg.sealed_seq, cold)
+            (seg.rows.to_vec(), seg.live_blocks, seg.sealed_seq, cold)
         };
         // Rows sealed here are written by a second thread, so that reading
         // the next row overlaps writing the last (a few rows in flight).

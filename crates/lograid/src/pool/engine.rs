@@ -313,6 +313,7 @@ impl Engine {
             seg.parity = shape.parity();
         }
         ledger.update_capacity(&shape);
+        ledger.publish_segment_rows();
         // A member recorded faulted is not trusted again, even if its drive
         // is here: its columns are rebuilt from parity until it is replaced.
         for (d, r) in devices.iter().zip(&ledger.members) {

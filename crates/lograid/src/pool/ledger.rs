@@ -5,7 +5,7 @@
 //! bookkeeping; no I/O happens while the lock is held except copying into
 //! row buffers.
 
-use super::read_index::{ReadIndex, VolumeView};
+use super::read_index::{ReadIndex, SegmentRows, VolumeView};
 use crate::device::AlignedBuf;
 use crate::error::ReadOnlyReason;
 use crate::error::{Error, Result};
@@ -48,8 +48,9 @@ pub struct Segment {
     /// data too: dating it by its blocks' original writes makes cost-benefit
     /// clean full cold segments over and over).
     pub sealed_seq: u64,
-    /// Rows in offset order (this incarnation of the segment).
-    pub rows: Vec<RowGeom>,
+    /// Rows in offset order (this incarnation of the segment), also read
+    /// without the ledger lock (`SegmentRows`).
+    pub rows: SegmentRows,
     /// The head that wrote this incarnation (in memory only: a segment
     /// recovered sealed counts as the user head's).
     pub written_by: HeadId,
@@ -70,16 +71,14 @@ impl Segment {
             live_blocks: 0,
             fill_blocks: 0,
             sealed_seq: 0,
-            rows: Vec::new(),
+            rows: SegmentRows::default(),
             written_by: HeadId::User,
             birth: 0,
             births: 0,
         }
     }
-    pub fn row_at(&self, offset: u32) -> Option<&RowGeom> {
-        let i = self.rows.partition_point(|r| r.offset <= offset);
-        let r = self.rows.get(i.checked_sub(1)?)?;
-        (offset < r.offset + r.height as u32).then_some(r)
+    pub fn row_at(&self, offset: u32) -> Option<RowGeom> {
+        self.rows.row_at(offset)
     }
 }
 
@@ -481,7 +480,23 @@ impl Ledger {
 
     /// What reads without the lock look up agrees with the ledger: the
     /// rows in flight, the overlays held, each volume's readable size.
+    /// Publishes the segments' row lists to reads without this lock (when
+    /// the segment table is made or grows).
+    pub fn publish_segment_rows(&self) {
+        self.read_index
+            .publish_segments(self.segments.iter().map(|s| &s.rows));
+    }
+
     fn check_read_index(&self) -> std::result::Result<(), String> {
+        if !self
+            .read_index
+            .segments_published(self.segments.iter().map(|s| &s.rows))
+        {
+            return Err(format!(
+                "the row lists published for reads are not those of the {} segments",
+                self.segments.len()
+            ));
+        }
         let published = self.read_index.rows_in_flight();
         if published.len() != self.inflight.len()
             || !self.inflight.iter().all(|r| published.contains(&r.geom))

@@ -160,6 +160,7 @@ impl Engine {
         while ledger.segments.len() < g.segment_count() as usize {
             ledger.segments.push(Segment::free());
         }
+        ledger.publish_segment_rows();
         ledger.update_capacity(&self.shape);
         // Segments that could not be moved or rebuilt are tried again with
         // the new member set.

@@ -13,7 +13,7 @@
 //! - `overlay_table`: sub-block writes held in memory, as a table.
 //! - `read_index`: what reads look up without the ledger lock (each
 //!   volume's map behind its own lock, its size, overlays held, rows in
-//!   flight), published by ledger holders.
+//!   flight, each segment's rows), published by ledger holders.
 //! - `stats`: counters and reports (runtime, cleaner, reshape, recovery).
 //! - `ledger`: `Ledger`, all mutable bookkeeping behind one mutex
 //!   (segments, heads, volumes and their maps' views, rows in flight,

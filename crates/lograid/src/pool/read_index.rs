@@ -1,8 +1,10 @@
 //! What a read looks up without the ledger lock: each volume's map, behind
 //! a read-write lock of its own, the size reads may use, and how many of
 //! its blocks hold a sub-block write (a read would have to apply it:
-//! `VolumeView`); and where the rows in flight lie (their blocks are still
-//! only in memory: `ReadIndex`). Only holders of the ledger lock change
+//! `VolumeView`); where the rows in flight lie (their blocks are still
+//! only in memory: `ReadIndex`); and each segment's rows, for rebuilding a
+//! block from its row's other columns (`SegmentRows`, `ReadIndex::row_at`).
+//! Only holders of the ledger lock change
 //! them, in an order that lets a reader check them in turn
 //! (`Engine::look_up_unlocked`):
 //! - a row's place goes on the in-flight list before the map names its
@@ -85,11 +87,61 @@ impl VolumeView {
     }
 }
 
-/// The pool-wide fact a read without the ledger lock checks.
+/// The pool-wide facts a read without the ledger lock checks.
 #[derive(Default)]
 pub struct ReadIndex {
     /// The places of the rows in flight (sealed, not yet written).
     rows_in_flight: ArcSwap<Vec<RowGeom>>,
+    /// Every segment's rows, by segment index (`publish_segments`).
+    segment_rows: ArcSwap<Vec<SharedRows>>,
+}
+
+type SharedRows = Arc<RwLock<Vec<RowGeom>>>;
+
+/// One segment's rows in offset order (this incarnation of the segment):
+/// changed by holders of the ledger lock only (through the segment, which
+/// they hold mutably), read by them, and read without the ledger lock by
+/// whoever rebuilds a block from its row's other columns
+/// (`ReadIndex::row_at`), who holds `reuse` for reading, so the segment is
+/// not emptied and written anew meanwhile. Its lock is a leaf: nothing is
+/// taken under it, and it is held only to copy or change the list.
+#[derive(Default)]
+pub struct SegmentRows(SharedRows);
+
+impl SegmentRows {
+    pub fn push(&mut self, row: RowGeom) {
+        self.0.write().push(row);
+    }
+    pub fn clear(&mut self) {
+        self.0.write().clear();
+    }
+    pub fn replace(&mut self, rows: Vec<RowGeom>) {
+        *self.0.write() = rows;
+    }
+    /// The rows, to read in place.
+    pub fn read(&self) -> RwLockReadGuard<'_, Vec<RowGeom>> {
+        self.0.read()
+    }
+    pub fn to_vec(&self) -> Vec<RowGeom> {
+        self.0.read().clone()
+    }
+    pub fn len(&self) -> usize {
+        self.0.read().len()
+    }
+    pub fn last(&self) -> Option<RowGeom> {
+        self.0.read().last().copied()
+    }
+    /// The row holding block `offset` of the segment, if one does.
+    pub fn row_at(&self, offset: u32) -> Option<RowGeom> {
+        row_in(&self.0.read(), offset)
+    }
+}
+
+/// The row of `rows` (in offset order) holding block `offset`.
+fn row_in(rows: &[RowGeom], offset: u32) -> Option<RowGeom> {
+    let i = rows.partition_point(|r| r.offset <= offset);
+    let r = rows.get(i.checked_sub(1)?)?;
+    (offset < r.offset + r.height as u32).then_some(*r)
 }
 
 impl ReadIndex {
@@ -102,6 +154,33 @@ impl ReadIndex {
     /// The rows in flight as last published.
     pub fn rows_in_flight(&self) -> arc_swap::Guard<Arc<Vec<RowGeom>>> {
         self.rows_in_flight.load()
+    }
+
+    /// Publishes the segments' row lists (a ledger holder, whenever the
+    /// segment table grows: segments are never dropped while open).
+    pub(super) fn publish_segments<'a>(&self, rows: impl Iterator<Item = &'a SegmentRows>) {
+        self.segment_rows
+            .store(Arc::new(rows.map(|r| r.0.clone()).collect()));
+    }
+
+    /// Whether the published row lists are `rows`, in order (an invariant).
+    pub(super) fn segments_published<'a>(
+        &self,
+        mut rows: impl ExactSizeIterator<Item = &'a SegmentRows>,
+    ) -> bool {
+        let published = self.segment_rows.load();
+        published.len() == rows.len()
+            && published
+                .iter()
+                .all(|p| rows.next().is_some_and(|r| Arc::ptr_eq(p, &r.0)))
+    }
+
+    /// The row of segment `segment` holding its block `offset`, looked up
+    /// without the ledger lock (see `SegmentRows`).
+    pub fn row_at(&self, segment: u32, offset: u32) -> Option<RowGeom> {
+        let all = self.segment_rows.load();
+        let rows = all.get(segment as usize)?.read();
+        row_in(&rows, offset)
     }
 
     /// Whether `pba` lies in one of `rows` (as `rows_in_flight` returned).

@@ -150,6 +150,7 @@ impl Engine {
             // too. So a segment a head still writes in is rebuilt as well.
             let rows: Vec<RowGeom> = seg
                 .rows
+                .read()
                 .iter()
                 .filter(|r| r.member_column(m.0 as u8).is_some_and(|c| r.column_used(c)))
                 .filter(|r| !ledger.inflight.iter().any(|f| f.geom == **r))

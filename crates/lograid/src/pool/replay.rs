@@ -45,7 +45,7 @@ impl Engine {
                         let seg = &ledger.segments[s as usize];
                         !matches!(seg.state, SegState::Free | SegState::Reserved(_))
                             && seg.members_mask & (1 << m) != 0
-                            && seg.rows.iter().any(|r| r.seq < since)
+                            && seg.rows.read().iter().any(|r| r.seq < since)
                     })
                     .collect()
             } else {
@@ -185,7 +185,7 @@ impl Engine {
         seg.live_blocks = 0;
         seg.fill_blocks = record.fill_blocks;
         seg.sealed_seq = record.sealed_seq;
-        seg.rows = record.rows;
+        seg.rows.replace(record.rows);
         Ok(())
     }
 
@@ -273,6 +273,7 @@ impl Engine {
                 let seg = &ledger.segments[h.segment as usize];
                 let rows_end = seg
                     .rows
+                    .read()
                     .iter()
                     .map(|r| r.offset + u32::from(r.height))
                     .max();
@@ -1110,7 +1111,7 @@ mod tests {
             }
             let ledger = pool.engine.ledger.lock();
             let h = &ledger.heads[HeadId::User.index()];
-            let geom = *ledger.segments[h.segment as usize].rows.last().unwrap();
+            let geom = ledger.segments[h.segment as usize].rows.last().unwrap();
             assert_eq!(
                 h.open.as_ref().map(|r| r.slots()),
                 None,
@@ -1169,7 +1170,7 @@ mod tests {
         let geom = {
             let ledger = pool.engine.ledger.lock();
             let h = &ledger.heads[HeadId::User.index()];
-            *ledger.segments[h.segment as usize].rows.last().unwrap()
+            ledger.segments[h.segment as usize].rows.last().unwrap()
         };
         assert_eq!(geom.data_columns, 3, "setup: a row over every data column");
         let faulted = geom.column_member(1) as usize;

@@ -87,7 +87,7 @@ impl Engine {
                         SegState::Sealed | SegState::Open(_) | SegState::Checkpoint
                     )
                 })
-                .flat_map(|s| s.rows.iter().copied())
+                .flat_map(|s| s.rows.to_vec())
                 .collect()
         };
         let total = rows.len() as u64;
@@ -195,7 +195,7 @@ impl Engine {
             let seg = &ledger.segments[geom.segment as usize];
             (
                 !matches!(seg.state, SegState::Free | SegState::PendingFree { .. })
-                    && seg.rows.contains(geom),
+                    && seg.rows.read().contains(geom),
                 self.rebuilding_members(&ledger),
             )
         };

@@ -42,11 +42,11 @@ impl Engine {
         rebuild_from_stripe(geom, stripe, col, |b| crc32c(b) == crc)
     }
 
-    /// The row that holds `pba`.
+    /// The row that holds `pba`, looked up without the ledger lock (the
+    /// caller holds `reuse`, or checks what it rebuilds against a checksum).
     pub(crate) fn row_of(&self, pba: Pba) -> Option<RowGeom> {
         let (s, off) = self.shape.geometry.segment_of(pba.block)?;
-        let ledger = self.ledger.lock();
-        ledger.segments.get(s as usize)?.row_at(off).copied()
+        self.read_index.row_at(s, off)
     }
 
     /// Rebuilds the block at `pba` (expected checksum `crc`) from the other
@@ -332,4 +332,59 @@ pub(crate) fn row_data_block<'a>(
     let height = geom.height as usize;
     let column = columns.get(i / height)?.as_deref()?;
     column.get((i % height) * BLOCK_SIZE..(i % height + 1) * BLOCK_SIZE)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::format::BLOCK_SIZE;
+    use crate::pool::test_pool::sim_pool;
+    use std::time::Duration;
+
+    /// Blocks rebuilt from their rows' other columns (their member gone,
+    /// and recorded faulted by the first reads) are read while the ledger
+    /// lock is held elsewhere: neither the lookup nor the rebuild waits for
+    /// it.
+    #[test]
+    fn a_degraded_read_rebuilds_without_the_ledger_lock() {
+        let (pool, vol, sims) = sim_pool();
+        let blocks = 48u8;
+        let data: Vec<u8> = (0..blocks).flat_map(|i| [i; BLOCK_SIZE]).collect();
+        vol.write(0, &data).unwrap();
+        vol.flush().unwrap();
+        sims[0].set_dead(true);
+        // Reads of it fail until it is recorded faulted (which takes the
+        // ledger lock, once); then its blocks are rebuilt without reading it.
+        let mut buf = vec![0u8; BLOCK_SIZE];
+        for i in (0..blocks).cycle().take(10 * usize::from(blocks)) {
+            vol.read(u64::from(i) * BLOCK_SIZE as u64, &mut buf)
+                .unwrap();
+            assert!(buf.iter().all(|&b| b == i), "block {i}");
+            if pool.status().members[0].state == "faulted" {
+                break;
+            }
+        }
+        assert_eq!(pool.status().members[0].state, "faulted");
+        let ledger = pool.engine.ledger.lock();
+        let (done, finished) = std::sync::mpsc::channel();
+        let reader = {
+            let vol = vol.clone();
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; BLOCK_SIZE];
+                for i in 0..blocks {
+                    vol.read(u64::from(i) * BLOCK_SIZE as u64, &mut buf)
+                        .unwrap();
+                    assert!(buf.iter().all(|&b| b == i), "block {i}");
+                }
+                done.send(()).unwrap();
+            })
+        };
+        let ended = finished.recv_timeout(Duration::from_secs(20));
+        drop(ledger);
+        reader.join().unwrap();
+        // (Member 0's blocks, about a third, read back right: rebuilt.)
+        assert!(
+            ended.is_ok(),
+            "the degraded reads waited for the ledger lock"
+        );
+    }
 }
