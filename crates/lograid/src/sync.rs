@@ -53,6 +53,40 @@ mod real {
         pub use std::thread::{scope, sleep, yield_now, Builder, JoinHandle};
     }
 
+    /// `f(0)`, .., `f(n - 1)` on up to `n` threads at once (this one
+    /// among them), in order. A thread the system refuses is run on this
+    /// one instead; a panic in any of them goes on in the caller.
+    pub fn parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+        if n == 0 {
+            return Vec::new();
+        }
+        let f = &f;
+        std::thread::scope(|scope| {
+            let started: Vec<Result<std::thread::ScopedJoinHandle<'_, T>, usize>> = (1..n)
+                .map(|i| {
+                    std::thread::Builder::new()
+                        .spawn_scoped(scope, move || f(i))
+                        .map_err(|_| i)
+                })
+                .collect();
+            let mut out = vec![f(0)];
+            for s in started {
+                out.push(match s {
+                    Ok(handle) => handle
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                    Err(i) => f(i),
+                });
+            }
+            out
+        })
+    }
+
+    /// Threads worth starting for work split by CPU.
+    pub fn available_cpus() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+
     /// Where a protocol acts on what it decided without a lock of this
     /// module held: nothing here; under shuttle, a point where the
     /// scheduler may run another thread.
@@ -217,6 +251,17 @@ mod scheduled {
         pub use shuttle::thread::{scope, sleep, yield_now, Builder, JoinHandle};
     }
 
+    /// `parallel` under shuttle: in turn on this thread (the work it splits
+    /// takes no lock of this module).
+    pub fn parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+        (0..n).map(f).collect()
+    }
+
+    /// One: a replay must not depend on the machine.
+    pub fn available_cpus() -> usize {
+        1
+    }
+
     /// A point where the scheduler may run another thread.
     pub fn schedule_point() {
         shuttle::thread::yield_now();
@@ -301,5 +346,28 @@ mod scheduled {
             let (s, r) = shuttle::sync::mpsc::channel();
             (Sender(Inner::Unbounded(s)), receiver(r))
         }
+    }
+}
+
+#[cfg(all(test, not(feature = "shuttle")))]
+mod tests {
+    use super::parallel;
+
+    #[test]
+    fn parallel_work_comes_back_in_order_and_a_panic_goes_on_in_the_caller() {
+        assert_eq!(parallel(5, |i| i * 10), vec![0, 10, 20, 30, 40]);
+        assert!(parallel(0, |i| i).is_empty());
+        let caught = std::panic::catch_unwind(|| {
+            parallel(3, |i| {
+                assert_ne!(i, 2, "part two fails");
+                i
+            })
+        });
+        let message = caught.expect_err("the panic reached the caller");
+        let text = message
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(text.contains("part two fails"), "{text}");
     }
 }

@@ -478,8 +478,6 @@ impl Ledger {
         self.read_index.publish_rows_in_flight(rows);
     }
 
-    /// What reads without the lock look up agrees with the ledger: the
-    /// rows in flight, the overlays held, each volume's readable size.
     /// Publishes the segments' row lists to reads without this lock (when
     /// the segment table is made or grows).
     pub fn publish_segment_rows(&self) {
@@ -487,6 +485,9 @@ impl Ledger {
             .publish_segments(self.segments.iter().map(|s| &s.rows));
     }
 
+    /// What reads without the lock look up agrees with the ledger: the
+    /// segments' row lists, the rows in flight, the overlays held, each
+    /// volume's readable size.
     fn check_read_index(&self) -> std::result::Result<(), String> {
         if !self
             .read_index
@@ -640,37 +641,41 @@ impl Ledger {
     }
 }
 
-/// Mapped blocks from which the check of the maps at opening is split over
+/// Stored blocks from which the check of the maps at opening is split over
 /// threads (about 50 ns a block on one core, 3 ms for these; 13 s for a
 /// pool holding 1 TB of 4 KiB blocks written at random), against about
 /// 50 µs to start a thread.
 const PARALLEL_CHECK_BLOCKS: u64 = 1 << 16;
 
-/// Threads for checking `stored` mapped blocks: one below
-/// `PARALLEL_CHECK_BLOCKS`, else one per CPU, at most 16.
+/// Threads the check of the maps uses at most.
+const MAX_CHECK_THREADS: usize = 16;
+
+/// Threads for checking maps holding `stored` blocks: one below
+/// `PARALLEL_CHECK_BLOCKS`, else one per CPU, at most `MAX_CHECK_THREADS`.
 fn check_threads(stored: u64) -> usize {
     if stored < PARALLEL_CHECK_BLOCKS {
         return 1;
     }
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(16))
+    crate::sync::available_cpus().clamp(1, MAX_CHECK_THREADS)
 }
 
 impl Ledger {
     /// Checks every map entry against the segment table (a block on a
     /// member lies in a data slot of a row of a segment holding data) and
     /// counts the blocks on members per segment and the blocks stored; on
-    /// `threads` threads, each volume split into that many block ranges.
+    /// `threads` threads, each volume split into that many block ranges
+    /// (the last one open, so that an entry past the volume's size is
+    /// checked too), against a copy of the segments' row lists.
     fn check_map_entries(
         &self,
         shape: &super::Shape,
         threads: usize,
     ) -> Result<(Vec<u32>, u64), String> {
+        let threads = threads.max(1);
         let parts: Vec<(&VolumeState, std::ops::Range<u64>)> = self
             .volumes
             .values()
             .flat_map(|v| {
-                // The last range is open: an entry past the volume's size
-                // is checked too.
                 let blocks = v.size_bytes.div_ceil(crate::format::BLOCK_BYTES);
                 let step = blocks.div_ceil(threads as u64).max(1);
                 let last = threads as u64 - 1;
@@ -684,32 +689,14 @@ impl Ledger {
                 })
             })
             .collect();
-        let check = |t: usize| {
+        let rows: Vec<Vec<RowGeom>> = self.segments.iter().map(|s| s.rows.to_vec()).collect();
+        let tallies = crate::sync::parallel(threads, |t| {
             let mut tally = (vec![0u32; self.segments.len()], 0u64);
             for (v, range) in parts.iter().skip(t).step_by(threads) {
-                self.check_map_range(shape, v, range.clone(), &mut tally)?;
+                self.check_map_range(shape, &rows, (v, range.clone()), &mut tally)?;
             }
             Ok::<_, String>(tally)
-        };
-        let tallies: Vec<Result<(Vec<u32>, u64), String>> = if threads <= 1 {
-            vec![check(0)]
-        } else {
-            crate::sync::thread::scope(|scope| {
-                let handles: Vec<_> = (0..threads)
-                    .map(|t| {
-                        let check = &check;
-                        scope.spawn(move || check(t))
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| Err("a map check panicked".into()))
-                    })
-                    .collect()
-            })
-        };
+        });
         let mut live = vec![0u32; self.segments.len()];
         let mut stored = 0u64;
         for tally in tallies {
@@ -722,13 +709,13 @@ impl Ledger {
         Ok((live, stored))
     }
 
-    /// `check_map_entries` for blocks `range` of volume `v`, counted into
-    /// `(live, stored)`.
+    /// `check_map_entries` for blocks `range` of volume `v` (`rows`: each
+    /// segment's rows), counted into `(live, stored)`.
     fn check_map_range(
         &self,
         shape: &super::Shape,
-        v: &VolumeState,
-        range: std::ops::Range<u64>,
+        rows: &[Vec<RowGeom>],
+        (v, range): (&VolumeState, std::ops::Range<u64>),
         (live, stored): &mut (Vec<u32>, u64),
     ) -> Result<(), String> {
         let map = v.map();
@@ -754,8 +741,7 @@ impl Ledger {
                     v.id, seg.state
                 ));
             }
-            let slot = seg
-                .row_at(off)
+            let slot = super::read_index::row_in(&rows[s as usize], off)
                 .and_then(|r| r.slot_of(&shape.geometry, pba));
             if slot.is_none() {
                 return Err(format!(
@@ -783,6 +769,18 @@ mod tests {
     use crate::layout::Pba;
     use crate::map::Loc;
     use crate::pool::test_pool::sim_pool;
+
+    /// The opening's check is split from `PARALLEL_CHECK_BLOCKS` stored
+    /// blocks on, over the CPUs up to the cap.
+    #[test]
+    fn the_map_check_splits_from_its_threshold() {
+        assert_eq!(super::check_threads(0), 1);
+        assert_eq!(super::check_threads(super::PARALLEL_CHECK_BLOCKS - 1), 1);
+        let cpus = crate::sync::available_cpus();
+        let split = super::check_threads(super::PARALLEL_CHECK_BLOCKS);
+        assert_eq!(split, cpus.clamp(1, super::MAX_CHECK_THREADS));
+        assert_eq!(super::check_threads(u64::MAX), split);
+    }
 
     /// The check of the maps at opening, split over threads by block range,
     /// counts as it does on one, and refuses a forged entry wherever it

@@ -138,7 +138,7 @@ impl SegmentRows {
 }
 
 /// The row of `rows` (in offset order) holding block `offset`.
-fn row_in(rows: &[RowGeom], offset: u32) -> Option<RowGeom> {
+pub(super) fn row_in(rows: &[RowGeom], offset: u32) -> Option<RowGeom> {
     let i = rows.partition_point(|r| r.offset <= offset);
     let r = rows.get(i.checked_sub(1)?)?;
     (offset < r.offset + r.height as u32).then_some(*r)
