@@ -53,32 +53,33 @@ mod real {
         pub use std::thread::{scope, sleep, yield_now, Builder, JoinHandle};
     }
 
-    /// `f(0)`, .., `f(n - 1)` on up to `n` threads at once (this one
-    /// among them), in order. A thread the system refuses is run on this
-    /// one instead; a panic in any of them goes on in the caller.
+    /// `f(0)`, .., `f(n - 1)`, each on a thread of its own while this one
+    /// waits (one it kept working would share its CPU with the first
+    /// thread it started: a new thread starts where its parent runs), in
+    /// order. One the system refuses is run on this thread instead; a
+    /// panic in any of them goes on in the caller.
     pub fn parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
-        if n == 0 {
-            return Vec::new();
+        if n <= 1 {
+            return (0..n).map(f).collect();
         }
         let f = &f;
         std::thread::scope(|scope| {
-            let started: Vec<Result<std::thread::ScopedJoinHandle<'_, T>, usize>> = (1..n)
+            let started: Vec<Result<std::thread::ScopedJoinHandle<'_, T>, usize>> = (0..n)
                 .map(|i| {
                     std::thread::Builder::new()
                         .spawn_scoped(scope, move || f(i))
                         .map_err(|_| i)
                 })
                 .collect();
-            let mut out = vec![f(0)];
-            for s in started {
-                out.push(match s {
+            started
+                .into_iter()
+                .map(|s| match s {
                     Ok(handle) => handle
                         .join()
                         .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
                     Err(i) => f(i),
-                });
-            }
-            out
+                })
+                .collect()
         })
     }
 
