@@ -54,9 +54,9 @@ mod real {
     }
 
     /// `f(0)`, .., `f(n - 1)`, each on a thread of its own while this one
-    /// waits (one it kept working would share its CPU with the first
-    /// thread it started: a new thread starts where its parent runs), in
-    /// order. One the system refuses is run on this thread instead; a
+    /// waits, in order. (This thread taking a part itself made the
+    /// opening's check on two cores about as slow as on one, likely because
+    /// a new thread first runs on its parent's CPU.) One the system refuses is run on this thread instead; a
     /// panic in any of them goes on in the caller.
     pub fn parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
         if n <= 1 {
