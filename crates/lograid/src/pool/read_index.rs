@@ -4,9 +4,8 @@
 //! `VolumeView`); where the rows in flight lie (their blocks are still
 //! only in memory: `ReadIndex`); and each segment's rows, for rebuilding a
 //! block from its row's other columns (`SegmentRows`, `ReadIndex::row_at`).
-//! Only holders of the ledger lock change
-//! them, in an order that lets a reader check them in turn
-//! (`Engine::look_up_unlocked`):
+//! Only holders of the ledger lock change them, in an order that lets a
+//! reader check them in turn (`Engine::look_up_unlocked`):
 //! - a row's place goes on the in-flight list before the map names its
 //!   blocks, and leaves it once the row is on its members;
 //! - a held overlay is counted in its volume's view from its write on, and
