@@ -53,8 +53,8 @@ mod real {
         pub use std::thread::{scope, sleep, yield_now, Builder, JoinHandle};
     }
 
-    /// `f(0)`, .., `f(n - 1)`, each on a thread of its own while this one
-    /// waits, in order. (This thread taking a part itself made the
+    /// `f(0)`, .., `f(n - 1)`, in order: each on a thread of its own while
+    /// this one waits (a single part runs on this thread). (This thread taking a part itself made the
     /// opening's check on two cores about as slow as on one, likely because
     /// a new thread first runs on its parent's CPU.) A part whose thread
     /// the system refuses runs on this thread instead; a panic in any part

@@ -77,9 +77,6 @@ impl Segment {
             births: 0,
         }
     }
-    pub fn row_at(&self, offset: u32) -> Option<RowGeom> {
-        self.rows.row_at(offset)
-    }
 }
 
 /// A row being filled in memory.

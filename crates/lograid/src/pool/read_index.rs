@@ -130,10 +130,6 @@ impl SegmentRows {
     pub fn last(&self) -> Option<RowGeom> {
         self.0.read().last().copied()
     }
-    /// The row holding block `offset` of the segment, if one does.
-    pub fn row_at(&self, offset: u32) -> Option<RowGeom> {
-        row_in(&self.0.read(), offset)
-    }
 }
 
 /// The row of `rows` (in offset order) holding block `offset`.
