@@ -76,25 +76,26 @@ fn workload(pool: &Pool, model: &mut Model, rng: &mut SimRng, ops: usize, what: 
     }
 }
 
-fn check_all(pool: &Pool, model: &mut Model, what: &str) {
+/// The whole volume "vol".
+fn read_all(pool: &Pool, what: &str) -> Vec<u8> {
     let vol = pool.volume("vol").expect("volume");
     let mut buf = vec![0u8; vol.size_bytes() as usize];
     vol.read(0, &mut buf)
         .unwrap_or_else(|e| panic!("{what}: read all: {e}"));
+    buf
+}
+
+fn check_all(pool: &Pool, model: &mut Model, what: &str) {
     model
-        .check_exact(0, &buf)
+        .check_exact(0, &read_all(pool, what))
         .unwrap_or_else(|m| panic!("{what}: {m}"));
 }
 
 /// After a power cut: the volume holds every flushed write (and, of those
 /// not flushed, what the model allows).
 fn holds_what_was_flushed(pool: &Pool, model: &mut Model, what: &str) {
-    let vol = pool.volume("vol").expect("volume");
-    let mut buf = vec![0u8; vol.size_bytes() as usize];
-    vol.read(0, &mut buf)
-        .unwrap_or_else(|e| panic!("{what}: read all: {e}"));
     model
-        .after_crash(&buf)
+        .after_crash(&read_all(pool, what))
         .unwrap_or_else(|m| panic!("{what}: {m}"));
 }
 
@@ -127,13 +128,14 @@ fn open_images(images: Vec<Vec<u8>>, what: &str) -> (Pool, Vec<Arc<SimMember>>) 
         .enumerate()
         .map(|(i, img)| Arc::new(SimMember::from_image(&format!("m{i}"), img)))
         .collect();
-    let pool = open_members(
-        sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect(),
-        test_options(),
-        false,
-    )
-    .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let pool = open_sims(&sims, false).unwrap_or_else(|e| panic!("{what}: {e}"));
     (pool, sims)
+}
+
+/// Opens the pool on `sims` (`read_only`: for inspection).
+fn open_sims(sims: &[Arc<SimMember>], read_only: bool) -> lograid::Result<Pool> {
+    let members = sims.iter().map(|s| s.clone() as Arc<dyn Member>).collect();
+    open_members(members, test_options(), read_only)
 }
 
 /// Member `m` dies; reading everything makes the pool notice (and checks
@@ -540,15 +542,8 @@ impl CutRun {
             .enumerate()
             .map(|(i, img)| Arc::new(SimMember::from_image(&format!("c{cuts}.{i}"), img)))
             .collect();
-        let p = open_members(
-            self.set
-                .iter()
-                .map(|s| s.clone() as Arc<dyn Member>)
-                .collect(),
-            test_options(),
-            true,
-        )
-        .unwrap_or_else(|e| panic!("{what}: open after cut {cuts}: {e}"));
+        let p = open_sims(&self.set, true)
+            .unwrap_or_else(|e| panic!("{what}: open after cut {cuts}: {e}"));
         holds_what_was_flushed(&p, model, &format!("{what} after cut {cuts}"));
         drop(p);
         self.cuts += 1;
@@ -1083,15 +1078,7 @@ fn crashes_during_an_in_place_rebuild_with_another_member_missing_keep_flushed_w
                 ))
             })
             .collect();
-        let p = open_members(
-            images
-                .iter()
-                .map(|s| s.clone() as Arc<dyn Member>)
-                .collect(),
-            test_options(),
-            true,
-        )
-        .unwrap_or_else(|e| panic!("round {round}: open: {e}"));
+        let p = open_sims(&images, true).unwrap_or_else(|e| panic!("round {round}: open: {e}"));
         let v = p.volume("vol").unwrap();
         let mut got = vec![0u8; len as usize];
         v.read(off, &mut got)
