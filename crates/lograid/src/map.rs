@@ -408,17 +408,31 @@ impl VolumeMap {
 
     /// Mapped entries in LBA order from `start`: (lba, loc, crc).
     pub fn iter_from(&self, start: u64) -> impl Iterator<Item = (u64, Loc, u32)> + '_ {
-        let first_page = (start / PAGE_ENTRIES as u64) as usize;
+        self.iter_range(start..u64::MAX)
+    }
+
+    /// Mapped entries of `blocks` in LBA order: (lba, loc, crc). Visits only
+    /// the pages the range covers (an empty range past the last mapped
+    /// block costs nothing, however large the volume).
+    pub fn iter_range(
+        &self,
+        blocks: std::ops::Range<u64>,
+    ) -> impl Iterator<Item = (u64, Loc, u32)> + '_ {
+        let page_of = |lba: u64| usize::try_from(lba / PAGE_ENTRIES as u64).unwrap_or(usize::MAX);
+        let first_page = page_of(blocks.start);
+        let past_page = page_of(blocks.end.saturating_add(PAGE_ENTRIES as u64 - 1));
+        let (start, end) = (blocks.start, blocks.end);
         self.pages
             .iter()
             .enumerate()
+            .take(past_page)
             .skip(first_page)
             .filter_map(|(p, page)| page.as_ref().map(|pg| (p, pg)))
             .flat_map(move |(p, page)| {
                 (0..PAGE_ENTRIES).filter_map(move |i| {
                     let lba = (p * PAGE_ENTRIES + i) as u64;
                     let (code, crc) = page.get(i);
-                    (code != 0 && lba >= start).then(|| (lba, Loc::decode(code), crc))
+                    (code != 0 && start <= lba && lba < end).then(|| (lba, Loc::decode(code), crc))
                 })
             })
     }
@@ -479,6 +493,43 @@ mod tests {
             }),
         ] {
             assert_eq!(Loc::decode(loc.encode()), loc);
+        }
+    }
+
+    #[test]
+    fn a_range_lists_its_own_entries_only() {
+        let mut m = VolumeMap::default();
+        let page = PAGE_ENTRIES as u64;
+        let lbas = [0, 1, page - 1, page, 3 * page + 7, 40 * page];
+        for &b in &lbas {
+            m.set(b, Loc::Zero, 0);
+        }
+        let range = |r: std::ops::Range<u64>| m.iter_range(r).map(|e| e.0).collect::<Vec<_>>();
+        assert_eq!(range(0..u64::MAX), lbas);
+        assert_eq!(range(1..page), vec![1, page - 1]);
+        assert_eq!(range(page - 1..page + 1), vec![page - 1, page]);
+        assert_eq!(range(page + 1..3 * page + 7), Vec::<u64>::new());
+        assert_eq!(range(3 * page..3 * page + 8), vec![3 * page + 7]);
+        assert_eq!(range(5..5), Vec::<u64>::new());
+        assert_eq!(range(41 * page..u64::MAX), Vec::<u64>::new());
+        // Every start and end around the page edges agrees with a filter of
+        // the whole list.
+        for start in [0, 1, page - 1, page, page + 1, 3 * page + 7, 3 * page + 8] {
+            for end in [
+                start,
+                start + 1,
+                page,
+                2 * page,
+                3 * page + 8,
+                40 * page + 1,
+            ] {
+                let want: Vec<u64> = lbas
+                    .iter()
+                    .copied()
+                    .filter(|b| (start..end).contains(b))
+                    .collect();
+                assert_eq!(range(start..end), want, "{start}..{end}");
+            }
         }
     }
 

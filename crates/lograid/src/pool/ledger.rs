@@ -716,7 +716,7 @@ impl Ledger {
         (live, stored): &mut (Vec<u32>, u64),
     ) -> Result<(), String> {
         let map = v.map();
-        for (lba, loc, _) in map.iter_from(range.start).take_while(|e| e.0 < range.end) {
+        for (lba, loc, _) in map.iter_range(range) {
             if loc.is_stored() {
                 *stored += 1;
             }

@@ -164,10 +164,10 @@ fn next_record(
         let end = (lba + MAX_RANGE_RECORD_BLOCKS).min(last);
         return Some((lba..end, EntryKind::Zero));
     }
-    let (next, _, _) = map.iter_from(lba).next().filter(|e| e.0 < last)?;
+    let (next, _, _) = map.iter_range(lba..last).next()?;
     let mut run_end = next;
-    for (b, _, _) in map.iter_from(next) {
-        if b != run_end || b >= last || run_end - next >= MAX_RANGE_RECORD_BLOCKS {
+    for (b, _, _) in map.iter_range(next..last) {
+        if b != run_end || run_end - next >= MAX_RANGE_RECORD_BLOCKS {
             break;
         }
         run_end += 1;

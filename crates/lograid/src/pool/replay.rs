@@ -779,11 +779,7 @@ impl Engine {
         let blocks: Vec<u64> = if e.kind == EntryKind::Zero {
             (e.lba.min(end)..end).collect()
         } else {
-            vol.map()
-                .iter_from(e.lba)
-                .map(|x| x.0)
-                .take_while(|&b| b < end)
-                .collect()
+            vol.map().iter_range(e.lba..end).map(|x| x.0).collect()
         };
         let view = ledger
             .volumes
