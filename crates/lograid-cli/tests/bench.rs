@@ -19,6 +19,12 @@ fn memory_backed_bench_on_one_cpu_reports_cpu_per_operation() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
+    // The summary names the memory-backed target, not the disk's.
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        summary.contains("x raw (target >= 0.5); write amplification"),
+        "{summary}"
+    );
     // Members and raw file are written in full before they are measured.
     for file in ["raw.img", "member0.img", "member2.img"] {
         assert!(

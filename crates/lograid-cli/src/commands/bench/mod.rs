@@ -1057,9 +1057,12 @@ fn print_table(a: &BenchArgs, results: &[Measure]) {
     }
     let get = |t: &str, w: &str| results.iter().find(|m| m.target == t && m.workload == w);
     let k = (a.members - a.parity as usize) as f64 / a.members as f64;
+    // Memory-backed members show the engine's own ceiling, with targets of
+    // their own (docs/BENCHMARKS.md, "Where the targets stand").
+    let (seq_target, rand_target) = if a.memory { (0.9, 0.5) } else { (0.85, 1.0) };
     if let (Some(r), Some(l)) = (get("raw", "seq-write-1M"), get("lograid", "seq-write-1M")) {
         println!(
-            "\nsequential write: lograid {:.0} MB/s = {:.2} x raw x (N-P)/N (target >= 0.85)",
+            "\nsequential write: lograid {:.0} MB/s = {:.2} x raw x (N-P)/N (target >= {seq_target})",
             l.mb_per_s,
             l.mb_per_s / (r.mb_per_s * k)
         );
@@ -1074,7 +1077,7 @@ fn print_table(a: &BenchArgs, results: &[Measure]) {
     }
     if let (Some(r), Some(l)) = (get("raw", "rand-write-4K"), get("lograid", "rand-write-4K")) {
         println!(
-            "random 4K write: lograid {:.0} IOPS = {:.2} x raw (target >= 1.0); write amplification {:.3} (target <= 1.6)",
+            "random 4K write: lograid {:.0} IOPS = {:.2} x raw (target >= {rand_target:.1}); write amplification {:.3} (target <= 1.6)",
             l.iops,
             l.iops / r.iops,
             l.write_amplification.unwrap_or(0.0)
