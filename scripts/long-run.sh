@@ -8,11 +8,11 @@
 #
 # Defaults: 1,200 crash-replay cut points (--cuts 400 per shape, 3 shapes),
 # 3,000 power cuts under concurrent operations (--power-cuts 1,500 per
-# shape, 2 shapes), 40,000 thread schedules under shuttle (--schedules
-# 10,000 per test, 4 tests: random and PCT schedules of each of the two
+# shape, 2 shapes), 60,000 thread schedules under shuttle (--schedules
+# 10,000 per test, 6 tests: random and PCT schedules of each of the three
 # scenarios), 150 kills (--kills 50 per test, 3 kill-loop tests), a
 # one-hour soak, and 10 minutes of fuzzing per target (--fuzz-seconds 600,
-# 5 targets in fuzz/fuzz_targets: 50 minutes).
+# 6 targets in fuzz/fuzz_targets: 60 minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
