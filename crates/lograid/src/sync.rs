@@ -54,11 +54,11 @@ mod real {
     }
 
     /// `f(0)`, .., `f(n - 1)`, in order: each on a thread of its own while
-    /// this one waits (a single part runs on this thread). (This thread taking a part itself made the
-    /// opening's check on two cores about as slow as on one, likely because
-    /// a new thread first runs on its parent's CPU.) A part whose thread
-    /// the system refuses runs on this thread instead; a panic in any part
-    /// goes on in the caller.
+    /// this one waits (a single part runs on this thread). This thread
+    /// taking a part itself made the opening's check on two cores about as
+    /// slow as on one, likely because a new thread first runs on its
+    /// parent's CPU. A part whose thread the system refuses runs on this
+    /// thread instead; a panic in any part goes on in the caller.
     pub fn parallel<T: Send>(n: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
         if n <= 1 {
             return (0..n).map(f).collect();
